@@ -1,0 +1,102 @@
+//! The interface every sorter implements: Arrow columns in, sorted Arrow columns out.
+
+use std::time::Duration;
+
+use arrow::array::{RecordBatch, UInt32Array};
+
+use crate::error::Result;
+use crate::keys::EncoderOptions;
+use crate::plan::Strategy;
+use crate::spec::SortSpec;
+
+/// A sort to run: a batch, what to sort it by, and how.
+#[derive(Debug, Clone)]
+pub struct SortRequest<'a> {
+    /// The rows (every column is moved; the sort columns are named by `spec`).
+    pub batch: &'a RecordBatch,
+    /// What to sort by.
+    pub spec: &'a SortSpec,
+    /// The strategy to use; `None` lets the backend's planner choose.
+    pub strategy: Option<Strategy>,
+    /// Keep only the first `limit` rows of the result (SQL `LIMIT`).
+    pub limit: Option<usize>,
+    /// Key encoding options.
+    pub encoder: EncoderOptions,
+}
+
+impl<'a> SortRequest<'a> {
+    /// Sorts all of `batch` by `spec` with the planner's strategy.
+    pub fn new(batch: &'a RecordBatch, spec: &'a SortSpec) -> Self {
+        Self {
+            batch,
+            spec,
+            strategy: None,
+            limit: None,
+            encoder: EncoderOptions::default(),
+        }
+    }
+
+    /// Uses `strategy` instead of the planner's choice.
+    pub fn with_strategy(mut self, strategy: Option<Strategy>) -> Self {
+        self.strategy = strategy;
+        self
+    }
+
+    /// Keeps the first `limit` rows.
+    pub fn with_limit(mut self, limit: Option<usize>) -> Self {
+        self.limit = limit;
+        self
+    }
+
+    /// Uses these key encoding options.
+    pub fn with_encoder_options(mut self, encoder: EncoderOptions) -> Self {
+        self.encoder = encoder;
+        self
+    }
+}
+
+/// What a sort did and where its time went.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SortStats {
+    /// The strategy that ran.
+    pub strategy: Option<Strategy>,
+    /// Rows sorted.
+    pub rows: usize,
+    /// Bits of the encoded key.
+    pub key_bits: u32,
+    /// Radix passes run (constant digits skipped).
+    pub passes: usize,
+    /// Groups of rows with tied truncated keys that were ordered by full comparison.
+    pub tie_groups: usize,
+    /// Columns moved in every pass (direct strategy).
+    pub moved_columns: usize,
+    /// Columns gathered through the permutation at the end.
+    pub gathered_columns: usize,
+    /// Time spent encoding keys.
+    pub encode_time: Duration,
+    /// Time spent in the radix passes (and tie resolution).
+    pub sort_time: Duration,
+    /// Time spent building the output columns.
+    pub gather_time: Duration,
+}
+
+/// A sorted batch.
+#[derive(Debug, Clone)]
+pub struct SortOutput {
+    /// The sorted rows (at most `limit` of them).
+    pub batch: RecordBatch,
+    /// The permutation: output row `i` is input row `indices[i]`.
+    pub indices: UInt32Array,
+    /// What happened.
+    pub stats: SortStats,
+}
+
+/// A sorter of Arrow record batches. Results are **stable**: rows with equal sort values
+/// keep their input order, so every backend returns the same rows in the same order.
+pub trait SortBackend: Send + Sync + std::fmt::Debug {
+    /// A short name for plans and metrics (`cpu`, `cuda:0`).
+    fn name(&self) -> String;
+
+    /// Sorts `request.batch`.
+    fn sort(&self, request: &SortRequest<'_>) -> Result<SortOutput>;
+}

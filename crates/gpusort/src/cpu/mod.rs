@@ -1,0 +1,353 @@
+//! The CPU backend: the paper's record sorts on the CPU, with results identical to the
+//! GPU backend (and to a stable comparison sort).
+//!
+//! [`CpuBackend::sort`] encodes the sort columns into ByField key words
+//! ([`crate::keys`]), plans the radix passes over the bits that vary
+//! ([`crate::plan::radix_passes`]), and runs the stable multi-threaded LSD radix sort of
+//! [`radix`] with the requested record strategy:
+//!
+//! - **direct**: every fixed-width column (primitives, fixed-size binaries, dictionary
+//!   keys) moves with the key in every pass, its validity bits packed 32 columns to a word
+//!   that moves too; other columns (booleans, strings, nested) are gathered at the end;
+//! - **indirect**: only the key words and the row index move; every column is gathered
+//!   once through the final permutation.
+//!
+//! Truncated string prefixes that tie are then ordered by [`crate::ties`]. With a `LIMIT`
+//! much smaller than the input, only the rows whose top key digit can reach the first
+//! `limit` positions are sorted.
+
+mod gather;
+pub(crate) mod radix;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow::array::{Array, ArrayRef, RecordBatch, RecordBatchOptions, UInt32Array};
+use arrow::buffer::{BooleanBuffer, Buffer, NullBuffer};
+use rayon::prelude::*;
+
+use crate::backend::{SortBackend, SortOutput, SortRequest, SortStats};
+use crate::error::{GpusortError, Result};
+use crate::keys::{EncodedKeys, KeyEncoder};
+use crate::plan::{Layout, RadixPass, RecordMove, Strategy, payload_fields, radix_passes, varying_bits};
+use crate::ties::resolve_ties;
+use gather::{fixed_array, fixed_values, fixed_width, gather_bytes, gather_column};
+use radix::{MovedColumn, lsd_sort};
+
+
+/// The multi-threaded CPU radix sort backend.
+#[derive(Debug, Clone)]
+pub struct CpuBackend {
+    digit_bits: u32,
+    pool: Option<Arc<rayon::ThreadPool>>,
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CpuBackend {
+    /// A backend on rayon's global thread pool with 8-bit digits.
+    pub fn new() -> Self {
+        Self {
+            digit_bits: 8,
+            pool: None,
+        }
+    }
+
+    /// Uses digits of at most `bits` bits (1 to 16).
+    pub fn with_digit_bits(mut self, bits: u32) -> Result<Self> {
+        if !(1..=16).contains(&bits) {
+            return Err(GpusortError::InvalidOption(format!("digit width {bits} is not in 1..=16")));
+        }
+        self.digit_bits = bits;
+        Ok(self)
+    }
+
+    /// Runs on a pool of its own with `threads` threads.
+    pub fn with_threads(mut self, threads: usize) -> Result<Self> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("gpusort-cpu-{i}"))
+            .build()
+            .map_err(|e| GpusortError::InvalidOption(format!("cannot start {threads} threads: {e}")))?;
+        self.pool = Some(Arc::new(pool));
+        Ok(self)
+    }
+
+    /// The strategy the CPU backend uses when a request names none: the paper's rule for
+    /// the ByField layout.
+    pub fn default_strategy(batch: &RecordBatch, request_keys: usize) -> Strategy {
+        Strategy::paper_default(Layout::ByField, payload_fields(batch.num_columns(), request_keys))
+    }
+
+    fn run(&self, request: &SortRequest<'_>) -> Result<SortOutput> {
+        let batch = request.batch;
+        let n = batch.num_rows();
+        if n > u32::MAX as usize {
+            return Err(GpusortError::TooManyRows {
+                rows: n,
+                max: u32::MAX as usize,
+            });
+        }
+        let strategy = request
+            .strategy
+            .unwrap_or_else(|| Self::default_strategy(batch, request.spec.len()));
+        let start = Instant::now();
+        let encoder = KeyEncoder::try_new(batch, request.spec, &request.encoder)?;
+        let keys = encoder.encode();
+        let layout = encoder.layout();
+        let encode_time = start.elapsed();
+
+        let start = Instant::now();
+        let limit = request.limit.unwrap_or(n).min(n);
+        let keep_words = !layout.is_exact();
+        let mut stats = SortStats {
+            strategy: Some(strategy),
+            rows: n,
+            key_bits: layout.total_bits(),
+            ..Default::default()
+        };
+        // A small LIMIT sorts only the rows that can reach the first `limit` positions.
+        let candidates = (limit < n / 8).then(|| top_candidates(&keys, limit)).flatten();
+        let (perm, moved) = match candidates {
+            Some(rows) => {
+                let mut words: Vec<Vec<u32>> = keys
+                    .words
+                    .iter()
+                    .map(|w| rows.par_iter().map(|&r| w[r as usize]).collect())
+                    .collect();
+                let varying = varying_bits(&words);
+                let passes = radix_passes(&varying, self.digit_bits);
+                stats.passes = passes.len();
+                let local = lsd_sort(rows.len(), &mut words, &varying, keep_words, &passes, &mut []);
+                let mut perm: Vec<u32> = local.par_iter().map(|&i| rows[i as usize]).collect();
+                if keep_words {
+                    stats.tie_groups = resolve_ties(layout, encoder.sort_columns(), &words, &mut perm)?.len();
+                }
+                (perm, None)
+            }
+            None => {
+                let mut words = keys.words;
+                let varying = varying_bits(&words);
+                let passes: Vec<RadixPass> = radix_passes(&varying, self.digit_bits);
+                stats.passes = passes.len();
+                let mut direct = match strategy.record_move {
+                    RecordMove::Direct => DirectColumns::new(batch),
+                    RecordMove::Indirect => DirectColumns::default(),
+                };
+                let mut perm = lsd_sort(n, &mut words, &varying, keep_words, &passes, &mut direct.moved);
+                if keep_words {
+                    let ties = resolve_ties(layout, encoder.sort_columns(), &words, &mut perm)?;
+                    stats.tie_groups = ties.len();
+                    direct.reorder(batch, &perm, &ties);
+                }
+                (perm, Some(direct))
+            }
+        };
+        stats.sort_time = start.elapsed();
+
+        let start = Instant::now();
+        let head = &perm[..limit];
+        let mut direct = moved.unwrap_or_default();
+        stats.moved_columns = direct.columns.len();
+        stats.gathered_columns = batch.num_columns() - direct.columns.len();
+        let columns = direct.finish(batch, n)?;
+        let columns = batch
+            .columns()
+            .par_iter()
+            .zip(columns)
+            .map(|(col, moved)| match moved {
+                Some(sorted) => Ok(sorted.slice(0, limit)),
+                None => gather_column(col, head),
+            })
+            .collect::<Result<Vec<ArrayRef>>>()?;
+        let out = RecordBatch::try_new_with_options(
+            batch.schema(),
+            columns,
+            &RecordBatchOptions::new().with_row_count(Some(limit)),
+        )?;
+        stats.gather_time = start.elapsed();
+        stats.encode_time = encode_time;
+        let mut perm = perm;
+        perm.truncate(limit);
+        Ok(SortOutput {
+            batch: out,
+            indices: UInt32Array::from(perm),
+            stats,
+        })
+    }
+}
+
+impl SortBackend for CpuBackend {
+    fn name(&self) -> String {
+        "cpu".to_string()
+    }
+
+    fn sort(&self, request: &SortRequest<'_>) -> Result<SortOutput> {
+        match &self.pool {
+            Some(pool) => pool.install(|| self.run(request)),
+            None => self.run(request),
+        }
+    }
+}
+
+/// Rows whose most significant varying key digit (up to 16 bits) is at most the digit of
+/// the `limit`-th smallest key, in input order; `None` when that would not cut the input
+/// at least in half.
+fn top_candidates(keys: &EncodedKeys, limit: usize) -> Option<Vec<u32>> {
+    let varying = varying_bits(&keys.words);
+    let w = varying.iter().position(|&v| v != 0)?;
+    let hi = 32 - varying[w].leading_zeros();
+    let bits = hi.min(16);
+    let pass = RadixPass {
+        word: w,
+        shift: hi - bits,
+        bits,
+    };
+    let words = &keys.words[w];
+    let counts = words
+        .par_chunks(1 << 16)
+        .map(|c| {
+            let mut h = vec![0usize; pass.buckets()];
+            c.iter().for_each(|&x| h[pass.digit(x)] += 1);
+            h
+        })
+        .reduce(
+            || vec![0usize; pass.buckets()],
+            |mut a, b| {
+                a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+                a
+            },
+        );
+    let mut sum = 0;
+    let cut = counts.iter().position(|&c| {
+        sum += c;
+        sum >= limit.max(1)
+    })?;
+    if sum > keys.num_rows / 2 {
+        return None;
+    }
+    let rows: Vec<u32> = words
+        .par_iter()
+        .enumerate()
+        .filter(|(_, x)| pass.digit(**x) <= cut)
+        .map(|(i, _)| i as u32)
+        .collect();
+    Some(rows)
+}
+
+/// The columns the direct strategy moves, and their validity bits packed 32 columns to a
+/// word.
+#[derive(Default)]
+struct DirectColumns {
+    /// (column index, width) of each moved value column, in `moved` order.
+    columns: Vec<(usize, usize)>,
+    /// Nullable moved columns, by column index; column `nullable[j]` has its validity in
+    /// bit `j % 32` of validity word `j / 32`.
+    nullable: Vec<usize>,
+    /// Value columns, then validity words.
+    moved: Vec<MovedColumn>,
+}
+
+impl DirectColumns {
+    fn new(batch: &RecordBatch) -> Self {
+        let mut this = Self::default();
+        for (c, col) in batch.columns().iter().enumerate() {
+            if let Some(width) = fixed_width(col.data_type()) {
+                this.columns.push((c, width));
+                this.moved.push(MovedColumn::new(fixed_values(col.as_ref(), width), width));
+                if col.null_count() > 0 {
+                    this.nullable.push(c);
+                }
+            }
+        }
+        let n = batch.num_rows();
+        for group in this.nullable.chunks(32) {
+            let nulls: Vec<&NullBuffer> = group.iter().map(|&c| batch.column(c).nulls().unwrap()).collect();
+            let mut words = vec![0u32; n];
+            words.par_chunks_mut(1 << 14).enumerate().for_each(|(k, ws)| {
+                for (i, w) in ws.iter_mut().enumerate() {
+                    *w = validity_word(&nulls, k * (1 << 14) + i);
+                }
+            });
+            this.moved.push(MovedColumn::new(Buffer::from_vec(words), 4));
+        }
+        this
+    }
+
+    /// Rebuilds the rows of `ranges` (reordered after the radix sort) from the input.
+    fn reorder(&mut self, batch: &RecordBatch, perm: &[u32], ranges: &[std::ops::Range<usize>]) {
+        if ranges.is_empty() {
+            return;
+        }
+        let num_values = self.columns.len();
+        for (k, col) in self.moved.iter_mut().enumerate() {
+            let width = col.width();
+            let dst = col.bytes_mut();
+            if k < num_values {
+                let src = fixed_values(batch.column(self.columns[k].0).as_ref(), width);
+                for r in ranges {
+                    let part = gather_bytes(src.as_slice(), width, &perm[r.clone()]);
+                    dst[r.start * width..r.end * width].copy_from_slice(part.as_slice());
+                }
+            } else {
+                let group = &self.nullable[32 * (k - num_values)..self.nullable.len().min(32 * (k - num_values + 1))];
+                let nulls: Vec<&NullBuffer> = group.iter().map(|&c| batch.column(c).nulls().unwrap()).collect();
+                for r in ranges {
+                    for i in r.clone() {
+                        let w = validity_word(&nulls, perm[i] as usize);
+                        dst[4 * i..4 * i + 4].copy_from_slice(&w.to_ne_bytes());
+                    }
+                }
+            }
+        }
+    }
+
+    /// The sorted columns, one `Some` per moved column and `None` for the others.
+    fn finish(&mut self, batch: &RecordBatch, n: usize) -> Result<Vec<Option<ArrayRef>>> {
+        let mut out: Vec<Option<ArrayRef>> = vec![None; batch.num_columns()];
+        if self.columns.is_empty() {
+            return Ok(out);
+        }
+        let mut moved = std::mem::take(&mut self.moved);
+        let validity: Vec<Buffer> = moved.drain(self.columns.len()..).map(|m| m.into_buffer()).collect();
+        for (k, ((c, _), values)) in self.columns.iter().zip(moved).enumerate() {
+            let col = batch.column(*c);
+            let nulls = self.nullable.iter().position(|x| x == c).map(|j| {
+                let words: &[u32] = validity[j / 32].typed_data();
+                NullBuffer::new(bits_of(words, (j % 32) as u32, n))
+            });
+            let _ = k;
+            out[*c] = Some(fixed_array(col.as_ref(), values.into_buffer(), nulls, n));
+        }
+        Ok(out)
+    }
+}
+
+/// Bit `k` of the validity word of `row`: bit `j` is column `nulls[j]`'s validity.
+fn validity_word(nulls: &[&NullBuffer], row: usize) -> u32 {
+    nulls
+        .iter()
+        .enumerate()
+        .fold(0u32, |w, (j, n)| w | ((n.is_valid(row) as u32) << j))
+}
+
+/// Bit `bit` of each word, as a bitmap.
+fn bits_of(words: &[u32], bit: u32, n: usize) -> BooleanBuffer {
+    let mut out = vec![0u64; n.div_ceil(64)];
+    out.par_iter_mut().enumerate().for_each(|(k, o)| {
+        let start = 64 * k;
+        let end = n.min(start + 64);
+        *o = words[start..end]
+            .iter()
+            .enumerate()
+            .fold(0u64, |acc, (b, w)| acc | ((((w >> bit) & 1) as u64) << b));
+    });
+    BooleanBuffer::new(Buffer::from_vec(out), 0, n)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,180 @@
+//! Unit tests of the CPU backend (the differential fuzz test is in `tests/`).
+
+use std::sync::Arc;
+
+use arrow::array::*;
+use arrow::compute::{SortColumn, lexsort_to_indices};
+use arrow::datatypes::{DataType, Field, Schema};
+
+use super::*;
+use crate::keys::EncoderOptions;
+use crate::spec::{SortKey, SortSpec};
+
+fn batch(cols: Vec<ArrayRef>) -> RecordBatch {
+    let fields: Vec<Field> = cols
+        .iter()
+        .enumerate()
+        .map(|(i, c)| Field::new(format!("c{i}"), c.data_type().clone(), true))
+        .collect();
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).unwrap()
+}
+
+/// Stable reference: lexsort, then ties broken by input row.
+fn reference(b: &RecordBatch, spec: &SortSpec) -> Vec<u32> {
+    let cols: Vec<SortColumn> = spec
+        .keys()
+        .iter()
+        .map(|k| SortColumn {
+            values: b.column(k.column).clone(),
+            options: Some(k.options),
+        })
+        .collect();
+    let cmp = arrow::compute::LexicographicalComparator::try_new(&cols).unwrap();
+    let mut idx: Vec<u32> = (0..b.num_rows() as u32).collect();
+    idx.sort_by(|&x, &y| cmp.compare(x as usize, y as usize).then(x.cmp(&y)));
+    let unstable = lexsort_to_indices(&cols, None).unwrap();
+    // lexsort agrees up to the order of equal rows.
+    for (a, r) in unstable.values().iter().zip(&idx) {
+        assert!(cmp.compare(*a as usize, *r as usize).is_eq());
+    }
+    idx
+}
+
+fn check_all_strategies(b: &RecordBatch, spec: &SortSpec, backend: &CpuBackend) {
+    let want = reference(b, spec);
+    for strategy in Strategy::ALL {
+        for limit in [None, Some(0), Some(1), Some(b.num_rows() / 2), Some(b.num_rows() + 3)] {
+            let out = backend
+                .sort(&SortRequest::new(b, spec).with_strategy(Some(strategy)).with_limit(limit))
+                .unwrap();
+            let k = limit.unwrap_or(usize::MAX).min(b.num_rows());
+            assert_eq!(out.indices.values(), &want[..k], "{strategy} limit {limit:?}");
+            let idx = UInt32Array::from(want[..k].to_vec());
+            for (c, col) in out.batch.columns().iter().enumerate() {
+                let expected = arrow::compute::take(b.column(c).as_ref(), &idx, None).unwrap();
+                assert_eq!(col.to_data(), expected.to_data(), "column {c} with {strategy}");
+            }
+        }
+    }
+}
+
+#[test]
+fn empty_and_tiny_inputs() {
+    let backend = CpuBackend::new();
+    for n in [0usize, 1, 2] {
+        let b = batch(vec![
+            Arc::new(Int32Array::from_iter_values((0..n as i32).rev())),
+            Arc::new(StringArray::from_iter_values((0..n).map(|i| format!("v{i}")))),
+        ]);
+        check_all_strategies(&b, &SortSpec::new([SortKey::sql(0, false)]), &backend);
+    }
+}
+
+#[test]
+fn nullable_payload_moves_with_its_validity() {
+    let n = 100_000;
+    let b = batch(vec![
+        Arc::new(UInt32Array::from_iter_values((0..n).map(|i| (i as u32).wrapping_mul(2654435761) % 1000))),
+        Arc::new(Int64Array::from_iter((0..n).map(|i| (i % 3 != 0).then_some(i as i64)))),
+        Arc::new(Float32Array::from_iter((0..n).map(|i| (i % 5 != 0).then_some(i as f32)))),
+        Arc::new(BooleanArray::from_iter((0..n).map(|i| (i % 7 != 0).then_some(i % 2 == 0)))),
+        Arc::new(StringArray::from_iter((0..n).map(|i| (i % 11 != 0).then(|| format!("{i}"))))),
+    ]);
+    check_all_strategies(&b, &SortSpec::new([SortKey::sql(0, false)]), &CpuBackend::new());
+    check_all_strategies(
+        &b,
+        &SortSpec::new([SortKey::sql(1, true), SortKey::sql(0, false)]),
+        &CpuBackend::new().with_digit_bits(11).unwrap(),
+    );
+}
+
+#[test]
+fn truncated_strings_resolve_in_both_strategies() {
+    let n = 50_000;
+    let words = ["common-prefix-alpha", "common-prefix-beta", "common-prefix-al", "c"];
+    let b = batch(vec![
+        Arc::new(StringArray::from_iter((0..n).map(|i| {
+            (i % 13 != 0).then(|| format!("{}{}", words[i % 4], (i * 7919) % 97))
+        }))),
+        Arc::new(Int32Array::from_iter_values((0..n as i32).map(|i| i % 10))),
+        Arc::new(UInt64Array::from_iter((0..n).map(|i| (i % 17 != 0).then_some(i as u64)))),
+    ]);
+    for max_prefix_bytes in [0, 2, 8] {
+        let spec = SortSpec::new([SortKey::new(0, false, true), SortKey::sql(1, true)]);
+        let want = reference(&b, &spec);
+        for strategy in Strategy::ALL {
+            let out = CpuBackend::new()
+                .sort(
+                    &SortRequest::new(&b, &spec)
+                        .with_strategy(Some(strategy))
+                        .with_encoder_options(EncoderOptions { max_prefix_bytes }),
+                )
+                .unwrap();
+            assert_eq!(out.indices.values(), &want[..]);
+            let idx = UInt32Array::from(want.clone());
+            for (c, col) in out.batch.columns().iter().enumerate() {
+                let expected = arrow::compute::take(b.column(c).as_ref(), &idx, None).unwrap();
+                assert_eq!(col.to_data(), expected.to_data(), "column {c}");
+            }
+            assert!(out.stats.tie_groups > 0 || max_prefix_bytes == 8);
+        }
+    }
+}
+
+#[test]
+fn small_limits_sort_only_candidates() {
+    let n = 200_000u32;
+    let b = batch(vec![
+        Arc::new(UInt32Array::from_iter_values((0..n).map(|i| i.wrapping_mul(2654435761)))),
+        Arc::new(UInt32Array::from_iter_values(0..n)),
+    ]);
+    let spec = SortSpec::new([SortKey::sql(0, true)]);
+    let want = reference(&b, &spec);
+    for limit in [1usize, 10, 1000, 20_000] {
+        let out = CpuBackend::new().sort(&SortRequest::new(&b, &spec).with_limit(Some(limit))).unwrap();
+        assert_eq!(out.indices.values(), &want[..limit]);
+        assert_eq!(out.batch.num_rows(), limit);
+    }
+}
+
+#[test]
+fn dedicated_pool_and_digit_width_errors() {
+    let backend = CpuBackend::new().with_threads(3).unwrap();
+    let b = batch(vec![Arc::new(Int16Array::from_iter_values((0..100_000).map(|i| (i * 37 % 1000) as i16)))]);
+    check_all_strategies(&b, &SortSpec::new([SortKey::sql(0, false)]), &backend);
+    assert!(CpuBackend::new().with_digit_bits(0).is_err());
+    assert!(CpuBackend::new().with_digit_bits(17).is_err());
+}
+
+#[test]
+fn stats_report_the_work() {
+    let n = 10_000u32;
+    let b = batch(vec![
+        Arc::new(UInt32Array::from_iter_values((0..n).map(|i| i % 256))),
+        Arc::new(StringArray::from_iter_values((0..n).map(|i| i.to_string()))),
+        Arc::new(Int64Array::from_iter_values((0..n).map(i64::from))),
+    ]);
+    let spec = SortSpec::new([SortKey::sql(0, false)]);
+    let out = CpuBackend::new()
+        .sort(&SortRequest::new(&b, &spec).with_strategy(Some(Strategy::SRTS_DIRECT)))
+        .unwrap();
+    assert_eq!(out.stats.key_bits, 8);
+    assert_eq!(out.stats.passes, 1);
+    assert_eq!((out.stats.moved_columns, out.stats.gathered_columns), (2, 1));
+    let out = CpuBackend::new()
+        .sort(&SortRequest::new(&b, &spec).with_strategy(Some(Strategy::SRTS_INDIRECT)))
+        .unwrap();
+    assert_eq!((out.stats.moved_columns, out.stats.gathered_columns), (0, 3));
+}
+
+#[test]
+fn unsupported_sort_column_is_an_error_not_a_panic() {
+    let values = ListArray::from_iter_primitive::<arrow::datatypes::Int32Type, _, _>(vec![Some(vec![Some(1)])]);
+    let dict = DictionaryArray::try_new(Int32Array::from(vec![0, 0]), Arc::new(values)).unwrap();
+    let schema = Schema::new(vec![Field::new("odd", dict.data_type().clone(), true)]);
+    let b = RecordBatch::try_new(Arc::new(schema), vec![Arc::new(dict)]).unwrap();
+    let spec = SortSpec::new([SortKey::sql(0, false)]);
+    let err = CpuBackend::new().sort(&SortRequest::new(&b, &spec)).unwrap_err();
+    assert!(matches!(err, GpusortError::UnsupportedType { .. }), "{err}");
+    assert!(matches!(DataType::Null, DataType::Null));
+}

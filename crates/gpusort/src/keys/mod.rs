@@ -1,0 +1,290 @@
+//! The key encoder: Arrow sort columns to order-preserving unsigned radix keys.
+//!
+//! A sort over columns `k0, k1, ...` becomes a sort over one unsigned integer per row, the
+//! **key**, whose natural order is the SQL order of the rows. The key is the concatenation,
+//! most significant first, of one **field** per sort column:
+//!
+//! ```text
+//!   key = [null flag k0][value bits k0][null flag k1][value bits k1] ...
+//! ```
+//!
+//! - The null flag exists only when the column holds nulls; it is 0 for the rows that sort
+//!   first (nulls with NULLS FIRST, values with NULLS LAST). Null rows have zero value bits.
+//! - Fixed-width values map to an unsigned [ordinal](ordinal) in the type's order, then to
+//!   `ordinal - min` (ASC) or `max - ordinal` (DESC) over the column's valid values, in
+//!   exactly the bits that range needs: a column of `i64` between 1000 and 1255 costs 8 bits.
+//! - Strings and binaries skip the longest prefix common to all values, keep the next
+//!   [`EncoderOptions::max_prefix_bytes`] bytes, zero-padded, then the remaining length
+//!   capped at one past the prefix. When a value is longer, its field is inexact: rows
+//!   whose keys agree up to the end of that field get ordered by comparing full values
+//!   (see [`KeyLayout::first_inexact`]).
+//! - Dictionaries encode the dense rank of their value among the dictionary's distinct
+//!   values; booleans one bit; nested types (lists, structs) go through Arrow's row format
+//!   and then sort as binaries.
+//!
+//! The key is stored **ByField** (one array per 32-bit word, word 0 most significant) in
+//! [`EncodedKeys`]: the layout the radix sorts of Bandyopadhyay & Sahni read, where a pass
+//! over a digit reads one word array.
+
+mod field;
+pub mod ordinal;
+mod writer;
+
+use arrow::array::RecordBatch;
+use arrow::compute::{SortColumn, SortOptions};
+use rayon::prelude::*;
+
+pub use ordinal::{OrdinalKind, U256};
+
+use crate::error::{GpusortError, Result};
+use crate::spec::SortSpec;
+use field::{BuiltField, CHUNK, build_field};
+use writer::KeyWriter;
+
+/// Options of the key encoder.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct EncoderOptions {
+    /// Bytes of a string or binary value (after the common prefix) that go into the key.
+    /// Longer values are ordered by comparing them whole where their prefixes tie.
+    pub max_prefix_bytes: usize,
+}
+
+impl Default for EncoderOptions {
+    fn default() -> Self {
+        Self { max_prefix_bytes: 8 }
+    }
+}
+
+/// How a field's value bits are computed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FieldEncoding {
+    /// No value bits: the column's valid values are all equal (or there are none).
+    Constant,
+    /// `ordinal - min` (ASC) or `max - ordinal` (DESC) of a fixed-width value.
+    Ordinal {
+        /// How values map to ordinals.
+        kind: OrdinalKind,
+        /// Smallest ordinal among valid values.
+        min: U256,
+        /// Largest ordinal among valid values.
+        max: U256,
+    },
+    /// A byte prefix and a capped length.
+    Bytes {
+        /// Bytes every valid value starts with (skipped).
+        common_prefix: usize,
+        /// Bytes after that in the key.
+        prefix_bytes: usize,
+        /// Smallest capped length among valid values.
+        len_min: u32,
+        /// Largest capped length among valid values.
+        len_max: u32,
+    },
+    /// The dense rank of a dictionary value.
+    DictionaryRanks {
+        /// Distinct values in the dictionary.
+        distinct_values: usize,
+    },
+}
+
+/// One sort column's place in the key.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyField {
+    /// Index of the column in the input.
+    pub column: usize,
+    /// The sort options the field encodes.
+    pub options: SortOptions,
+    /// Position of the field's first bit, counted from the key's most significant bit.
+    pub pos: u32,
+    /// 1 when the field starts with a null flag, else 0.
+    pub null_bits: u32,
+    /// Bits of the value part.
+    pub value_bits: u32,
+    /// False when rows with equal field bits may hold different values.
+    pub exact: bool,
+    /// How the value bits are computed.
+    pub encoding: FieldEncoding,
+}
+
+impl KeyField {
+    /// Bits of the whole field.
+    pub fn bits(&self) -> u32 {
+        self.null_bits + self.value_bits
+    }
+
+    /// Position one past the field's last bit.
+    pub fn end(&self) -> u32 {
+        self.pos + self.bits()
+    }
+}
+
+/// The shape of a key: its fields and their bit positions.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyLayout {
+    fields: Vec<KeyField>,
+    total_bits: u32,
+}
+
+impl KeyLayout {
+    /// The fields, most significant first.
+    pub fn fields(&self) -> &[KeyField] {
+        &self.fields
+    }
+
+    /// Bits of the whole key.
+    pub fn total_bits(&self) -> u32 {
+        self.total_bits
+    }
+
+    /// 32-bit words per key.
+    pub fn num_words(&self) -> usize {
+        self.total_bits.div_ceil(32) as usize
+    }
+
+    /// Leading unused bits of word 0.
+    pub fn pad(&self) -> u32 {
+        32 * self.num_words() as u32 - self.total_bits
+    }
+
+    /// True when equal keys mean equal sort values.
+    pub fn is_exact(&self) -> bool {
+        self.fields.iter().all(|f| f.exact)
+    }
+
+    /// Index of the first inexact field, if any.
+    pub fn first_inexact(&self) -> Option<usize> {
+        self.fields.iter().position(|f| !f.exact)
+    }
+
+    /// Which bits of word `w` belong to fields `0..=field` (a mask over the word).
+    pub fn word_mask_through(&self, field: usize, w: usize) -> u32 {
+        let end = self.pad() + self.fields[field].end(); // in padded bit positions
+        let word_start = 32 * w as u32;
+        if end >= word_start + 32 {
+            u32::MAX
+        } else if end <= word_start {
+            0
+        } else {
+            !(u32::MAX >> (end - word_start))
+        }
+    }
+}
+
+/// Keys in the ByField layout: `words[w][row]`, word 0 most significant.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EncodedKeys {
+    /// One array per 32-bit word of the key.
+    pub words: Vec<Vec<u32>>,
+    /// Rows.
+    pub num_rows: usize,
+}
+
+/// Builds the keys of a batch: analyzes the sort columns once ([`KeyEncoder::try_new`]),
+/// then writes the keys ([`KeyEncoder::encode`]).
+pub struct KeyEncoder {
+    layout: KeyLayout,
+    fields: Vec<BuiltField>,
+    sort_columns: Vec<SortColumn>,
+    num_rows: usize,
+}
+
+impl std::fmt::Debug for KeyEncoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyEncoder")
+            .field("layout", &self.layout)
+            .field("num_rows", &self.num_rows)
+            .finish()
+    }
+}
+
+impl KeyEncoder {
+    /// Analyzes the sort columns of `batch` named by `spec`.
+    ///
+    /// Fails with [`GpusortError::UnsupportedType`] naming the column for a type that
+    /// cannot be sorted.
+    pub fn try_new(batch: &RecordBatch, spec: &SortSpec, options: &EncoderOptions) -> Result<Self> {
+        spec.validate(batch.num_columns())?;
+        let schema = batch.schema();
+        let fields = spec
+            .keys()
+            .iter()
+            .map(|k| {
+                let name = schema.field(k.column).name();
+                build_field(name, batch.column(k.column), k.options, options)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut pos = 0u32;
+        let mut layout_fields = Vec::with_capacity(fields.len());
+        for (k, f) in spec.keys().iter().zip(&fields) {
+            let field = KeyField {
+                column: k.column,
+                options: k.options,
+                pos,
+                null_bits: f.flag.bits(),
+                value_bits: f.encoder.value_bits(),
+                exact: f.encoder.exact(),
+                encoding: f.encoder.encoding(),
+            };
+            pos = pos.checked_add(field.bits()).ok_or_else(|| {
+                GpusortError::InvalidOption("sort key longer than 2^32 bits".into())
+            })?;
+            layout_fields.push(field);
+        }
+        let sort_columns = spec
+            .keys()
+            .iter()
+            .zip(&fields)
+            .map(|(k, f)| match &f.normalized {
+                Some((values, options)) => SortColumn {
+                    values: values.clone(),
+                    options: Some(*options),
+                },
+                None => SortColumn {
+                    values: batch.column(k.column).clone(),
+                    options: Some(k.options),
+                },
+            })
+            .collect();
+        Ok(Self {
+            layout: KeyLayout {
+                fields: layout_fields,
+                total_bits: pos,
+            },
+            fields,
+            sort_columns,
+            num_rows: batch.num_rows(),
+        })
+    }
+
+    /// The key's shape.
+    pub fn layout(&self) -> &KeyLayout {
+        &self.layout
+    }
+
+    /// The columns (and options) that order rows exactly, one per field: what rows with
+    /// tied inexact keys are compared by.
+    pub fn sort_columns(&self) -> &[SortColumn] {
+        &self.sort_columns
+    }
+
+    /// Writes the keys of all rows.
+    pub fn encode(&self) -> EncodedKeys {
+        let n = self.num_rows;
+        let mut words: Vec<Vec<u32>> = (0..self.layout.num_words()).map(|_| vec![0u32; n]).collect();
+        if !words.is_empty() {
+            let writer = KeyWriter::new(&mut words, self.layout.total_bits);
+            (0..n.div_ceil(CHUNK)).into_par_iter().for_each(|c| {
+                let rows = c * CHUNK..n.min((c + 1) * CHUNK);
+                for (f, built) in self.layout.fields.iter().zip(&self.fields) {
+                    if f.bits() > 0 {
+                        built.encoder.encode(rows.clone(), &built.flag, &writer, f.pos);
+                    }
+                }
+            });
+        }
+        EncodedKeys { words, num_rows: n }
+    }
+}
+
+#[cfg(test)]
+mod tests;

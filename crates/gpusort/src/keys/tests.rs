@@ -1,0 +1,341 @@
+//! Unit tests of the key encoder, type by type.
+
+use std::cmp::Ordering;
+use std::sync::Arc;
+
+use arrow::array::*;
+use arrow::compute::{LexicographicalComparator, SortColumn};
+use arrow::datatypes::*;
+use half::f16;
+
+use super::*;
+use crate::spec::SortKey;
+
+fn key(k: &EncodedKeys, row: usize) -> Vec<u32> {
+    k.words.iter().map(|w| w[row]).collect()
+}
+
+/// Encodes `cols` with every direction and null placement and checks, for every pair of
+/// rows, that the key order agrees with Arrow's comparator: exactly for exact layouts,
+/// and up to ties of truncated values otherwise.
+fn check_columns(cols: Vec<ArrayRef>, opts: &EncoderOptions) -> Vec<KeyLayout> {
+    let fields: Vec<Field> = cols
+        .iter()
+        .enumerate()
+        .map(|(i, c)| Field::new(format!("c{i}"), c.data_type().clone(), true))
+        .collect();
+    let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), cols.clone()).unwrap();
+    let mut layouts = vec![];
+    for mask in 0..(1u32 << (2 * cols.len())) {
+        let keys: Vec<SortKey> = (0..cols.len())
+            .map(|i| SortKey::new(i, mask >> (2 * i) & 1 == 1, mask >> (2 * i + 1) & 1 == 1))
+            .collect();
+        let spec = SortSpec::new(keys.clone());
+        let enc = KeyEncoder::try_new(&batch, &spec, opts).unwrap();
+        let encoded = enc.encode();
+        let sort_cols: Vec<SortColumn> = keys
+            .iter()
+            .map(|k| SortColumn {
+                values: cols[k.column].clone(),
+                options: Some(k.options),
+            })
+            .collect();
+        let cmp = LexicographicalComparator::try_new(&sort_cols).unwrap();
+        let exact = enc.layout().is_exact();
+        for i in 0..batch.num_rows() {
+            for j in 0..batch.num_rows() {
+                let by_key = key(&encoded, i).cmp(&key(&encoded, j));
+                let by_value = cmp.compare(i, j);
+                if exact || by_key != Ordering::Equal {
+                    assert_eq!(
+                        by_key,
+                        by_value,
+                        "rows {i} and {j}, keys {keys:?}, layout {:?}",
+                        enc.layout()
+                    );
+                }
+            }
+        }
+        layouts.push(enc.layout().clone());
+    }
+    layouts
+}
+
+fn check(col: ArrayRef) -> Vec<KeyLayout> {
+    check_columns(vec![col], &EncoderOptions::default())
+}
+
+#[test]
+fn integers_with_extremes_and_nulls() {
+    check(Arc::new(Int8Array::from(vec![Some(i8::MIN), None, Some(-1), Some(0), Some(i8::MAX), Some(0)])));
+    check(Arc::new(Int16Array::from(vec![Some(i16::MAX), Some(i16::MIN), None, Some(7)])));
+    check(Arc::new(Int32Array::from(vec![Some(i32::MIN), Some(i32::MAX), Some(-5), None, Some(-5)])));
+    check(Arc::new(Int64Array::from(vec![Some(i64::MIN), Some(i64::MAX), Some(0), None])));
+    check(Arc::new(UInt8Array::from(vec![Some(0), Some(255), None, Some(17)])));
+    check(Arc::new(UInt16Array::from(vec![Some(0), Some(u16::MAX), None])));
+    check(Arc::new(UInt32Array::from(vec![Some(u32::MAX), Some(0), Some(1), None])));
+    check(Arc::new(UInt64Array::from(vec![Some(u64::MAX), Some(0), None, Some(u64::MAX - 1)])));
+}
+
+#[test]
+fn integers_narrow_to_their_range() {
+    let layouts = check(Arc::new(Int64Array::from(vec![1000, 1255, 1100, 1000])));
+    assert!(layouts.iter().all(|l| l.total_bits() == 8), "{layouts:?}");
+    // A null adds a one-bit flag.
+    let layouts = check(Arc::new(Int64Array::from(vec![Some(1000), None, Some(1255)])));
+    assert!(layouts.iter().all(|l| l.total_bits() == 9));
+    // All equal: no bits; all null: no bits.
+    let layouts = check(Arc::new(Int32Array::from(vec![7, 7, 7])));
+    assert!(layouts.iter().all(|l| l.total_bits() == 0));
+    let layouts = check(Arc::new(Int32Array::from(vec![None, None])));
+    assert!(layouts.iter().all(|l| l.total_bits() == 0));
+    // Full range of u64: 64 bits, 2 words.
+    let layouts = check(Arc::new(UInt64Array::from(vec![0, u64::MAX])));
+    assert!(layouts.iter().all(|l| l.total_bits() == 64 && l.num_words() == 2));
+}
+
+#[test]
+fn floats_total_order() {
+    let neg_nan = f64::from_bits(f64::NAN.to_bits() | (1 << 63));
+    check(Arc::new(Float64Array::from(vec![
+        Some(0.0),
+        Some(-0.0),
+        Some(f64::NAN),
+        Some(f64::from_bits(0x7ff0_0000_0000_0001)), // signalling NaN, smallest payload
+        Some(neg_nan),
+        Some(f64::INFINITY),
+        Some(f64::NEG_INFINITY),
+        None,
+        Some(f64::MIN_POSITIVE),
+        Some(-1.5),
+        Some(f64::MAX),
+        Some(f64::MIN),
+    ])));
+    check(Arc::new(Float32Array::from(vec![
+        Some(0.0f32),
+        Some(-0.0),
+        Some(f32::NAN),
+        Some(f32::from_bits(0x7fff_ffff)),
+        None,
+        Some(f32::NEG_INFINITY),
+        Some(1e-45),
+    ])));
+    check(Arc::new(Float16Array::from(vec![
+        Some(f16::from_f32(0.0)),
+        Some(f16::NEG_ZERO),
+        Some(f16::NAN),
+        Some(f16::INFINITY),
+        None,
+        Some(f16::from_f32(-2.5)),
+    ])));
+}
+
+#[test]
+fn decimals() {
+    let d128 = Decimal128Array::from(vec![Some(i128::MIN), Some(i128::MAX), Some(0), None, Some(-1)])
+        .with_precision_and_scale(38, 2)
+        .unwrap();
+    check(Arc::new(d128));
+    let d256 = Decimal256Array::from(vec![
+        Some(i256::MIN),
+        Some(i256::MAX),
+        Some(i256::ZERO),
+        None,
+        Some(i256::from_i128(i128::MIN)),
+        Some(i256::from_i128(-7)),
+    ]);
+    check(Arc::new(d256));
+    let d32 = Decimal32Array::from(vec![Some(-99999), Some(12), None]).with_precision_and_scale(9, 3).unwrap();
+    check(Arc::new(d32));
+    let d64 = Decimal64Array::from(vec![Some(i64::MIN), Some(3), None]);
+    check(Arc::new(d64));
+}
+
+#[test]
+fn temporal_types() {
+    check(Arc::new(Date32Array::from(vec![Some(-719162), Some(0), None, Some(19000)])));
+    check(Arc::new(Date64Array::from(vec![Some(i64::MIN), Some(0), None])));
+    check(Arc::new(Time32SecondArray::from(vec![Some(86399), Some(0), None])));
+    check(Arc::new(Time32MillisecondArray::from(vec![Some(5), Some(1), None])));
+    check(Arc::new(Time64MicrosecondArray::from(vec![Some(5), Some(86_399_999_999), None])));
+    check(Arc::new(Time64NanosecondArray::from(vec![Some(5), Some(1), None])));
+    check(Arc::new(
+        TimestampNanosecondArray::from(vec![Some(i64::MIN), Some(i64::MAX), None, Some(0)])
+            .with_timezone("+02:00"),
+    ));
+    check(Arc::new(TimestampSecondArray::from(vec![Some(-1), Some(1), None])));
+    check(Arc::new(DurationMillisecondArray::from(vec![Some(-1), Some(1), None])));
+    check(Arc::new(IntervalYearMonthArray::from(vec![Some(-12), Some(13), None])));
+    check(Arc::new(IntervalDayTimeArray::from(vec![
+        Some(IntervalDayTime::new(1, -5)),
+        Some(IntervalDayTime::new(-1, 5)),
+        Some(IntervalDayTime::new(1, i32::MAX)),
+        None,
+        Some(IntervalDayTime::new(0, 0)),
+    ])));
+    check(Arc::new(IntervalMonthDayNanoArray::from(vec![
+        Some(IntervalMonthDayNano::new(1, 0, -5)),
+        Some(IntervalMonthDayNano::new(0, 31, 0)),
+        Some(IntervalMonthDayNano::new(i32::MIN, i32::MIN, i64::MIN)),
+        Some(IntervalMonthDayNano::new(i32::MAX, i32::MAX, i64::MAX)),
+        None,
+    ])));
+}
+
+#[test]
+fn booleans_and_null_type() {
+    let layouts = check(Arc::new(BooleanArray::from(vec![Some(true), None, Some(false), Some(true)])));
+    assert!(layouts.iter().all(|l| l.total_bits() == 2));
+    let layouts = check(Arc::new(NullArray::new(4)));
+    assert!(layouts.iter().all(|l| l.total_bits() == 0));
+}
+
+fn strings() -> Vec<Option<&'static str>> {
+    vec![
+        Some(""),
+        Some("a"),
+        Some("a\0"),
+        Some("a\0\0"),
+        None,
+        Some("ab"),
+        Some("abcdefghijklmnop"),
+        Some("abcdefghijklmnoq"),
+        Some("abcdefghijklmno"),
+        Some("abcdefgh"),
+        Some("b"),
+        Some("\u{ff}"),
+        Some("abcdefghijklmnop"),
+        Some(""),
+    ]
+}
+
+#[test]
+fn strings_all_kinds() {
+    check(Arc::new(StringArray::from(strings())));
+    check(Arc::new(LargeStringArray::from(strings())));
+    check(Arc::new(StringViewArray::from(strings())));
+    let bin: Vec<Option<&[u8]>> = strings().iter().map(|s| s.map(|s| s.as_bytes())).collect();
+    check(Arc::new(BinaryArray::from(bin.clone())));
+    check(Arc::new(LargeBinaryArray::from(bin.clone())));
+    check(Arc::new(BinaryViewArray::from(bin)));
+    let fixed = FixedSizeBinaryArray::try_from_sparse_iter_with_size(
+        vec![Some(b"abc"), None, Some(b"ab\0"), Some(b"\xff\0\0"), Some(b"abc")].into_iter(),
+        3,
+    )
+    .unwrap();
+    let layouts = check(Arc::new(fixed));
+    assert!(layouts.iter().all(|l| l.is_exact()));
+}
+
+#[test]
+fn strings_with_small_prefixes_tie_only_when_truncated() {
+    for max_prefix_bytes in [0, 1, 2, 3, 8] {
+        check_columns(
+            vec![Arc::new(StringArray::from(strings()))],
+            &EncoderOptions { max_prefix_bytes },
+        );
+    }
+}
+
+#[test]
+fn shared_prefixes_are_skipped() {
+    let vals: Vec<String> = (0..50).map(|i| format!("https://example.com/item/{:04}", (i * 37) % 50)).collect();
+    let col: ArrayRef = Arc::new(StringArray::from(vals));
+    let layouts = check(col);
+    for l in layouts {
+        let f = &l.fields()[0];
+        assert!(f.exact);
+        assert_eq!(
+            f.encoding,
+            FieldEncoding::Bytes {
+                common_prefix: 27, // "https://example.com/item/00"
+                prefix_bytes: 2,
+                len_min: 2,
+                len_max: 2
+            }
+        );
+        assert_eq!(f.bits(), 16);
+    }
+}
+
+#[test]
+fn dictionaries_sort_by_value() {
+    let keys = Int32Array::from(vec![Some(0), Some(1), None, Some(2), Some(3), Some(1), Some(4)]);
+    let values = StringArray::from(vec![Some("zeta"), Some("alpha"), Some("zeta"), None, Some("mid")]);
+    let dict = DictionaryArray::try_new(keys, Arc::new(values)).unwrap();
+    let layouts = check(Arc::new(dict));
+    // 3 distinct non-null values: ranks 0..2 (2 bits) plus a null flag.
+    assert!(layouts.iter().all(|l| l.total_bits() == 3), "{layouts:?}");
+    let keys = UInt8Array::from(vec![2, 0, 1, 0]);
+    let values = Float64Array::from(vec![1.5, -0.0, f64::NAN]);
+    check(Arc::new(DictionaryArray::try_new(keys, Arc::new(values)).unwrap()));
+}
+
+#[test]
+fn several_columns_concatenate() {
+    let a: ArrayRef = Arc::new(Int32Array::from(vec![Some(1), Some(1), None, Some(2), Some(1), None]));
+    let b: ArrayRef = Arc::new(StringArray::from(vec![Some("x"), Some("yy"), Some("x"), None, Some("x"), None]));
+    let c: ArrayRef = Arc::new(Float64Array::from(vec![0.5, -1.0, 2.0, 2.0, f64::NAN, 0.5]));
+    check_columns(vec![a, b, c], &EncoderOptions::default());
+}
+
+#[test]
+fn nested_types_use_the_row_format() {
+    let list = ListArray::from_iter_primitive::<Int32Type, _, _>(vec![
+        Some(vec![Some(1), Some(2)]),
+        Some(vec![]),
+        None,
+        Some(vec![Some(1)]),
+        Some(vec![Some(1), None]),
+        Some(vec![Some(0), Some(9), Some(9)]),
+    ]);
+    check(Arc::new(list));
+    let st = StructArray::from(vec![
+        (
+            Arc::new(Field::new("x", DataType::Int32, true)),
+            Arc::new(Int32Array::from(vec![Some(1), None, Some(1), Some(0)])) as ArrayRef,
+        ),
+        (
+            Arc::new(Field::new("y", DataType::Utf8, true)),
+            Arc::new(StringArray::from(vec![Some("b"), Some("a"), Some("a"), None])) as ArrayRef,
+        ),
+    ]);
+    check(Arc::new(st));
+}
+
+#[test]
+fn unsupported_types_name_the_column() {
+    let values = ListArray::from_iter_primitive::<Int32Type, _, _>(vec![Some(vec![Some(1)])]);
+    let dict = DictionaryArray::try_new(Int32Array::from(vec![0, 0]), Arc::new(values)).unwrap();
+    let schema = Schema::new(vec![Field::new("weird", dict.data_type().clone(), true)]);
+    let batch = RecordBatch::try_new(Arc::new(schema), vec![Arc::new(dict)]).unwrap();
+    let err = KeyEncoder::try_new(&batch, &SortSpec::new([SortKey::sql(0, false)]), &EncoderOptions::default())
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("weird") && msg.contains("Dictionary"), "{msg}");
+}
+
+#[test]
+fn sliced_arrays_encode_their_own_rows() {
+    let full = Int32Array::from((0..100).rev().collect::<Vec<i32>>());
+    let sliced: ArrayRef = Arc::new(full.slice(10, 20));
+    check(sliced);
+    let s = StringArray::from(strings());
+    check(Arc::new(s.slice(3, 8)));
+}
+
+#[test]
+fn word_masks_cover_fields() {
+    let a: ArrayRef = Arc::new(UInt64Array::from(vec![0, u64::MAX]));
+    let b: ArrayRef = Arc::new(UInt8Array::from(vec![0, 15]));
+    let schema = Schema::new(vec![Field::new("a", DataType::UInt64, false), Field::new("b", DataType::UInt8, false)]);
+    let batch = RecordBatch::try_new(Arc::new(schema), vec![a, b]).unwrap();
+    let spec = SortSpec::new([SortKey::sql(0, false), SortKey::sql(1, false)]);
+    let enc = KeyEncoder::try_new(&batch, &spec, &EncoderOptions::default()).unwrap();
+    let l = enc.layout();
+    assert_eq!((l.total_bits(), l.num_words(), l.pad()), (68, 3, 28));
+    assert_eq!(l.word_mask_through(0, 0), u32::MAX); // padding bits are zero anyway
+    assert_eq!(l.word_mask_through(0, 1), u32::MAX);
+    assert_eq!(l.word_mask_through(0, 2), 0xFFFF_FFF0);
+    assert_eq!(l.word_mask_through(1, 2), u32::MAX);
+}

@@ -1,0 +1,191 @@
+//! Ordering rows whose keys tie on a truncated string or binary prefix.
+//!
+//! A byte field keeps a fixed prefix of each value (see [`crate::keys`]). After the radix
+//! sort, rows are ordered by their keys; rows whose keys agree on every bit up to the end
+//! of an inexact field, and whose values there are truncated (longer than the prefix),
+//! may still be out of order. Each such **tie group** is a contiguous range of sorted
+//! positions; it is ordered by comparing the full values of that column and of every later
+//! sort column, with the input row as the final tie-break (which keeps the sort stable).
+//! Groups are independent and are sorted in parallel.
+
+use std::ops::Range;
+
+use arrow::compute::{LexicographicalComparator, SortColumn};
+use rayon::prelude::*;
+
+use crate::error::Result;
+use crate::keys::{FieldEncoding, KeyLayout, ordinal::Ordinal};
+
+/// Reads `nbits` (<= 64) bits at `pos` (from the key's most significant bit) of `row`.
+fn bits_at(words: &[Vec<u32>], pad: u32, row: usize, pos: u32, nbits: u32) -> u64 {
+    let mut g = pad + pos;
+    let mut left = nbits;
+    let mut v = 0u64;
+    while left > 0 {
+        let in_word = g % 32;
+        let take = (32 - in_word).min(left);
+        let word = words[(g / 32) as usize][row];
+        let part = (word >> (32 - in_word - take)) & (u32::MAX >> (32 - take));
+        v = (v << take) | part as u64;
+        g += take;
+        left -= take;
+    }
+    v
+}
+
+/// Finds the tie groups of `layout`'s inexact fields in the sorted `words` and orders
+/// them by `sort_columns` (one per field, as [`crate::keys::KeyEncoder::sort_columns`]
+/// gives them). `perm` maps sorted positions to input rows and is reordered inside each
+/// group. Returns the reordered ranges, ascending and disjoint.
+pub fn resolve_ties(
+    layout: &KeyLayout,
+    sort_columns: &[SortColumn],
+    words: &[Vec<u32>],
+    perm: &mut [u32],
+) -> Result<Vec<Range<usize>>> {
+    let n = perm.len();
+    let mut resolved: Vec<Range<usize>> = vec![];
+    for (s, field) in layout.fields().iter().enumerate() {
+        if field.exact || n < 2 {
+            continue;
+        }
+        let FieldEncoding::Bytes {
+            prefix_bytes,
+            len_min,
+            len_max,
+            ..
+        } = field.encoding
+        else {
+            continue;
+        };
+        // Where truncation shows in the key: the capped length (prefix + 1) in the length bits.
+        let cap = prefix_bytes as u32 + 1;
+        let len_bits = (len_max - len_min).bit_len();
+        let truncated_code = if field.options.descending {
+            len_max.wrapping_sub(cap)
+        } else {
+            cap.wrapping_sub(len_min)
+        } as u64;
+        let pad = layout.pad();
+        let is_truncated = |row: usize| {
+            if field.null_bits == 1 {
+                let flag = bits_at(words, pad, row, field.pos, 1);
+                if flag != field.options.nulls_first as u64 {
+                    return false; // a null
+                }
+            }
+            if len_bits == 0 {
+                len_min == cap
+            } else {
+                bits_at(words, pad, row, field.end() - len_bits, len_bits) == truncated_code
+            }
+        };
+        let masks: Vec<(usize, u32)> = (0..words.len())
+            .map(|w| (w, layout.word_mask_through(s, w)))
+            .filter(|&(_, m)| m != 0)
+            .collect();
+        let same = |i: usize| masks.iter().all(|&(w, m)| (words[w][i] ^ words[w][i - 1]) & m == 0);
+        let groups: Vec<Range<usize>> = runs(n, &same)
+            .into_iter()
+            .filter(|g| is_truncated(g.start) && !inside(&resolved, g))
+            .collect();
+        if groups.is_empty() {
+            continue;
+        }
+        let cmp = LexicographicalComparator::try_new(&sort_columns[s..])?;
+        let base = perm.as_mut_ptr() as usize;
+        groups.par_iter().for_each(|g| {
+            // SAFETY: groups are disjoint ranges of `perm`.
+            let slice = unsafe { std::slice::from_raw_parts_mut((base as *mut u32).add(g.start), g.len()) };
+            let order = |a: &u32, b: &u32| cmp.compare(*a as usize, *b as usize).then(a.cmp(b));
+            if slice.len() > 4096 {
+                slice.par_sort_unstable_by(order);
+            } else {
+                slice.sort_unstable_by(order);
+            }
+        });
+        resolved.extend(groups);
+        resolved.sort_by_key(|r| r.start);
+    }
+    Ok(resolved)
+}
+
+/// True when `g` lies inside one of the sorted, disjoint `ranges`.
+fn inside(ranges: &[Range<usize>], g: &Range<usize>) -> bool {
+    let k = ranges.partition_point(|r| r.start <= g.start);
+    k > 0 && ranges[k - 1].end >= g.end
+}
+
+/// The maximal runs of at least two positions `i - 1, i` for which `same(i)` holds,
+/// found in parallel: each task reports the runs that start in its part.
+fn runs(n: usize, same: &(impl Fn(usize) -> bool + Sync)) -> Vec<Range<usize>> {
+    const PART: usize = 1 << 16;
+    (0..n.div_ceil(PART))
+        .into_par_iter()
+        .flat_map_iter(|p| {
+            let (lo, hi) = (p * PART, n.min((p + 1) * PART));
+            let mut out = vec![];
+            // The first run starting at or after `lo` (a run through `lo` began earlier).
+            let mut start = lo;
+            if lo > 0 {
+                while start < n && same(start) {
+                    start += 1;
+                }
+            }
+            while start < hi {
+                let mut end = start + 1;
+                while end < n && same(end) {
+                    end += 1;
+                }
+                if end - start >= 2 {
+                    out.push(start..end);
+                }
+                start = end;
+            }
+            out
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_cross_part_boundaries() {
+        let n = 200_000;
+        // Values: runs of length 1..=5 cycling, one very long run in the middle.
+        let mut vals = vec![];
+        let mut v = 0;
+        while vals.len() < n {
+            let len = if v == 20_000 { 100_000 } else { v % 5 + 1 };
+            vals.extend(std::iter::repeat_n(v, len));
+            v += 1;
+        }
+        vals.truncate(n);
+        let got = runs(n, &|i| vals[i] == vals[i - 1]);
+        let mut want = vec![];
+        let mut s = 0;
+        for i in 1..=n {
+            if i == n || vals[i] != vals[i - 1] {
+                if i - s >= 2 {
+                    want.push(s..i);
+                }
+                s = i;
+            }
+        }
+        assert_eq!(got, want);
+        assert!(runs(1, &|_| true).is_empty());
+        assert_eq!(runs(2, &|_| true), vec![0..2]);
+        assert_eq!(runs(3, &|i| i == 2), vec![1..3]);
+    }
+
+    #[test]
+    fn inside_ranges() {
+        let r = vec![0..3, 10..20];
+        assert!(inside(&r, &(11..15)));
+        assert!(inside(&r, &(10..20)));
+        assert!(!inside(&r, &(5..7)));
+        assert!(!inside(&r, &(2..5)));
+    }
+}
