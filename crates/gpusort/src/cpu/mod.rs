@@ -28,7 +28,7 @@ use rayon::prelude::*;
 
 use crate::backend::{SortBackend, SortOutput, SortRequest, SortStats};
 use crate::error::{GpusortError, Result};
-use crate::keys::{EncodedKeys, KeyEncoder};
+use crate::keys::{EncodedKeys, KeyEncoder, KeyLayout};
 use crate::plan::{Layout, RadixPass, RecordMove, Strategy, payload_fields, radix_passes, varying_bits};
 use crate::ties::resolve_ties;
 use gather::{fixed_array, fixed_values, fixed_width, gather_bytes, gather_column};
@@ -111,7 +111,7 @@ impl CpuBackend {
             ..Default::default()
         };
         // A small LIMIT sorts only the rows that can reach the first `limit` positions.
-        let candidates = (limit < n / 8).then(|| top_candidates(&keys, limit)).flatten();
+        let candidates = (limit < n / 8).then(|| top_candidates(&keys, layout, limit)).flatten();
         let (perm, moved) = match candidates {
             Some(rows) => {
                 let mut words: Vec<Vec<u32>> = keys
@@ -196,12 +196,23 @@ impl SortBackend for CpuBackend {
 
 /// Rows whose most significant varying key digit (up to 16 bits) is at most the digit of
 /// the `limit`-th smallest key, in input order; `None` when that would not cut the input
-/// at least in half.
-fn top_candidates(keys: &EncodedKeys, limit: usize) -> Option<Vec<u32>> {
+/// at least in half. Key order is only meaningful through the first inexact field (later
+/// bits decide nothing between rows whose truncated values differ), so the digit must lie
+/// within it.
+fn top_candidates(keys: &EncodedKeys, layout: &KeyLayout, limit: usize) -> Option<Vec<u32>> {
     let varying = varying_bits(&keys.words);
     let w = varying.iter().position(|&v| v != 0)?;
     let hi = 32 - varying[w].leading_zeros();
-    let bits = hi.min(16);
+    // Padded bit positions (from the top of word 0) the digit may cover.
+    let usable_end = match layout.first_inexact() {
+        Some(f) => layout.pad() + layout.fields()[f].end(),
+        None => 32 * keys.words.len() as u32,
+    };
+    let digit_start = 32 * w as u32 + 32 - hi;
+    let bits = hi.min(16).min(usable_end.checked_sub(digit_start)?);
+    if bits == 0 {
+        return None;
+    }
     let pass = RadixPass {
         word: w,
         shift: hi - bits,
