@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use arrow::array::*;
 use arrow::buffer::{NullBuffer, OffsetBuffer};
-use arrow::compute::{LexicographicalComparator, SortColumn, lexsort_to_indices};
+use arrow::compute::{LexicographicalComparator, lexsort_to_indices};
 use arrow::datatypes::*;
 use gpusort::{SortKey, SortOutput, SortSpec};
 use half::f16;
@@ -92,7 +92,11 @@ impl ColumnShape {
     /// distinct values.
     pub fn random(rng: &mut impl Rng) -> Self {
         Self {
-            null_fraction: if rng.random_bool(0.5) { 0.0 } else { rng.random_range(0.0..0.3) },
+            null_fraction: if rng.random_bool(0.5) {
+                0.0
+            } else {
+                rng.random_range(0.0..0.3)
+            },
             distinct: rng.random_bool(0.33).then(|| rng.random_range(1..40)),
         }
     }
@@ -109,7 +113,12 @@ fn pick<T: Copy>(rng: &mut impl Rng, specials: &[T], random: impl FnOnce(&mut dy
 
 /// A value source: draws uniformly from a small pool when the shape asks for few
 /// distinct values.
-fn values<T: Clone>(rng: &mut SmallRng, len: usize, shape: ColumnShape, mut draw: impl FnMut(&mut SmallRng) -> T) -> Vec<Option<T>> {
+fn values<T: Clone>(
+    rng: &mut SmallRng,
+    len: usize,
+    shape: ColumnShape,
+    mut draw: impl FnMut(&mut SmallRng) -> T,
+) -> Vec<Option<T>> {
     let pool: Option<Vec<T>> = shape.distinct.map(|d| (0..d).map(|_| draw(rng)).collect());
     (0..len)
         .map(|_| {
@@ -132,7 +141,9 @@ fn prim<T: ArrowPrimitiveType>(
     specials: &[T::Native],
     random: impl Fn(&mut dyn RngCore) -> T::Native,
 ) -> PrimitiveArray<T> {
-    values(rng, len, shape, |r| pick(r, specials, &random)).into_iter().collect()
+    values(rng, len, shape, |r| pick(r, specials, &random))
+        .into_iter()
+        .collect()
 }
 
 /// A random string: empty, short, with zero bytes, non-ASCII, or long and sharing a long
@@ -142,13 +153,10 @@ fn random_string(rng: &mut impl Rng) -> String {
         0 => String::new(),
         1 => "\0".repeat(rng.random_range(1..3)),
         2 => format!("héllo wörld {}", rng.random_range(0..100)),
-        3 | 4 => format!(
-            "a-long-shared-prefix/that/spans/many/key/words/{}",
-            {
-                let n = rng.random_range(0..6);
-                Alphanumeric.sample_string(rng, n)
-            }
-        ),
+        3 | 4 => format!("a-long-shared-prefix/that/spans/many/key/words/{}", {
+            let n = rng.random_range(0..6);
+            Alphanumeric.sample_string(rng, n)
+        }),
         5 => format!("a-long-shared-prefix/{}", rng.random_range(0..4)),
         _ => {
             let n = rng.random_range(0..12);
@@ -162,14 +170,28 @@ pub fn random_array(rng: &mut SmallRng, data_type: &DataType, len: usize, shape:
     use DataType::*;
     macro_rules! ints {
         ($t:ty, $n:ty) => {
-            Arc::new(prim::<$t>(rng, len, shape, &[<$n>::MIN, <$n>::MAX, 0 as $n, 1 as $n], |r| {
-                if r.random_bool(0.5) { r.random() } else { r.random_range(0..100) as $n }
-            }))
+            Arc::new(prim::<$t>(
+                rng,
+                len,
+                shape,
+                &[<$n>::MIN, <$n>::MAX, 0 as $n, 1 as $n],
+                |r| {
+                    if r.random_bool(0.5) {
+                        r.random()
+                    } else {
+                        r.random_range(0..100) as $n
+                    }
+                },
+            ))
         };
     }
     match data_type {
         Null => Arc::new(NullArray::new(len)),
-        Boolean => Arc::new(values(rng, len, shape, |r| r.random_bool(0.5)).into_iter().collect::<BooleanArray>()),
+        Boolean => Arc::new(
+            values(rng, len, shape, |r| r.random_bool(0.5))
+                .into_iter()
+                .collect::<BooleanArray>(),
+        ),
         Int8 => ints!(Int8Type, i8),
         Int16 => ints!(Int16Type, i16),
         Int32 => ints!(Int32Type, i32),
@@ -182,60 +204,115 @@ pub fn random_array(rng: &mut SmallRng, data_type: &DataType, len: usize, shape:
             rng,
             len,
             shape,
-            &[f16::NAN, -f16::NAN, f16::INFINITY, f16::NEG_INFINITY, f16::ZERO, f16::NEG_ZERO, f16::MAX, f16::MIN],
+            &[
+                f16::NAN,
+                -f16::NAN,
+                f16::INFINITY,
+                f16::NEG_INFINITY,
+                f16::ZERO,
+                f16::NEG_ZERO,
+                f16::MAX,
+                f16::MIN,
+            ],
             |r| f16::from_f32(r.random_range(-100.0..100.0)),
         )),
         Float32 => Arc::new(prim::<Float32Type>(
             rng,
             len,
             shape,
-            &[f32::NAN, -f32::NAN, f32::from_bits(0x7fc0_0001), f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, f32::MIN_POSITIVE],
+            &[
+                f32::NAN,
+                -f32::NAN,
+                f32::from_bits(0x7fc0_0001),
+                f32::INFINITY,
+                f32::NEG_INFINITY,
+                0.0,
+                -0.0,
+                f32::MIN_POSITIVE,
+            ],
             |r| r.random_range(-1e6..1e6),
         )),
         Float64 => Arc::new(prim::<Float64Type>(
             rng,
             len,
             shape,
-            &[f64::NAN, -f64::NAN, f64::from_bits(0x7ff0_0000_0000_0001), f64::INFINITY, f64::NEG_INFINITY, 0.0, -0.0, f64::MAX],
-            |r| if r.random_bool(0.5) { r.random_range(-1e12..1e12) } else { r.random_range(-3.0..3.0) },
+            &[
+                f64::NAN,
+                -f64::NAN,
+                f64::from_bits(0x7ff0_0000_0000_0001),
+                f64::INFINITY,
+                f64::NEG_INFINITY,
+                0.0,
+                -0.0,
+                f64::MAX,
+            ],
+            |r| {
+                if r.random_bool(0.5) {
+                    r.random_range(-1e12..1e12)
+                } else {
+                    r.random_range(-3.0..3.0)
+                }
+            },
         )),
         Decimal32(p, s) => Arc::new(
-            prim::<Decimal32Type>(rng, len, shape, &[-999_999_999, 999_999_999, 0], |r| r.random_range(-999_999_999..=999_999_999))
-                .with_precision_and_scale(*p, *s)
-                .unwrap(),
+            prim::<Decimal32Type>(rng, len, shape, &[-999_999_999, 999_999_999, 0], |r| {
+                r.random_range(-999_999_999..=999_999_999)
+            })
+            .with_precision_and_scale(*p, *s)
+            .unwrap(),
         ),
         Decimal64(p, s) => Arc::new(
-            prim::<Decimal64Type>(rng, len, shape, &[-(10i64.pow(18) - 1), 10i64.pow(18) - 1, 0], |r| r.random_range(-(10i64.pow(18) - 1)..10i64.pow(18)))
-                .with_precision_and_scale(*p, *s)
-                .unwrap(),
+            prim::<Decimal64Type>(rng, len, shape, &[-(10i64.pow(18) - 1), 10i64.pow(18) - 1, 0], |r| {
+                r.random_range(-(10i64.pow(18) - 1)..10i64.pow(18))
+            })
+            .with_precision_and_scale(*p, *s)
+            .unwrap(),
         ),
         Decimal128(p, s) => Arc::new(
             prim::<Decimal128Type>(rng, len, shape, &[-(10i128.pow(38) - 1), 10i128.pow(38) - 1, 0], |r| {
-                if r.random_bool(0.5) { r.random::<i64>() as i128 * 1_000_000 } else { r.random_range(-500..500) }
+                if r.random_bool(0.5) {
+                    r.random::<i64>() as i128 * 1_000_000
+                } else {
+                    r.random_range(-500..500)
+                }
             })
             .with_precision_and_scale(*p, *s)
             .unwrap(),
         ),
         Decimal256(p, s) => Arc::new(
-            prim::<Decimal256Type>(rng, len, shape, &[i256::MIN, i256::MAX, i256::ZERO, i256::MINUS_ONE], |r| {
-                i256::from_parts(r.random(), r.random::<i128>() >> r.random_range(0..127))
-            })
+            prim::<Decimal256Type>(
+                rng,
+                len,
+                shape,
+                &[i256::MIN, i256::MAX, i256::ZERO, i256::MINUS_ONE],
+                |r| i256::from_parts(r.random(), r.random::<i128>() >> r.random_range(0..127)),
+            )
             .with_precision_and_scale(*p, *s)
             .unwrap(),
         ),
         Date32 => ints!(Date32Type, i32),
         Date64 => ints!(Date64Type, i64),
-        Time32(TimeUnit::Second) => Arc::new(prim::<Time32SecondType>(rng, len, shape, &[0, 86_399], |r| r.random_range(0..86_400))),
-        Time32(_) => Arc::new(prim::<Time32MillisecondType>(rng, len, shape, &[0, 86_399_999], |r| r.random_range(0..86_400_000))),
-        Time64(TimeUnit::Microsecond) => Arc::new(prim::<Time64MicrosecondType>(rng, len, shape, &[0], |r| r.random_range(0..86_400_000_000))),
-        Time64(_) => Arc::new(prim::<Time64NanosecondType>(rng, len, shape, &[0], |r| r.random_range(0..86_400_000_000_000))),
+        Time32(TimeUnit::Second) => Arc::new(prim::<Time32SecondType>(rng, len, shape, &[0, 86_399], |r| {
+            r.random_range(0..86_400)
+        })),
+        Time32(_) => Arc::new(prim::<Time32MillisecondType>(rng, len, shape, &[0, 86_399_999], |r| {
+            r.random_range(0..86_400_000)
+        })),
+        Time64(TimeUnit::Microsecond) => Arc::new(prim::<Time64MicrosecondType>(rng, len, shape, &[0], |r| {
+            r.random_range(0..86_400_000_000)
+        })),
+        Time64(_) => Arc::new(prim::<Time64NanosecondType>(rng, len, shape, &[0], |r| {
+            r.random_range(0..86_400_000_000_000)
+        })),
         Timestamp(unit, tz) => {
             let a = prim::<TimestampNanosecondType>(rng, len, shape, &[i64::MIN, i64::MAX, 0], |r| r.random());
             let data = a.into_data().into_builder().data_type(Timestamp(*unit, tz.clone()));
             make_array(data.build().unwrap())
         }
         Duration(unit) => {
-            let a = prim::<DurationNanosecondType>(rng, len, shape, &[i64::MIN, i64::MAX, 0], |r| r.random_range(-1000..1000));
+            let a = prim::<DurationNanosecondType>(rng, len, shape, &[i64::MIN, i64::MAX, 0], |r| {
+                r.random_range(-1000..1000)
+            });
             make_array(a.into_data().into_builder().data_type(Duration(*unit)).build().unwrap())
         }
         Interval(IntervalUnit::YearMonth) => ints!(IntervalYearMonthType, i32),
@@ -250,15 +327,37 @@ pub fn random_array(rng: &mut SmallRng, data_type: &DataType, len: usize, shape:
             rng,
             len,
             shape,
-            &[IntervalMonthDayNano::MIN, IntervalMonthDayNano::MAX, IntervalMonthDayNano::ZERO],
+            &[
+                IntervalMonthDayNano::MIN,
+                IntervalMonthDayNano::MAX,
+                IntervalMonthDayNano::ZERO,
+            ],
             |r| IntervalMonthDayNano::new(r.random_range(-2..2), r.random_range(-2..2), r.random_range(-3..3)),
         )),
-        Utf8 => Arc::new(values(rng, len, shape, random_string).into_iter().collect::<StringArray>()),
-        LargeUtf8 => Arc::new(values(rng, len, shape, random_string).into_iter().collect::<LargeStringArray>()),
-        Utf8View => Arc::new(values(rng, len, shape, random_string).into_iter().collect::<StringViewArray>()),
-        Binary => Arc::new(BinaryArray::from_iter(values(rng, len, shape, |r| random_string(r).into_bytes()))),
-        LargeBinary => Arc::new(LargeBinaryArray::from_iter(values(rng, len, shape, |r| random_string(r).into_bytes()))),
-        BinaryView => Arc::new(BinaryViewArray::from_iter(values(rng, len, shape, |r| random_string(r).into_bytes()))),
+        Utf8 => Arc::new(
+            values(rng, len, shape, random_string)
+                .into_iter()
+                .collect::<StringArray>(),
+        ),
+        LargeUtf8 => Arc::new(
+            values(rng, len, shape, random_string)
+                .into_iter()
+                .collect::<LargeStringArray>(),
+        ),
+        Utf8View => Arc::new(
+            values(rng, len, shape, random_string)
+                .into_iter()
+                .collect::<StringViewArray>(),
+        ),
+        Binary => Arc::new(BinaryArray::from_iter(values(rng, len, shape, |r| {
+            random_string(r).into_bytes()
+        }))),
+        LargeBinary => Arc::new(LargeBinaryArray::from_iter(values(rng, len, shape, |r| {
+            random_string(r).into_bytes()
+        }))),
+        BinaryView => Arc::new(BinaryViewArray::from_iter(values(rng, len, shape, |r| {
+            random_string(r).into_bytes()
+        }))),
         FixedSizeBinary(w) => {
             let w = *w as usize;
             let vals = values(rng, len, shape, |r| {
@@ -291,14 +390,27 @@ pub fn random_array(rng: &mut SmallRng, data_type: &DataType, len: usize, shape:
         }
         List(f) => {
             let child_len = len * 2;
-            let child = random_array(rng, f.data_type(), child_len, ColumnShape { null_fraction: 0.1, distinct: None });
+            let child = random_array(
+                rng,
+                f.data_type(),
+                child_len,
+                ColumnShape {
+                    null_fraction: 0.1,
+                    distinct: None,
+                },
+            );
             let mut offsets = vec![0i32];
             for _ in 0..len {
                 let last = *offsets.last().unwrap();
                 offsets.push((last + rng.random_range(0..3)).min(child_len as i32));
             }
             let nulls = NullBuffer::from_iter((0..len).map(|_| !rng.random_bool(shape.null_fraction)));
-            Arc::new(ListArray::new(f.clone(), OffsetBuffer::new(offsets.into()), child, Some(nulls)))
+            Arc::new(ListArray::new(
+                f.clone(),
+                OffsetBuffer::new(offsets.into()),
+                child,
+                Some(nulls),
+            ))
         }
         Struct(fields) => {
             let children = fields
@@ -364,29 +476,21 @@ pub fn random_case(rng: &mut SmallRng, len: usize) -> FuzzCase {
     FuzzCase { batch, spec }
 }
 
-/// Arrow's sort columns of `spec` over `batch`.
-pub fn sort_columns(batch: &RecordBatch, spec: &SortSpec) -> Vec<SortColumn> {
-    spec.keys()
-        .iter()
-        .map(|k| SortColumn {
-            values: batch.column(k.column).clone(),
-            options: Some(k.options),
-        })
-        .collect()
-}
-
 /// The stable sorted order of `batch` by `spec`: Arrow's `lexsort_to_indices` with runs of
 /// equal keys put back in input order. Panics if `lexsort_to_indices` and Arrow's
 /// comparator disagree.
 pub fn stable_reference(batch: &RecordBatch, spec: &SortSpec) -> Vec<u32> {
-    let cols = sort_columns(batch, spec);
+    let cols = spec.to_sort_columns(batch);
     let cmp = LexicographicalComparator::try_new(&cols).unwrap();
     let mut idx: Vec<u32> = lexsort_to_indices(&cols, None).unwrap().values().to_vec();
     let mut start = 0;
     for i in 1..=idx.len() {
         if i == idx.len() || cmp.compare(idx[i - 1] as usize, idx[i] as usize).is_ne() {
             if i < idx.len() {
-                assert!(cmp.compare(idx[i - 1] as usize, idx[i] as usize).is_lt(), "lexsort out of order at {i}");
+                assert!(
+                    cmp.compare(idx[i - 1] as usize, idx[i] as usize).is_lt(),
+                    "lexsort out of order at {i}"
+                );
             }
             idx[start..i].sort_unstable();
             start = i;
@@ -398,12 +502,22 @@ pub fn stable_reference(batch: &RecordBatch, spec: &SortSpec) -> Vec<u32> {
 /// Asserts that `out` is `batch` sorted by `spec`, stable, with the first `limit` rows:
 /// its permutation equals the stable reference and each column equals `take` of the
 /// input by it.
-pub fn assert_matches_reference(batch: &RecordBatch, spec: &SortSpec, limit: Option<usize>, out: &SortOutput, what: &str) {
+pub fn assert_matches_reference(
+    batch: &RecordBatch,
+    spec: &SortSpec,
+    limit: Option<usize>,
+    out: &SortOutput,
+    what: &str,
+) {
     let want = stable_reference(batch, spec);
     let k = limit.unwrap_or(usize::MAX).min(batch.num_rows());
     let got = out.indices.values();
     if got[..] != want[..k] {
-        let at = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(k.min(got.len()));
+        let at = got
+            .iter()
+            .zip(&want)
+            .position(|(a, b)| a != b)
+            .unwrap_or(k.min(got.len()));
         panic!(
             "{what}: permutation differs from the reference at position {at} of {k} (got {:?}, want {:?}); spec {:?}, schema {:?}",
             got.get(at),

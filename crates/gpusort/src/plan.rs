@@ -79,10 +79,7 @@ impl Strategy {
 
     /// A strategy.
     pub const fn new(algorithm: Algorithm, record_move: RecordMove) -> Self {
-        Self {
-            algorithm,
-            record_move,
-        }
+        Self { algorithm, record_move }
     }
 
     /// The paper's cost rule: ByField with at least 12 payload fields -> GRS-direct, other
@@ -173,7 +170,11 @@ pub fn radix_passes(varying: &[u32], max_digit_bits: u32) -> Vec<RadixPass> {
         let mut shift = lo;
         for d in 0..n {
             let bits = base + (d < extra) as u32;
-            passes.push(RadixPass { word, shift, bits });
+            let pass = RadixPass { word, shift, bits };
+            // A digit with no varying bit (inside a wide span) is equal in every row.
+            if v & (((1u64 << bits) - 1) << shift) as u32 != 0 {
+                passes.push(pass);
+            }
             shift += bits;
         }
     }
@@ -235,12 +236,41 @@ mod tests {
         assert_eq!(
             p,
             vec![
-                RadixPass { word: 2, shift: 16, bits: 8 },
-                RadixPass { word: 2, shift: 24, bits: 8 },
-                RadixPass { word: 0, shift: 8, bits: 4 },
+                RadixPass {
+                    word: 2,
+                    shift: 16,
+                    bits: 8
+                },
+                RadixPass {
+                    word: 2,
+                    shift: 24,
+                    bits: 8
+                },
+                RadixPass {
+                    word: 0,
+                    shift: 8,
+                    bits: 4
+                },
             ]
         );
         assert!(radix_passes(&[0, 0], 8).is_empty());
+        // Digits with no varying bit inside a wide span are skipped.
+        let p = radix_passes(&[0x8000_0001], 8);
+        assert_eq!(
+            p,
+            vec![
+                RadixPass {
+                    word: 0,
+                    shift: 0,
+                    bits: 8
+                },
+                RadixPass {
+                    word: 0,
+                    shift: 24,
+                    bits: 8
+                }
+            ]
+        );
         // 20 varying bits in 16-bit digits: two passes of 10.
         let p = radix_passes(&[0x000F_FFFF], 16);
         assert_eq!(p.iter().map(|p| p.bits).collect::<Vec<_>>(), vec![10, 10]);
@@ -248,7 +278,7 @@ mod tests {
 
     #[test]
     fn varying_bits_of_words() {
-        let words = vec![vec![5u32, 5, 5], vec![0b100, 0b110, 0b101], vec![]];
+        let words = [vec![5u32, 5, 5], vec![0b100, 0b110, 0b101], vec![]];
         assert_eq!(varying_bits(&words[..2]), vec![0, 0b011]);
         assert_eq!(varying_bits(&words[2..]), vec![0]);
     }

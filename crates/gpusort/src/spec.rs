@@ -1,7 +1,9 @@
 //! What to sort by: the sort specification.
 
-use arrow::datatypes::Schema;
+use arrow::array::RecordBatch;
+use arrow::compute::SortColumn;
 pub use arrow::compute::SortOptions;
+use arrow::datatypes::Schema;
 
 use crate::error::{GpusortError, Result};
 
@@ -51,21 +53,16 @@ impl SortSpec {
     }
 
     /// A specification from column names and options, resolved against `schema`.
-    pub fn try_from_names<'a>(
-        schema: &Schema,
-        keys: impl IntoIterator<Item = (&'a str, SortOptions)>,
-    ) -> Result<Self> {
+    pub fn try_from_names<'a>(schema: &Schema, keys: impl IntoIterator<Item = (&'a str, SortOptions)>) -> Result<Self> {
         let keys = keys
             .into_iter()
             .enumerate()
             .map(|(key, (name, options))| {
-                let column = schema
-                    .index_of(name)
-                    .map_err(|_| GpusortError::NoSuchColumn {
-                        key,
-                        column: name.to_string(),
-                        num_columns: schema.fields().len(),
-                    })?;
+                let column = schema.index_of(name).map_err(|_| GpusortError::NoSuchColumn {
+                    key,
+                    column: name.to_string(),
+                    num_columns: schema.fields().len(),
+                })?;
                 Ok(SortKey { column, options })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -85,6 +82,18 @@ impl SortSpec {
     /// True when there is no key (every order is sorted).
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
+    }
+
+    /// Arrow's sort columns for these keys over `batch` (what `lexsort_to_indices` and
+    /// `LexicographicalComparator` take).
+    pub fn to_sort_columns(&self, batch: &RecordBatch) -> Vec<SortColumn> {
+        self.keys
+            .iter()
+            .map(|k| SortColumn {
+                values: batch.column(k.column).clone(),
+                options: Some(k.options),
+            })
+            .collect()
     }
 
     /// Checks that every key refers to one of `num_columns` columns.

@@ -17,7 +17,7 @@ use crate::error::Result;
 use crate::keys::{FieldEncoding, KeyLayout, ordinal::Ordinal};
 
 /// Reads `nbits` (<= 64) bits at `pos` (from the key's most significant bit) of `row`.
-fn bits_at(words: &[Vec<u32>], pad: u32, row: usize, pos: u32, nbits: u32) -> u64 {
+fn bits_at(words: &[&[u32]], pad: u32, row: usize, pos: u32, nbits: u32) -> u64 {
     let mut g = pad + pos;
     let mut left = nbits;
     let mut v = 0u64;
@@ -40,7 +40,7 @@ fn bits_at(words: &[Vec<u32>], pad: u32, row: usize, pos: u32, nbits: u32) -> u6
 pub fn resolve_ties(
     layout: &KeyLayout,
     sort_columns: &[SortColumn],
-    words: &[Vec<u32>],
+    words: &[&[u32]],
     perm: &mut [u32],
 ) -> Result<Vec<Range<usize>>> {
     let n = perm.len();

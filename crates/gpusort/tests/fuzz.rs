@@ -64,5 +64,7 @@ fn cpu_backend_matches_stable_lexsort() {
 /// A few large cases, up to a million rows.
 #[test]
 fn cpu_backend_matches_stable_lexsort_large() {
-    run(0xb16, cases(3000).div_ceil(500), |rng, _| rng.random_range(200_000..=1_000_000));
+    run(0xb16, cases(3000).div_ceil(500), |rng, _| {
+        rng.random_range(200_000..=1_000_000)
+    });
 }

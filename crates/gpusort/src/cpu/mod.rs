@@ -23,17 +23,16 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use arrow::array::{Array, ArrayRef, RecordBatch, RecordBatchOptions, UInt32Array};
-use arrow::buffer::{BooleanBuffer, Buffer, NullBuffer};
+use arrow::buffer::{BooleanBuffer, Buffer, MutableBuffer, NullBuffer};
 use rayon::prelude::*;
 
 use crate::backend::{SortBackend, SortOutput, SortRequest, SortStats};
 use crate::error::{GpusortError, Result};
 use crate::keys::{EncodedKeys, KeyEncoder, KeyLayout};
-use crate::plan::{Layout, RadixPass, RecordMove, Strategy, payload_fields, radix_passes, varying_bits};
+use crate::plan::{Layout, RadixPass, RecordMove, Strategy, payload_fields, varying_bits};
 use crate::ties::resolve_ties;
 use gather::{fixed_array, fixed_values, fixed_width, gather_bytes, gather_column};
-use radix::{MovedColumn, lsd_sort};
-
+use radix::radix_sort;
 
 /// The multi-threaded CPU radix sort backend.
 #[derive(Debug, Clone)]
@@ -60,7 +59,9 @@ impl CpuBackend {
     /// Uses digits of at most `bits` bits (1 to 16).
     pub fn with_digit_bits(mut self, bits: u32) -> Result<Self> {
         if !(1..=16).contains(&bits) {
-            return Err(GpusortError::InvalidOption(format!("digit width {bits} is not in 1..=16")));
+            return Err(GpusortError::InvalidOption(format!(
+                "digit width {bits} is not in 1..=16"
+            )));
         }
         self.digit_bits = bits;
         Ok(self)
@@ -112,49 +113,48 @@ impl CpuBackend {
         };
         // A small LIMIT sorts only the rows that can reach the first `limit` positions.
         let candidates = (limit < n / 8).then(|| top_candidates(&keys, layout, limit)).flatten();
-        let (perm, moved) = match candidates {
+        let (perm, direct) = match candidates {
             Some(rows) => {
-                let mut words: Vec<Vec<u32>> = keys
+                let words: Vec<Vec<u32>> = keys
                     .words
                     .iter()
                     .map(|w| rows.par_iter().map(|&r| w[r as usize]).collect())
                     .collect();
-                let varying = varying_bits(&words);
-                let passes = radix_passes(&varying, self.digit_bits);
-                stats.passes = passes.len();
-                let local = lsd_sort(rows.len(), &mut words, &varying, keep_words, &passes, &mut []);
-                let mut perm: Vec<u32> = local.par_iter().map(|&i| rows[i as usize]).collect();
+                let sorted = radix_sort(rows.len(), words, keep_words, self.digit_bits, vec![]);
+                stats.passes = sorted.digits;
+                let mut perm: Vec<u32> = sorted.perm().par_iter().map(|&i| rows[i as usize]).collect();
                 if keep_words {
+                    let words: Vec<&[u32]> = sorted.words.iter().map(|b| b.typed_data()).collect();
                     stats.tie_groups = resolve_ties(layout, encoder.sort_columns(), &words, &mut perm)?.len();
                 }
-                (perm, None)
+                (perm, DirectColumns::default())
             }
             None => {
-                let mut words = keys.words;
-                let varying = varying_bits(&words);
-                let passes: Vec<RadixPass> = radix_passes(&varying, self.digit_bits);
-                stats.passes = passes.len();
                 let mut direct = match strategy.record_move {
                     RecordMove::Direct => DirectColumns::new(batch),
                     RecordMove::Indirect => DirectColumns::default(),
                 };
-                let mut perm = lsd_sort(n, &mut words, &varying, keep_words, &passes, &mut direct.moved);
+                let payload = std::mem::take(&mut direct.lanes);
+                let sorted = radix_sort(n, keys.words, keep_words, self.digit_bits, payload);
+                stats.passes = sorted.digits;
+                let mut perm = sorted.perm().to_vec();
+                direct.sorted = sorted.payload;
                 if keep_words {
+                    let words: Vec<&[u32]> = sorted.words.iter().map(|b| b.typed_data()).collect();
                     let ties = resolve_ties(layout, encoder.sort_columns(), &words, &mut perm)?;
                     stats.tie_groups = ties.len();
                     direct.reorder(batch, &perm, &ties);
                 }
-                (perm, Some(direct))
+                (perm, direct)
             }
         };
         stats.sort_time = start.elapsed();
 
         let start = Instant::now();
         let head = &perm[..limit];
-        let mut direct = moved.unwrap_or_default();
         stats.moved_columns = direct.columns.len();
         stats.gathered_columns = batch.num_columns() - direct.columns.len();
-        let columns = direct.finish(batch, n)?;
+        let columns = direct.finish(batch, n);
         let columns = batch
             .columns()
             .par_iter()
@@ -251,16 +251,18 @@ fn top_candidates(keys: &EncodedKeys, layout: &KeyLayout, limit: usize) -> Optio
 }
 
 /// The columns the direct strategy moves, and their validity bits packed 32 columns to a
-/// word.
+/// word that moves too.
 #[derive(Default)]
 struct DirectColumns {
-    /// (column index, width) of each moved value column, in `moved` order.
+    /// (column index, width) of each moved value column.
     columns: Vec<(usize, usize)>,
     /// Nullable moved columns, by column index; column `nullable[j]` has its validity in
     /// bit `j % 32` of validity word `j / 32`.
     nullable: Vec<usize>,
-    /// Value columns, then validity words.
-    moved: Vec<MovedColumn>,
+    /// What the sort moves: the value columns, then the validity words.
+    lanes: Vec<(Buffer, usize)>,
+    /// The same, sorted.
+    sorted: Vec<Buffer>,
 }
 
 impl DirectColumns {
@@ -269,7 +271,7 @@ impl DirectColumns {
         for (c, col) in batch.columns().iter().enumerate() {
             if let Some(width) = fixed_width(col.data_type()) {
                 this.columns.push((c, width));
-                this.moved.push(MovedColumn::new(fixed_values(col.as_ref(), width), width));
+                this.lanes.push((fixed_values(col.as_ref(), width), width));
                 if col.null_count() > 0 {
                     this.nullable.push(c);
                 }
@@ -284,7 +286,7 @@ impl DirectColumns {
                     *w = validity_word(&nulls, k * (1 << 14) + i);
                 }
             });
-            this.moved.push(MovedColumn::new(Buffer::from_vec(words), 4));
+            this.lanes.push((Buffer::from_vec(words), 4));
         }
         this
     }
@@ -295,17 +297,21 @@ impl DirectColumns {
             return;
         }
         let num_values = self.columns.len();
-        for (k, col) in self.moved.iter_mut().enumerate() {
-            let width = col.width();
-            let dst = col.bytes_mut();
+        for (k, buffer) in self.sorted.iter_mut().enumerate() {
+            let mut owned = std::mem::take(buffer)
+                .into_mutable()
+                .unwrap_or_else(|shared| MutableBuffer::from(shared.as_slice().to_vec()));
+            let dst = owned.as_slice_mut();
             if k < num_values {
-                let src = fixed_values(batch.column(self.columns[k].0).as_ref(), width);
+                let (c, width) = self.columns[k];
+                let src = fixed_values(batch.column(c).as_ref(), width);
                 for r in ranges {
                     let part = gather_bytes(src.as_slice(), width, &perm[r.clone()]);
                     dst[r.start * width..r.end * width].copy_from_slice(part.as_slice());
                 }
             } else {
-                let group = &self.nullable[32 * (k - num_values)..self.nullable.len().min(32 * (k - num_values + 1))];
+                let j = k - num_values;
+                let group = &self.nullable[32 * j..self.nullable.len().min(32 * (j + 1))];
                 let nulls: Vec<&NullBuffer> = group.iter().map(|&c| batch.column(c).nulls().unwrap()).collect();
                 for r in ranges {
                     for i in r.clone() {
@@ -314,27 +320,23 @@ impl DirectColumns {
                     }
                 }
             }
+            *buffer = owned.into();
         }
     }
 
-    /// The sorted columns, one `Some` per moved column and `None` for the others.
-    fn finish(&mut self, batch: &RecordBatch, n: usize) -> Result<Vec<Option<ArrayRef>>> {
+    /// The sorted columns: `Some` for each moved column, `None` for the others.
+    fn finish(self, batch: &RecordBatch, n: usize) -> Vec<Option<ArrayRef>> {
         let mut out: Vec<Option<ArrayRef>> = vec![None; batch.num_columns()];
-        if self.columns.is_empty() {
-            return Ok(out);
-        }
-        let mut moved = std::mem::take(&mut self.moved);
-        let validity: Vec<Buffer> = moved.drain(self.columns.len()..).map(|m| m.into_buffer()).collect();
-        for (k, ((c, _), values)) in self.columns.iter().zip(moved).enumerate() {
-            let col = batch.column(*c);
+        let mut sorted = self.sorted;
+        let validity = sorted.split_off(self.columns.len());
+        for ((c, _), values) in self.columns.iter().zip(sorted) {
             let nulls = self.nullable.iter().position(|x| x == c).map(|j| {
                 let words: &[u32] = validity[j / 32].typed_data();
                 NullBuffer::new(bits_of(words, (j % 32) as u32, n))
             });
-            let _ = k;
-            out[*c] = Some(fixed_array(col.as_ref(), values.into_buffer(), nulls, n));
+            out[*c] = Some(fixed_array(batch.column(*c).as_ref(), values, nulls, n));
         }
-        Ok(out)
+        out
     }
 }
 
@@ -358,6 +360,26 @@ fn bits_of(words: &[u32], bit: u32, n: usize) -> BooleanBuffer {
             .fold(0u64, |acc, (b, w)| acc | ((((w >> bit) & 1) as u64) << b));
     });
     BooleanBuffer::new(Buffer::from_vec(out), 0, n)
+}
+
+/// A buffer of `bytes` bytes for output that is written whole before it is read: no pass
+/// over memory to zero it (fresh pages are faulted in by the threads that write them).
+pub(crate) fn uninit(bytes: usize) -> MutableBuffer {
+    let mut b = MutableBuffer::with_capacity(bytes);
+    // SAFETY: u8 has no invalid values, and every caller writes all bytes before reading.
+    unsafe { b.set_len(bytes) };
+    b
+}
+
+/// `0, 1, ..., n - 1`.
+pub(crate) fn iota(n: usize) -> Vec<u32> {
+    let mut v = vec![0u32; n];
+    v.par_chunks_mut(1 << 16).enumerate().for_each(|(c, s)| {
+        for (k, x) in s.iter_mut().enumerate() {
+            *x = (c * (1 << 16) + k) as u32;
+        }
+    });
+    v
 }
 
 #[cfg(test)]

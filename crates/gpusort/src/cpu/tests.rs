@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use arrow::array::*;
-use arrow::compute::{SortColumn, lexsort_to_indices};
+use arrow::compute::lexsort_to_indices;
 use arrow::datatypes::{DataType, Field, Schema};
 
 use super::*;
@@ -21,14 +21,7 @@ fn batch(cols: Vec<ArrayRef>) -> RecordBatch {
 
 /// Stable reference: lexsort, then ties broken by input row.
 fn reference(b: &RecordBatch, spec: &SortSpec) -> Vec<u32> {
-    let cols: Vec<SortColumn> = spec
-        .keys()
-        .iter()
-        .map(|k| SortColumn {
-            values: b.column(k.column).clone(),
-            options: Some(k.options),
-        })
-        .collect();
+    let cols = spec.to_sort_columns(b);
     let cmp = arrow::compute::LexicographicalComparator::try_new(&cols).unwrap();
     let mut idx: Vec<u32> = (0..b.num_rows() as u32).collect();
     idx.sort_by(|&x, &y| cmp.compare(x as usize, y as usize).then(x.cmp(&y)));
@@ -45,7 +38,11 @@ fn check_all_strategies(b: &RecordBatch, spec: &SortSpec, backend: &CpuBackend) 
     for strategy in Strategy::ALL {
         for limit in [None, Some(0), Some(1), Some(b.num_rows() / 2), Some(b.num_rows() + 3)] {
             let out = backend
-                .sort(&SortRequest::new(b, spec).with_strategy(Some(strategy)).with_limit(limit))
+                .sort(
+                    &SortRequest::new(b, spec)
+                        .with_strategy(Some(strategy))
+                        .with_limit(limit),
+                )
                 .unwrap();
             let k = limit.unwrap_or(usize::MAX).min(b.num_rows());
             assert_eq!(out.indices.values(), &want[..k], "{strategy} limit {limit:?}");
@@ -74,11 +71,19 @@ fn empty_and_tiny_inputs() {
 fn nullable_payload_moves_with_its_validity() {
     let n = 100_000;
     let b = batch(vec![
-        Arc::new(UInt32Array::from_iter_values((0..n).map(|i| (i as u32).wrapping_mul(2654435761) % 1000))),
+        Arc::new(UInt32Array::from_iter_values(
+            (0..n).map(|i| (i as u32).wrapping_mul(2654435761) % 1000),
+        )),
         Arc::new(Int64Array::from_iter((0..n).map(|i| (i % 3 != 0).then_some(i as i64)))),
-        Arc::new(Float32Array::from_iter((0..n).map(|i| (i % 5 != 0).then_some(i as f32)))),
-        Arc::new(BooleanArray::from_iter((0..n).map(|i| (i % 7 != 0).then_some(i % 2 == 0)))),
-        Arc::new(StringArray::from_iter((0..n).map(|i| (i % 11 != 0).then(|| format!("{i}"))))),
+        Arc::new(Float32Array::from_iter(
+            (0..n).map(|i| (i % 5 != 0).then_some(i as f32)),
+        )),
+        Arc::new(BooleanArray::from_iter(
+            (0..n).map(|i| (i % 7 != 0).then_some(i % 2 == 0)),
+        )),
+        Arc::new(StringArray::from_iter(
+            (0..n).map(|i| (i % 11 != 0).then(|| format!("{i}"))),
+        )),
     ]);
     check_all_strategies(&b, &SortSpec::new([SortKey::sql(0, false)]), &CpuBackend::new());
     check_all_strategies(
@@ -97,7 +102,9 @@ fn truncated_strings_resolve_in_both_strategies() {
             (i % 13 != 0).then(|| format!("{}{}", words[i % 4], (i * 7919) % 97))
         }))),
         Arc::new(Int32Array::from_iter_values((0..n as i32).map(|i| i % 10))),
-        Arc::new(UInt64Array::from_iter((0..n).map(|i| (i % 17 != 0).then_some(i as u64)))),
+        Arc::new(UInt64Array::from_iter(
+            (0..n).map(|i| (i % 17 != 0).then_some(i as u64)),
+        )),
     ]);
     for max_prefix_bytes in [0, 2, 8] {
         let spec = SortSpec::new([SortKey::new(0, false, true), SortKey::sql(1, true)]);
@@ -125,13 +132,17 @@ fn truncated_strings_resolve_in_both_strategies() {
 fn small_limits_sort_only_candidates() {
     let n = 200_000u32;
     let b = batch(vec![
-        Arc::new(UInt32Array::from_iter_values((0..n).map(|i| i.wrapping_mul(2654435761)))),
+        Arc::new(UInt32Array::from_iter_values(
+            (0..n).map(|i| i.wrapping_mul(2654435761)),
+        )),
         Arc::new(UInt32Array::from_iter_values(0..n)),
     ]);
     let spec = SortSpec::new([SortKey::sql(0, true)]);
     let want = reference(&b, &spec);
     for limit in [1usize, 10, 1000, 20_000] {
-        let out = CpuBackend::new().sort(&SortRequest::new(&b, &spec).with_limit(Some(limit))).unwrap();
+        let out = CpuBackend::new()
+            .sort(&SortRequest::new(&b, &spec).with_limit(Some(limit)))
+            .unwrap();
         assert_eq!(out.indices.values(), &want[..limit]);
         assert_eq!(out.batch.num_rows(), limit);
     }
@@ -140,7 +151,9 @@ fn small_limits_sort_only_candidates() {
 #[test]
 fn dedicated_pool_and_digit_width_errors() {
     let backend = CpuBackend::new().with_threads(3).unwrap();
-    let b = batch(vec![Arc::new(Int16Array::from_iter_values((0..100_000).map(|i| (i * 37 % 1000) as i16)))]);
+    let b = batch(vec![Arc::new(Int16Array::from_iter_values(
+        (0..100_000).map(|i| (i * 37 % 1000) as i16),
+    ))]);
     check_all_strategies(&b, &SortSpec::new([SortKey::sql(0, false)]), &backend);
     assert!(CpuBackend::new().with_digit_bits(0).is_err());
     assert!(CpuBackend::new().with_digit_bits(17).is_err());

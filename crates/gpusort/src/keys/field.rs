@@ -6,13 +6,12 @@ use std::sync::Arc;
 
 use arrow::array::types::{IntervalDayTime, IntervalMonthDayNano};
 use arrow::array::{
-    Array, ArrayRef, AsArray, BinaryArray, FixedSizeBinaryArray,
-    GenericByteArray, GenericByteViewArray,
+    Array, ArrayRef, AsArray, BinaryArray, FixedSizeBinaryArray, GenericByteArray, GenericByteViewArray,
 };
 use arrow::buffer::{BooleanBuffer, NullBuffer, ScalarBuffer};
-use arrow::datatypes::{ByteArrayType, ByteViewType};
 use arrow::compute::SortOptions;
 use arrow::datatypes::*;
+use arrow::datatypes::{ByteArrayType, ByteViewType};
 use arrow::row::{RowConverter, SortField};
 use half::f16;
 use rayon::prelude::*;
@@ -153,11 +152,7 @@ impl<K: ArrowNativeType> OrdinalSource for Ranks<K> {
     fn get(&self, i: usize) -> u32 {
         // SAFETY: callers index rows; valid keys index the dictionary (checked by Arrow),
         // and null rows are never read.
-        unsafe {
-            *self
-                .ranks
-                .get_unchecked(self.keys.get_unchecked(i).as_usize())
-        }
+        unsafe { *self.ranks.get_unchecked(self.keys.get_unchecked(i).as_usize()) }
     }
 }
 
@@ -185,11 +180,7 @@ impl<S: OrdinalSource> OrdinalField<S> {
 }
 
 /// Minimum and maximum ordinal over the valid rows, or `None` when there are none.
-fn ordinal_bounds<S: OrdinalSource>(
-    src: &S,
-    len: usize,
-    nulls: Option<&NullBuffer>,
-) -> Option<(S::Ord, S::Ord)> {
+fn ordinal_bounds<S: OrdinalSource>(src: &S, len: usize, nulls: Option<&NullBuffer>) -> Option<(S::Ord, S::Ord)> {
     (0..len.div_ceil(CHUNK))
         .into_par_iter()
         .filter_map(|c| {
@@ -378,8 +369,8 @@ pub(crate) fn common_prefix(a: &[u8], b: &[u8]) -> usize {
     let n = a.len().min(b.len());
     let mut i = 0;
     while i + 8 <= n {
-        let x = u64::from_ne_bytes(a[i..i + 8].try_into().unwrap())
-            ^ u64::from_ne_bytes(b[i..i + 8].try_into().unwrap());
+        let x =
+            u64::from_ne_bytes(a[i..i + 8].try_into().unwrap()) ^ u64::from_ne_bytes(b[i..i + 8].try_into().unwrap());
         if x != 0 {
             return i + (x.to_le().trailing_zeros() / 8) as usize;
         }
@@ -599,22 +590,14 @@ fn build_values(
         Decimal128(_, _) => primitive::<i128>(array, nulls, desc),
         Decimal256(_, _) => primitive::<i256>(array, nulls, desc),
         Interval(IntervalUnit::DayTime) => primitive::<IntervalDayTime>(array, nulls, desc),
-        Interval(IntervalUnit::MonthDayNano) => {
-            primitive::<IntervalMonthDayNano>(array, nulls, desc)
-        }
+        Interval(IntervalUnit::MonthDayNano) => primitive::<IntervalMonthDayNano>(array, nulls, desc),
         Utf8 => bytes(OffsetBytes(array.as_string::<i32>().clone()), len, nulls, desc, opts),
         LargeUtf8 => bytes(OffsetBytes(array.as_string::<i64>().clone()), len, nulls, desc, opts),
         Binary => bytes(OffsetBytes(array.as_binary::<i32>().clone()), len, nulls, desc, opts),
         LargeBinary => bytes(OffsetBytes(array.as_binary::<i64>().clone()), len, nulls, desc, opts),
         Utf8View => bytes(ViewBytes(array.as_string_view().clone()), len, nulls, desc, opts),
         BinaryView => bytes(ViewBytes(array.as_binary_view().clone()), len, nulls, desc, opts),
-        FixedSizeBinary(_) => bytes(
-            FixedBytes(array.as_fixed_size_binary().clone()),
-            len,
-            nulls,
-            desc,
-            opts,
-        ),
+        FixedSizeBinary(_) => bytes(FixedBytes(array.as_fixed_size_binary().clone()), len, nulls, desc, opts),
         Dictionary(key, value) if is_flat(value) => match key.as_ref() {
             Int8 => ranks::<Int8Type>(array, nulls, desc)?,
             Int16 => ranks::<Int16Type>(array, nulls, desc)?,

@@ -225,9 +225,9 @@ impl KeyEncoder {
                 exact: f.encoder.exact(),
                 encoding: f.encoder.encoding(),
             };
-            pos = pos.checked_add(field.bits()).ok_or_else(|| {
-                GpusortError::InvalidOption("sort key longer than 2^32 bits".into())
-            })?;
+            pos = pos
+                .checked_add(field.bits())
+                .ok_or_else(|| GpusortError::InvalidOption("sort key longer than 2^32 bits".into()))?;
             layout_fields.push(field);
         }
         let sort_columns = spec

@@ -243,12 +243,7 @@ mod tests {
 
     fn check_order<T: ToOrdinal + std::fmt::Debug>(sorted: &[T]) {
         for w in sorted.windows(2) {
-            assert!(
-                w[0].ordinal() < w[1].ordinal(),
-                "{:?} !< {:?} as ordinals",
-                w[0],
-                w[1]
-            );
+            assert!(w[0].ordinal() < w[1].ordinal(), "{:?} !< {:?} as ordinals", w[0], w[1]);
         }
     }
 
@@ -332,7 +327,11 @@ mod tests {
         assert_eq!(a.bit_len(), 129);
         assert_eq!(U256::default().bit_len(), 0);
         let mut chunks = vec![];
-        U256 { hi: 0x3, lo: (7u128 << 64) | 9 }.for_each_chunk(130, |v, n| chunks.push((v, n)));
+        U256 {
+            hi: 0x3,
+            lo: (7u128 << 64) | 9,
+        }
+        .for_each_chunk(130, |v, n| chunks.push((v, n)));
         assert_eq!(chunks, vec![(3, 2), (7, 64), (9, 64)]);
         let mut chunks = vec![];
         0xABCDu128.for_each_chunk(16, |v, n| chunks.push((v, n)));

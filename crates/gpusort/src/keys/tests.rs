@@ -67,14 +67,47 @@ fn check(col: ArrayRef) -> Vec<KeyLayout> {
 
 #[test]
 fn integers_with_extremes_and_nulls() {
-    check(Arc::new(Int8Array::from(vec![Some(i8::MIN), None, Some(-1), Some(0), Some(i8::MAX), Some(0)])));
-    check(Arc::new(Int16Array::from(vec![Some(i16::MAX), Some(i16::MIN), None, Some(7)])));
-    check(Arc::new(Int32Array::from(vec![Some(i32::MIN), Some(i32::MAX), Some(-5), None, Some(-5)])));
-    check(Arc::new(Int64Array::from(vec![Some(i64::MIN), Some(i64::MAX), Some(0), None])));
+    check(Arc::new(Int8Array::from(vec![
+        Some(i8::MIN),
+        None,
+        Some(-1),
+        Some(0),
+        Some(i8::MAX),
+        Some(0),
+    ])));
+    check(Arc::new(Int16Array::from(vec![
+        Some(i16::MAX),
+        Some(i16::MIN),
+        None,
+        Some(7),
+    ])));
+    check(Arc::new(Int32Array::from(vec![
+        Some(i32::MIN),
+        Some(i32::MAX),
+        Some(-5),
+        None,
+        Some(-5),
+    ])));
+    check(Arc::new(Int64Array::from(vec![
+        Some(i64::MIN),
+        Some(i64::MAX),
+        Some(0),
+        None,
+    ])));
     check(Arc::new(UInt8Array::from(vec![Some(0), Some(255), None, Some(17)])));
     check(Arc::new(UInt16Array::from(vec![Some(0), Some(u16::MAX), None])));
-    check(Arc::new(UInt32Array::from(vec![Some(u32::MAX), Some(0), Some(1), None])));
-    check(Arc::new(UInt64Array::from(vec![Some(u64::MAX), Some(0), None, Some(u64::MAX - 1)])));
+    check(Arc::new(UInt32Array::from(vec![
+        Some(u32::MAX),
+        Some(0),
+        Some(1),
+        None,
+    ])));
+    check(Arc::new(UInt64Array::from(vec![
+        Some(u64::MAX),
+        Some(0),
+        None,
+        Some(u64::MAX - 1),
+    ])));
 }
 
 #[test]
@@ -145,7 +178,9 @@ fn decimals() {
         Some(i256::from_i128(-7)),
     ]);
     check(Arc::new(d256));
-    let d32 = Decimal32Array::from(vec![Some(-99999), Some(12), None]).with_precision_and_scale(9, 3).unwrap();
+    let d32 = Decimal32Array::from(vec![Some(-99999), Some(12), None])
+        .with_precision_and_scale(9, 3)
+        .unwrap();
     check(Arc::new(d32));
     let d64 = Decimal64Array::from(vec![Some(i64::MIN), Some(3), None]);
     check(Arc::new(d64));
@@ -153,15 +188,23 @@ fn decimals() {
 
 #[test]
 fn temporal_types() {
-    check(Arc::new(Date32Array::from(vec![Some(-719162), Some(0), None, Some(19000)])));
+    check(Arc::new(Date32Array::from(vec![
+        Some(-719162),
+        Some(0),
+        None,
+        Some(19000),
+    ])));
     check(Arc::new(Date64Array::from(vec![Some(i64::MIN), Some(0), None])));
     check(Arc::new(Time32SecondArray::from(vec![Some(86399), Some(0), None])));
     check(Arc::new(Time32MillisecondArray::from(vec![Some(5), Some(1), None])));
-    check(Arc::new(Time64MicrosecondArray::from(vec![Some(5), Some(86_399_999_999), None])));
+    check(Arc::new(Time64MicrosecondArray::from(vec![
+        Some(5),
+        Some(86_399_999_999),
+        None,
+    ])));
     check(Arc::new(Time64NanosecondArray::from(vec![Some(5), Some(1), None])));
     check(Arc::new(
-        TimestampNanosecondArray::from(vec![Some(i64::MIN), Some(i64::MAX), None, Some(0)])
-            .with_timezone("+02:00"),
+        TimestampNanosecondArray::from(vec![Some(i64::MIN), Some(i64::MAX), None, Some(0)]).with_timezone("+02:00"),
     ));
     check(Arc::new(TimestampSecondArray::from(vec![Some(-1), Some(1), None])));
     check(Arc::new(DurationMillisecondArray::from(vec![Some(-1), Some(1), None])));
@@ -184,7 +227,12 @@ fn temporal_types() {
 
 #[test]
 fn booleans_and_null_type() {
-    let layouts = check(Arc::new(BooleanArray::from(vec![Some(true), None, Some(false), Some(true)])));
+    let layouts = check(Arc::new(BooleanArray::from(vec![
+        Some(true),
+        None,
+        Some(false),
+        Some(true),
+    ])));
     assert!(layouts.iter().all(|l| l.total_bits() == 2));
     let layouts = check(Arc::new(NullArray::new(4)));
     assert!(layouts.iter().all(|l| l.total_bits() == 0));
@@ -239,7 +287,9 @@ fn strings_with_small_prefixes_tie_only_when_truncated() {
 
 #[test]
 fn shared_prefixes_are_skipped() {
-    let vals: Vec<String> = (0..50).map(|i| format!("https://example.com/item/{:04}", (i * 37) % 50)).collect();
+    let vals: Vec<String> = (0..50)
+        .map(|i| format!("https://example.com/item/{:04}", (i * 37) % 50))
+        .collect();
     let col: ArrayRef = Arc::new(StringArray::from(vals));
     let layouts = check(col);
     for l in layouts {
@@ -274,7 +324,14 @@ fn dictionaries_sort_by_value() {
 #[test]
 fn several_columns_concatenate() {
     let a: ArrayRef = Arc::new(Int32Array::from(vec![Some(1), Some(1), None, Some(2), Some(1), None]));
-    let b: ArrayRef = Arc::new(StringArray::from(vec![Some("x"), Some("yy"), Some("x"), None, Some("x"), None]));
+    let b: ArrayRef = Arc::new(StringArray::from(vec![
+        Some("x"),
+        Some("yy"),
+        Some("x"),
+        None,
+        Some("x"),
+        None,
+    ]));
     let c: ArrayRef = Arc::new(Float64Array::from(vec![0.5, -1.0, 2.0, 2.0, f64::NAN, 0.5]));
     check_columns(vec![a, b, c], &EncoderOptions::default());
 }
@@ -309,8 +366,12 @@ fn unsupported_types_name_the_column() {
     let dict = DictionaryArray::try_new(Int32Array::from(vec![0, 0]), Arc::new(values)).unwrap();
     let schema = Schema::new(vec![Field::new("weird", dict.data_type().clone(), true)]);
     let batch = RecordBatch::try_new(Arc::new(schema), vec![Arc::new(dict)]).unwrap();
-    let err = KeyEncoder::try_new(&batch, &SortSpec::new([SortKey::sql(0, false)]), &EncoderOptions::default())
-        .unwrap_err();
+    let err = KeyEncoder::try_new(
+        &batch,
+        &SortSpec::new([SortKey::sql(0, false)]),
+        &EncoderOptions::default(),
+    )
+    .unwrap_err();
     let msg = err.to_string();
     assert!(msg.contains("weird") && msg.contains("Dictionary"), "{msg}");
 }
@@ -328,7 +389,10 @@ fn sliced_arrays_encode_their_own_rows() {
 fn word_masks_cover_fields() {
     let a: ArrayRef = Arc::new(UInt64Array::from(vec![0, u64::MAX]));
     let b: ArrayRef = Arc::new(UInt8Array::from(vec![0, 15]));
-    let schema = Schema::new(vec![Field::new("a", DataType::UInt64, false), Field::new("b", DataType::UInt8, false)]);
+    let schema = Schema::new(vec![
+        Field::new("a", DataType::UInt64, false),
+        Field::new("b", DataType::UInt8, false),
+    ]);
     let batch = RecordBatch::try_new(Arc::new(schema), vec![a, b]).unwrap();
     let spec = SortSpec::new([SortKey::sql(0, false), SortKey::sql(1, false)]);
     let enc = KeyEncoder::try_new(&batch, &spec, &EncoderOptions::default()).unwrap();
