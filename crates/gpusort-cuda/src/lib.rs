@@ -1,7 +1,21 @@
-//! gpusort-cuda: the CUDA backend of gpusort — device discovery, NVRTC compilation of the
-//! kernels in `kernels/` with an on-disk cache, device and pinned memory, streams, and the
-//! GRS and SRTS radix sorts (direct and indirect, ByField and Hybrid) behind
-//! [`gpusort::SortBackend`]. No DataFusion code lives here.
+//! gpusort-cuda: the CUDA backend of gpusort — device discovery ([`device`]), NVRTC
+//! compilation of the kernels in `kernels/` with an on-disk cache ([`kernels`]), device and
+//! pinned memory ([`transfer`]), the GRS and SRTS record sorts of Bandyopadhyay & Sahni, direct
+//! and indirect, ByField and Hybrid ([`engine`]), and [`CudaBackend`], which implements
+//! [`gpusort::SortBackend`] with them. No DataFusion code lives here.
 //!
-//! Not built yet: this crate is empty until the GPU engine lands. Until then every sort
-//! runs on [`gpusort::CpuBackend`].
+//! Everything builds and links without CUDA: the driver and NVRTC are loaded at run time, and
+//! [`device::probe`] says why there is no GPU instead of panicking.
+
+mod backend;
+pub mod device;
+pub mod engine;
+mod error;
+pub mod kernels;
+pub mod transfer;
+
+pub use backend::{CudaBackend, MAX_DIGIT_BITS};
+pub use device::{DeviceInfo, GpuUnavailable, probe};
+pub use engine::{DeviceColumn, DeviceRecords, DeviceTable, Gpu, GpuSortPlan, GpuSortResult};
+pub use error::{CudaSortError, Result};
+pub use kernels::KernelCache;

@@ -4,9 +4,9 @@ use std::time::Duration;
 
 use arrow::array::{RecordBatch, UInt32Array};
 
-use crate::error::Result;
+use crate::error::{GpusortError, Result};
 use crate::keys::EncoderOptions;
-use crate::plan::Strategy;
+use crate::plan::{Layout, Strategy, payload_fields};
 use crate::spec::SortSpec;
 
 /// A sort to run: a batch, what to sort it by, and how.
@@ -53,6 +53,29 @@ impl<'a> SortRequest<'a> {
         self.encoder = encoder;
         self
     }
+
+    /// The strategy to run: the request's, else the paper's rule for the ByField layout (the
+    /// layout Arrow batches have).
+    pub fn strategy(&self) -> Strategy {
+        self.strategy.unwrap_or_else(|| {
+            Strategy::paper_default(
+                Layout::ByField,
+                payload_fields(self.batch.num_columns(), self.spec.len()),
+            )
+        })
+    }
+
+    /// Fails when the batch has more rows than a sort's 32-bit row indices can name.
+    pub fn check_rows(&self) -> Result<()> {
+        let rows = self.batch.num_rows();
+        if rows > u32::MAX as usize {
+            return Err(GpusortError::TooManyRows {
+                rows,
+                max: u32::MAX as usize,
+            });
+        }
+        Ok(())
+    }
 }
 
 /// What a sort did and where its time went.
@@ -78,6 +101,12 @@ pub struct SortStats {
     pub sort_time: Duration,
     /// Time spent building the output columns.
     pub gather_time: Duration,
+    /// Time the device spent in sort kernels (device backends), from device events.
+    pub device_time: Option<Duration>,
+    /// Bytes copied from host to device.
+    pub bytes_to_device: u64,
+    /// Bytes copied from device to host.
+    pub bytes_from_device: u64,
 }
 
 /// A sorted batch.

@@ -47,6 +47,9 @@ pub enum GpusortError {
     /// An invalid option value.
     #[error("invalid option: {0}")]
     InvalidOption(String),
+    /// A backend (the GPU) failed; the message says how.
+    #[error("sort backend failed: {0}")]
+    Backend(String),
     /// An Arrow kernel failed.
     #[error(transparent)]
     Arrow(#[from] ArrowError),

@@ -1,4 +1,6 @@
-//! Building output columns through a permutation, in parallel.
+//! Column plumbing shared by the backends: which columns are fixed-width rows of raw bytes,
+//! their bytes, rebuilding them from new bytes, and gathering any column through a
+//! permutation in parallel.
 
 use std::sync::Arc;
 
@@ -33,7 +35,7 @@ fn prefetch<T>(p: *const T) {
 
 /// Bytes per row of a column whose values are one fixed-width buffer that the sort can
 /// move or gather as raw bytes (primitives, fixed-size binaries, dictionary keys).
-pub(crate) fn fixed_width(data_type: &DataType) -> Option<usize> {
+pub fn fixed_width(data_type: &DataType) -> Option<usize> {
     let w = match data_type {
         DataType::FixedSizeBinary(w) => *w as usize,
         DataType::Dictionary(k, _) => k.primitive_width()?,
@@ -44,13 +46,13 @@ pub(crate) fn fixed_width(data_type: &DataType) -> Option<usize> {
 }
 
 /// The value bytes of rows `0..len` of a fixed-width column.
-pub(crate) fn fixed_values(array: &dyn Array, width: usize) -> Buffer {
+pub fn fixed_values(array: &dyn Array, width: usize) -> Buffer {
     let data = array.to_data();
     data.buffers()[0].slice_with_length(data.offset() * width, data.len() * width)
 }
 
 /// Rebuilds a fixed-width column of `len` rows from new values and nulls.
-pub(crate) fn fixed_array(like: &dyn Array, values: Buffer, nulls: Option<NullBuffer>, len: usize) -> ArrayRef {
+pub fn fixed_array(like: &dyn Array, values: Buffer, nulls: Option<NullBuffer>, len: usize) -> ArrayRef {
     let data = like.to_data();
     let builder = ArrayData::builder(like.data_type().clone())
         .len(len)
@@ -63,7 +65,7 @@ pub(crate) fn fixed_array(like: &dyn Array, values: Buffer, nulls: Option<NullBu
 }
 
 /// `values[perm[i]]` for every `i`, for rows of `width` bytes.
-pub(crate) fn gather_bytes(values: &[u8], width: usize, perm: &[u32]) -> Buffer {
+pub fn gather_bytes(values: &[u8], width: usize, perm: &[u32]) -> Buffer {
     fn go<const W: usize>(values: &[u8], perm: &[u32]) -> Buffer {
         // SAFETY: [u8; W] has alignment 1 and values holds whole rows.
         let src = unsafe { std::slice::from_raw_parts(values.as_ptr() as *const [u8; W], values.len() / W) };
@@ -92,7 +94,7 @@ pub(crate) fn gather_bytes(values: &[u8], width: usize, perm: &[u32]) -> Buffer 
 }
 
 /// Bits `bits[perm[i]]`.
-pub(crate) fn gather_bits(bits: &BooleanBuffer, perm: &[u32]) -> BooleanBuffer {
+pub fn gather_bits(bits: &BooleanBuffer, perm: &[u32]) -> BooleanBuffer {
     let mut words = vec![0u64; perm.len().div_ceil(64)];
     words.par_chunks_mut(TASK / 64).enumerate().for_each(|(c, ws)| {
         let base = c * TASK;
@@ -118,7 +120,7 @@ pub(crate) fn gather_bits(bits: &BooleanBuffer, perm: &[u32]) -> BooleanBuffer {
 }
 
 /// Nulls of the gathered rows.
-pub(crate) fn gather_nulls(nulls: Option<&NullBuffer>, perm: &[u32]) -> Option<NullBuffer> {
+pub fn gather_nulls(nulls: Option<&NullBuffer>, perm: &[u32]) -> Option<NullBuffer> {
     nulls
         .filter(|n| n.null_count() > 0)
         .map(|n| NullBuffer::new(gather_bits(n.inner(), perm)))
@@ -126,7 +128,7 @@ pub(crate) fn gather_nulls(nulls: Option<&NullBuffer>, perm: &[u32]) -> Option<N
 
 /// Row `perm[i]` of `array` for every `i`: fixed-width and boolean columns by parallel
 /// gathers, other types through Arrow's `take` on parallel slices of the permutation.
-pub(crate) fn gather_column(array: &ArrayRef, perm: &[u32]) -> Result<ArrayRef> {
+pub fn gather_column(array: &ArrayRef, perm: &[u32]) -> Result<ArrayRef> {
     if let Some(width) = fixed_width(array.data_type()) {
         let values = fixed_values(array.as_ref(), width);
         let out = gather_bytes(values.as_slice(), width, perm);

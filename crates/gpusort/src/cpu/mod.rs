@@ -16,7 +16,7 @@
 //! much smaller than the input, only the rows whose top key digit can reach the first
 //! `limit` positions are sorted.
 
-mod gather;
+pub mod gather;
 pub(crate) mod radix;
 
 use std::sync::Arc;
@@ -29,7 +29,7 @@ use rayon::prelude::*;
 use crate::backend::{SortBackend, SortOutput, SortRequest, SortStats};
 use crate::error::{GpusortError, Result};
 use crate::keys::{EncodedKeys, KeyEncoder, KeyLayout};
-use crate::plan::{Layout, RadixPass, RecordMove, Strategy, payload_fields, varying_bits};
+use crate::plan::{RadixPass, RecordMove, varying_bits};
 use crate::ties::resolve_ties;
 use gather::{fixed_array, fixed_values, fixed_width, gather_bytes, gather_column};
 use radix::radix_sort;
@@ -78,24 +78,11 @@ impl CpuBackend {
         Ok(self)
     }
 
-    /// The strategy the CPU backend uses when a request names none: the paper's rule for
-    /// the ByField layout.
-    pub fn default_strategy(batch: &RecordBatch, request_keys: usize) -> Strategy {
-        Strategy::paper_default(Layout::ByField, payload_fields(batch.num_columns(), request_keys))
-    }
-
     fn run(&self, request: &SortRequest<'_>) -> Result<SortOutput> {
+        request.check_rows()?;
         let batch = request.batch;
         let n = batch.num_rows();
-        if n > u32::MAX as usize {
-            return Err(GpusortError::TooManyRows {
-                rows: n,
-                max: u32::MAX as usize,
-            });
-        }
-        let strategy = request
-            .strategy
-            .unwrap_or_else(|| Self::default_strategy(batch, request.spec.len()));
+        let strategy = request.strategy();
         let start = Instant::now();
         let encoder = KeyEncoder::try_new(batch, request.spec, &request.encoder)?;
         let keys = encoder.encode();
@@ -362,9 +349,10 @@ fn bits_of(words: &[u32], bit: u32, n: usize) -> BooleanBuffer {
     BooleanBuffer::new(Buffer::from_vec(out), 0, n)
 }
 
-/// A buffer of `bytes` bytes for output that is written whole before it is read: no pass
-/// over memory to zero it (fresh pages are faulted in by the threads that write them).
-pub(crate) fn uninit(bytes: usize) -> MutableBuffer {
+/// A buffer of `bytes` bytes (64-byte aligned, as Arrow wants) for output that is written
+/// whole before it is read: no pass over memory to zero it (fresh pages are faulted in by the
+/// threads that write them).
+pub fn uninit(bytes: usize) -> MutableBuffer {
     let mut b = MutableBuffer::with_capacity(bytes);
     // SAFETY: u8 has no invalid values, and every caller writes all bytes before reading.
     unsafe { b.set_len(bytes) };

@@ -8,6 +8,7 @@ use arrow::datatypes::{DataType, Field, Schema};
 
 use super::*;
 use crate::keys::EncoderOptions;
+use crate::plan::Strategy;
 use crate::spec::{SortKey, SortSpec};
 
 fn batch(cols: Vec<ArrayRef>) -> RecordBatch {

@@ -1,0 +1,446 @@
+//! The evaluation of Bandyopadhyay & Sahni (Figs. 7-14) on this GPU: 10M records of a u32 key
+//! and m u32 fields (m = 2..20), ByField and Hybrid, GRS and SRTS, direct and indirect, with
+//! the data already in GPU memory; and keys-only sorts of 10M and 100M u32 and u64 keys.
+//! Prints tables (and the ratio to CUB when `--cub` names the JSON of
+//! `../shared/bench/cub_baseline.py --json`), writes every timing as CSV and draws the
+//! record figures as an SVG.
+//!
+//! ```text
+//! paper [--rows N] [--reps R] [--bits B] [--fields 2,4,..] [--cub cub.json] [--csv out.csv] [--svg out.svg]
+//! ```
+//!
+//! Each timing is one call of `Gpu::sort` (device events around its kernels) after the inputs
+//! are restored by a device copy; the table shows the minimum (CUB's script reports minima)
+//! and the median over `R` runs after a warm-up.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use cudarc::driver::CudaSlice;
+use gpusort::plan::{Algorithm, RadixPass, RecordMove, Strategy, radix_passes, varying_bits};
+use gpusort_cuda::{DeviceColumn, DeviceRecords, DeviceTable, Gpu, GpuSortPlan, KernelCache};
+use rand::prelude::*;
+use rand::rngs::SmallRng;
+
+struct Args {
+    rows: usize,
+    reps: usize,
+    bits: Vec<u32>,
+    fields: Vec<usize>,
+    key_rows: Vec<usize>,
+    cub: Option<String>,
+    csv: Option<String>,
+    svg: Option<String>,
+    only: Option<String>,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        rows: 10_000_000,
+        reps: 7,
+        bits: vec![8, 4],
+        fields: (1..=10).map(|i| 2 * i).collect(),
+        key_rows: vec![10_000_000, 100_000_000],
+        cub: None,
+        csv: None,
+        svg: None,
+        only: None,
+    };
+    let v: Vec<String> = std::env::args().skip(1).filter(|s| s != "--bench").collect();
+    let list = |s: &str| {
+        s.split(',')
+            .map(|x| x.trim().parse().expect("a number"))
+            .collect::<Vec<usize>>()
+    };
+    let mut i = 0;
+    while i < v.len() {
+        let val = v.get(i + 1).cloned().unwrap_or_default();
+        match v[i].as_str() {
+            "--rows" => a.rows = val.parse().expect("--rows N"),
+            "--reps" => a.reps = val.parse().expect("--reps N"),
+            "--bits" => a.bits = list(&val).into_iter().map(|b| b as u32).collect(),
+            "--fields" => a.fields = list(&val),
+            "--key-rows" => a.key_rows = list(&val),
+            "--cub" => a.cub = Some(val),
+            "--csv" => a.csv = Some(val),
+            "--svg" => a.svg = Some(val),
+            "--only" => a.only = Some(val),
+            other => panic!("unknown argument {other}"),
+        }
+        i += 2;
+    }
+    a
+}
+
+fn random_words(rng: &mut SmallRng, n: usize) -> Vec<u32> {
+    (0..n).map(|_| rng.random()).collect()
+}
+
+/// Minimum and median of the sort's kernel time over `reps` runs, inputs restored each time.
+fn time_sort(gpu: &Gpu, pristine: &DeviceTable, plan: &GpuSortPlan, reps: usize) -> (f64, f64) {
+    let s = gpu.stream();
+    let copy = |src: &CudaSlice<u8>| {
+        let mut d = gpu.alloc_bytes(src.len()).unwrap();
+        s.memcpy_dtod(src, &mut d).unwrap();
+        d
+    };
+    let copy_words = |src: &CudaSlice<u32>| {
+        let mut d = gpu.alloc_words(src.len()).unwrap();
+        s.memcpy_dtod(src, &mut d).unwrap();
+        d
+    };
+    let mut times = vec![];
+    for r in 0..=reps {
+        let mut t = DeviceTable {
+            num_rows: pristine.num_rows,
+            keys: pristine.keys.iter().map(copy_words).collect(),
+            columns: pristine
+                .columns
+                .iter()
+                .map(|c| DeviceColumn {
+                    data: copy(&c.data),
+                    width: c.width,
+                })
+                .collect(),
+            records: pristine.records.as_ref().map(|r| DeviceRecords {
+                data: copy(&r.data),
+                bytes: r.bytes,
+            }),
+        };
+        s.synchronize().unwrap();
+        let res = gpu.sort(&mut t, plan).unwrap();
+        if r > 0 {
+            times.push(res.kernel_ms as f64);
+        }
+        drop(t);
+        s.synchronize().unwrap();
+    }
+    times.sort_by(|a, b| a.total_cmp(b));
+    (times[0], times[times.len() / 2])
+}
+
+fn label(s: Strategy) -> String {
+    let a = match s.algorithm {
+        Algorithm::Grs => "GRS",
+        Algorithm::Srts => "SRTS",
+    };
+    let m = match s.record_move {
+        RecordMove::Direct => "direct",
+        RecordMove::Indirect => "indirect",
+    };
+    format!("{a}-{m}")
+}
+
+/// CUB's figures from cub_baseline.py --json: (records by (layout, fields), keys by (n, type)).
+type CubFigures = (BTreeMap<(String, usize), f64>, BTreeMap<(usize, String), f64>);
+
+fn read_cub(path: &str) -> CubFigures {
+    // A minimal reader for the script's JSON: numbers after known keys, record by record.
+    let text = std::fs::read_to_string(path).expect("the CUB JSON");
+    let mut records = BTreeMap::new();
+    let mut keys = BTreeMap::new();
+    let num = |obj: &str, key: &str| -> Option<f64> {
+        let at = obj.find(&format!("\"{key}\""))?;
+        let rest = &obj[at + key.len() + 2..];
+        let rest = rest[rest.find(':')? + 1..].trim_start();
+        let end = rest.find([',', '}', '\n']).unwrap_or(rest.len());
+        rest[..end].trim().parse().ok()
+    };
+    for obj in text.split('{').skip(1) {
+        if let (Some(m), Some(bf), Some(hy)) = (num(obj, "fields"), num(obj, "byfield_ms"), num(obj, "hybrid_ms")) {
+            records.insert(("ByField".to_string(), m as usize), bf);
+            records.insert(("Hybrid".to_string(), m as usize), hy);
+        } else if let (Some(n), Some(s32), Some(s64)) =
+            (num(obj, "n"), num(obj, "sort_u32_ms"), num(obj, "sort_u64_ms"))
+        {
+            keys.insert((n as usize, "u32".to_string()), s32);
+            keys.insert((n as usize, "u64".to_string()), s64);
+            if let Some(a) = num(obj, "argsort_u32_ms") {
+                keys.insert((n as usize, "argsort u32".to_string()), a);
+            }
+        }
+    }
+    (records, keys)
+}
+
+fn svg(results: &[(String, u32, String, usize, f64)], fields: &[usize]) -> String {
+    // Two panels (ByField, Hybrid) of time against fields, one line per strategy (8-bit digits
+    // if measured, else the first width).
+    let (w, h, pad) = (520.0, 360.0, 55.0);
+    let bits = results.iter().map(|r| r.1).max().unwrap_or(8);
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{}" font-family="sans-serif" font-size="12">"#,
+        2.0 * w,
+        h + 30.0
+    );
+    let colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"];
+    for (panel, layout) in ["ByField", "Hybrid"].iter().enumerate() {
+        let x0 = panel as f64 * w;
+        let rows: Vec<_> = results.iter().filter(|r| r.2 == *layout && r.1 == bits).collect();
+        let ymax = rows.iter().map(|r| r.4).fold(0.0, f64::max).max(1e-3) * 1.1;
+        let (fmin, fmax) = (*fields.first().unwrap() as f64, *fields.last().unwrap() as f64);
+        let px = |m: f64| x0 + pad + (m - fmin) / (fmax - fmin).max(1.0) * (w - 2.0 * pad);
+        let py = |t: f64| h - pad + 20.0 - t / ymax * (h - 2.0 * pad);
+        let _ = write!(
+            out,
+            r#"<text x="{}" y="18" font-size="14">{layout}: 10M records, {bits}-bit digits (ms)</text>"#,
+            x0 + pad
+        );
+        let _ = write!(
+            out,
+            r#"<line x1="{0}" y1="{1}" x2="{2}" y2="{1}" stroke="black"/><line x1="{0}" y1="{1}" x2="{0}" y2="{3}" stroke="black"/>"#,
+            px(fmin),
+            py(0.0),
+            px(fmax),
+            py(ymax)
+        );
+        for &m in fields {
+            let _ = write!(
+                out,
+                r#"<text x="{}" y="{}" text-anchor="middle">{m}</text>"#,
+                px(m as f64),
+                py(0.0) + 15.0
+            );
+        }
+        for k in 0..=4 {
+            let t = ymax * k as f64 / 4.0;
+            let _ = write!(
+                out,
+                r#"<text x="{}" y="{}" text-anchor="end">{t:.2}</text>"#,
+                px(fmin) - 5.0,
+                py(t) + 4.0
+            );
+        }
+        for (si, s) in Strategy::ALL.iter().enumerate() {
+            let pts: Vec<String> = rows
+                .iter()
+                .filter(|r| r.0 == label(*s))
+                .map(|r| format!("{:.1},{:.1}", px(r.3 as f64), py(r.4)))
+                .collect();
+            let _ = write!(
+                out,
+                r#"<polyline fill="none" stroke="{}" stroke-width="2" points="{}"/>"#,
+                colors[si],
+                pts.join(" ")
+            );
+            let _ = write!(
+                out,
+                r#"<text x="{}" y="{}" fill="{}">{}</text>"#,
+                x0 + pad + 10.0,
+                40.0 + 15.0 * si as f64,
+                colors[si],
+                label(*s)
+            );
+        }
+        let _ = write!(
+            out,
+            r#"<text x="{}" y="{}" text-anchor="middle">fields besides the key (m)</text>"#,
+            x0 + w / 2.0,
+            h + 25.0
+        );
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
+fn main() {
+    let a = args();
+    let gpu = Gpu::open(0, &KernelCache::from_env()).expect("a GPU");
+    let s = gpu.stream().clone();
+    println!(
+        "# {} | {} rows, {} reps, digits of {:?} bits",
+        gpu.info(),
+        a.rows,
+        a.reps,
+        a.bits
+    );
+    let cub = a.cub.as_deref().map(read_cub);
+    let mut rng = SmallRng::seed_from_u64(2010);
+    let mut csv = String::from("kind,layout,fields,rows,digit_bits,strategy,min_ms,median_ms\n");
+    let mut fig: Vec<(String, u32, String, usize, f64)> = vec![];
+
+    // Records: u32 key + m u32 fields.
+    let n = if a.only.as_deref() == Some("keys") { 0 } else { a.rows };
+    let key = random_words(&mut rng, n);
+    let varying = varying_bits(std::slice::from_ref(&key));
+    let key_dev = s.clone_htod(&key).unwrap();
+    let max_fields = *a.fields.iter().max().unwrap_or(&0);
+    let fields_host: Vec<Vec<u32>> = (0..max_fields).map(|_| random_words(&mut rng, n)).collect();
+    let fields_dev: Vec<CudaSlice<u32>> = fields_host.iter().map(|f| s.clone_htod(f).unwrap()).collect();
+    let to_bytes = |v: &CudaSlice<u32>| {
+        let mut d = gpu.alloc_bytes(v.len() * 4).unwrap();
+        let view = unsafe { v.transmute::<u8>(v.len() * 4) }.unwrap();
+        s.memcpy_dtod(&view, &mut d).unwrap();
+        d
+    };
+    let mut best: BTreeMap<(String, usize), (f64, String)> = BTreeMap::new();
+    let fields_list = if a.only.as_deref() == Some("keys") {
+        vec![]
+    } else {
+        a.fields.clone()
+    };
+    println!("\nrecords: {n} rows, u32 key + m u32 fields; minimum (median) ms");
+    println!(
+        "| layout | m | bits | GRS-direct | GRS-indirect | SRTS-direct | SRTS-indirect | best | CUB argsort+gather | CUB / best |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---|---:|---:|");
+    for &m in &fields_list {
+        for layout in ["ByField", "Hybrid"] {
+            let pristine = DeviceTable {
+                num_rows: n,
+                keys: vec![{
+                    let mut d = gpu.alloc_words(n).unwrap();
+                    s.memcpy_dtod(&key_dev, &mut d).unwrap();
+                    d
+                }],
+                columns: if layout == "ByField" {
+                    fields_dev[..m]
+                        .iter()
+                        .map(|f| DeviceColumn {
+                            data: to_bytes(f),
+                            width: 4,
+                        })
+                        .collect()
+                } else {
+                    vec![]
+                },
+                records: (layout == "Hybrid").then(|| {
+                    let mut rows = vec![0u32; n * m];
+                    for (j, f) in fields_host[..m].iter().enumerate() {
+                        for (i, v) in f.iter().enumerate() {
+                            rows[i * m + j] = *v;
+                        }
+                    }
+                    let dev = s.clone_htod(&rows).unwrap();
+                    DeviceRecords {
+                        data: to_bytes(&dev),
+                        bytes: 4 * m,
+                    }
+                }),
+            };
+            for &bits in &a.bits {
+                let passes: Vec<RadixPass> = radix_passes(&varying, bits);
+                let mut cells = vec![];
+                for strategy in Strategy::ALL {
+                    let plan = GpuSortPlan {
+                        strategy,
+                        passes: passes.clone(),
+                        keep_keys: false,
+                        want_perm: false,
+                    };
+                    let (min, med) = time_sort(&gpu, &pristine, &plan, a.reps);
+                    let _ = writeln!(
+                        csv,
+                        "records,{layout},{m},{n},{bits},{},{min:.4},{med:.4}",
+                        label(strategy)
+                    );
+                    fig.push((label(strategy), bits, layout.to_string(), m, min));
+                    cells.push((min, med, label(strategy)));
+                    let e = best.entry((layout.to_string(), m)).or_insert((f64::MAX, String::new()));
+                    if min < e.0 {
+                        *e = (min, format!("{} ({bits}-bit)", label(strategy)));
+                    }
+                }
+                let b = cells.iter().min_by(|x, y| x.0.total_cmp(&y.0)).unwrap();
+                let cub_ms = cub.as_ref().and_then(|c| c.0.get(&(layout.to_string(), m)).copied());
+                let times: Vec<String> = cells.iter().map(|c| format!("{:.3} ({:.3})", c.0, c.1)).collect();
+                println!(
+                    "| {layout} | {m} | {bits} | {} | {} | {} | {} | {} | {} | {} |",
+                    times[0],
+                    times[1],
+                    times[2],
+                    times[3],
+                    b.2,
+                    cub_ms.map_or("-".into(), |c| format!("{c:.3}")),
+                    cub_ms.map_or("-".into(), |c| format!("{:.2}x", c / b.0)),
+                );
+            }
+        }
+    }
+    drop((key_dev, fields_dev, fields_host));
+
+    // Keys only.
+    println!("\nkeys only: minimum (median) ms");
+    println!("| keys | n | bits | GRS | SRTS | CUB sort | CUB / best |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    let key_rows = if a.only.as_deref() == Some("records") {
+        vec![]
+    } else {
+        a.key_rows.clone()
+    };
+    for &kn in &key_rows {
+        for ty in ["u32", "u64"] {
+            let words: Vec<Vec<u32>> = (0..if ty == "u32" { 1 } else { 2 })
+                .map(|_| random_words(&mut rng, kn))
+                .collect();
+            let varying = varying_bits(&words);
+            let pristine = DeviceTable {
+                num_rows: kn,
+                keys: words.iter().map(|w| s.clone_htod(w).unwrap()).collect(),
+                columns: vec![],
+                records: None,
+            };
+            drop(words);
+            for &bits in &a.bits {
+                let passes = radix_passes(&varying, bits);
+                let mut cells = vec![];
+                for strategy in [Strategy::GRS_DIRECT, Strategy::SRTS_DIRECT] {
+                    let plan = GpuSortPlan {
+                        strategy,
+                        passes: passes.clone(),
+                        keep_keys: true,
+                        want_perm: false,
+                    };
+                    let (min, med) = time_sort(&gpu, &pristine, &plan, a.reps);
+                    let _ = writeln!(csv, "keys,{ty},0,{kn},{bits},{},{min:.4},{med:.4}", label(strategy));
+                    cells.push((min, med));
+                }
+                let b = cells.iter().map(|c| c.0).fold(f64::MAX, f64::min);
+                let cub_ms = cub.as_ref().and_then(|c| c.1.get(&(kn, ty.to_string())).copied());
+                println!(
+                    "| {ty} | {kn} | {bits} | {:.3} ({:.3}) | {:.3} ({:.3}) | {} | {} |",
+                    cells[0].0,
+                    cells[0].1,
+                    cells[1].0,
+                    cells[1].1,
+                    cub_ms.map_or("-".into(), |c| format!("{c:.3}")),
+                    cub_ms.map_or("-".into(), |c| format!("{:.2}x", c / b)),
+                );
+            }
+        }
+    }
+    // Crossovers: the smallest m from which one family or move beats the other.
+    println!("\ncrossovers (minimum times, all digit widths measured):");
+    for layout in ["ByField", "Hybrid"] {
+        let at = |lab: &str, m: usize| {
+            fig.iter()
+                .filter(|r| r.0 == lab && r.2 == layout && r.3 == m)
+                .map(|r| r.4)
+                .fold(f64::MAX, f64::min)
+        };
+        let cross = |x: &str, y: &str| a.fields.iter().copied().find(|&m| at(x, m) < at(y, m));
+        println!(
+            "  {layout}: GRS-direct beats SRTS-direct from m = {:?}; indirect beats direct (best of each) from m = {:?}",
+            cross("GRS-direct", "SRTS-direct"),
+            a.fields
+                .iter()
+                .copied()
+                .find(|&m| at("GRS-indirect", m).min(at("SRTS-indirect", m))
+                    < at("GRS-direct", m).min(at("SRTS-direct", m)))
+        );
+    }
+    println!("\nbest strategy per m:");
+    for ((layout, m), (t, who)) in &best {
+        println!("  {layout:7} m = {m:2}: {who} {t:.3} ms");
+    }
+    if let Some(p) = &a.csv {
+        std::fs::write(p, &csv).expect("write CSV");
+    }
+    if let Some(p) = &a.svg
+        && !fig.is_empty()
+    {
+        std::fs::write(p, svg(&fig, &a.fields)).expect("write SVG");
+    }
+}

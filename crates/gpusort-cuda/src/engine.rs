@@ -1,0 +1,883 @@
+//! The record sorts on the device: LSD radix passes of GRS or SRTS over key words already in
+//! GPU memory, moving ByField columns or Hybrid row-major records **directly** (with the keys
+//! in every pass) or **indirectly** (the row index moves; columns are gathered once at the end).
+//!
+//! A [`DeviceTable`] holds the rows: the key words (ByField, word 0 most significant), the
+//! payload columns (ByField) and/or row-major records (Hybrid). [`Gpu::sort`] permutes it in
+//! place following a [`GpuSortPlan`]: which passes (digits, least significant first), which
+//! strategy, whether the key words and the permutation are wanted afterwards.
+//!
+//! Each pass reads the key word of its digit from where the last pass left it and writes every
+//! moved column to its other buffer (two buffers per column, ping-pong). Which buffers each
+//! pass reads and writes is worked out on the host first; all lane tables then go to the
+//! device in one copy and the passes are launched back to back on one stream.
+
+use std::sync::Arc;
+
+use cudarc::driver::{
+    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
+    sys::CUevent_flags,
+};
+use gpusort::plan::{Algorithm, RadixPass, RecordMove, Strategy};
+
+use crate::device::{self, DeviceInfo};
+use crate::error::{CudaSortError, Result};
+use crate::kernels::{CacheOutcome, KernelCache, Kernels, program_source};
+
+/// Threads per block of every sort kernel (`BLOCK` in `kernels/common.cuh`).
+pub const BLOCK: u32 = 256;
+/// Rows per tile (`TILE` in `kernels/common.cuh`).
+pub const TILE: usize = 256 * 16;
+/// Longest SRTS spine scanned by a single block.
+const SINGLE_BLOCK_SPINE: usize = 16 * 1024;
+
+/// An opened GPU: a context, the stream sorts run on, and the compiled kernels.
+#[derive(Debug)]
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    kernels: Kernels,
+    info: DeviceInfo,
+    compile: CacheOutcome,
+}
+
+/// A fixed-width ByField column on the device: `width` bytes (1, 2, 4, 8 or 16) per row.
+#[derive(Debug)]
+pub struct DeviceColumn {
+    /// The rows.
+    pub data: CudaSlice<u8>,
+    /// Bytes per row.
+    pub width: usize,
+}
+
+/// Row-major records on the device (the Hybrid layout): `bytes` per record, a multiple of 4.
+#[derive(Debug)]
+pub struct DeviceRecords {
+    /// The records.
+    pub data: CudaSlice<u8>,
+    /// Bytes per record.
+    pub bytes: usize,
+}
+
+/// Rows on the device: key words and payload.
+#[derive(Debug)]
+pub struct DeviceTable {
+    /// Rows.
+    pub num_rows: usize,
+    /// Key words, ByField, word 0 most significant.
+    pub keys: Vec<CudaSlice<u32>>,
+    /// ByField payload columns.
+    pub columns: Vec<DeviceColumn>,
+    /// Hybrid payload: row-major records.
+    pub records: Option<DeviceRecords>,
+}
+
+/// What a sort does.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuSortPlan {
+    /// Algorithm and record move.
+    pub strategy: Strategy,
+    /// Digit passes, least significant first (digits of at most 8 bits).
+    pub passes: Vec<RadixPass>,
+    /// Leave every key word that a pass reads in sorted order.
+    pub keep_keys: bool,
+    /// Return the permutation (sorted position -> input row).
+    pub want_perm: bool,
+}
+
+/// What a sort returns.
+#[derive(Debug)]
+pub struct GpuSortResult {
+    /// The permutation, when asked for (or when the strategy made one anyway).
+    pub perm: Option<CudaSlice<u32>>,
+    /// Time between the sort's first and last kernel, from device events.
+    pub kernel_ms: f32,
+}
+
+/// Per-kernel device times, when `GPUSORT_PROFILE=1`: an event after every launch, summed by
+/// kernel name at the end of a sort and printed to stderr.
+struct Profile {
+    marks: Option<std::cell::RefCell<Vec<(&'static str, CudaEvent)>>>,
+}
+
+impl Profile {
+    fn new(gpu: &Gpu) -> Result<Self> {
+        let on = std::env::var("GPUSORT_PROFILE").as_deref() == Ok("1");
+        let marks = if on {
+            let e = gpu.event()?;
+            e.record(&gpu.stream)?;
+            Some(std::cell::RefCell::new(vec![("start", e)]))
+        } else {
+            None
+        };
+        Ok(Self { marks })
+    }
+
+    fn mark(&self, gpu: &Gpu, name: &'static str) -> Result<()> {
+        if let Some(m) = &self.marks {
+            let e = gpu.event()?;
+            e.record(&gpu.stream)?;
+            m.borrow_mut().push((name, e));
+        }
+        Ok(())
+    }
+
+    fn report(&self) -> Result<()> {
+        if let Some(m) = &self.marks {
+            let m = m.borrow();
+            if let Some((_, last)) = m.last() {
+                last.synchronize()?;
+            }
+            let mut sums: Vec<(&str, f32, usize)> = vec![];
+            for w in m.windows(2) {
+                let t = w[0].1.elapsed_ms(&w[1].1)?;
+                match sums.iter_mut().find(|s| s.0 == w[1].0) {
+                    Some(s) => {
+                        s.1 += t;
+                        s.2 += 1;
+                    }
+                    None => sums.push((w[1].0, t, 1)),
+                }
+            }
+            let line: Vec<String> = sums.iter().map(|(n, t, c)| format!("{n} {t:.3} ms/{c}")).collect();
+            eprintln!("profile: {}", line.join(", "));
+        }
+        Ok(())
+    }
+}
+
+/// A lane of the kernels' lane table (`struct Lane` in `kernels/common.cuh`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct Lane {
+    src: u64,
+    dst: u64,
+    width: u32,
+    flags: u32,
+}
+const LANE_IOTA: u32 = 1;
+const LANE_DIGIT: u32 = 2;
+
+/// Hybrid records to move in a pass (`struct Records` in `kernels/common.cuh`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct Records {
+    src: u64,
+    dst: u64,
+    bytes: u32,
+    piece: u32,
+}
+// SAFETY: plain old data with the layout of the CUDA struct.
+unsafe impl DeviceRepr for Records {}
+
+/// What the pass launchers of both families take: the passes, where each reads its digit,
+/// the uploaded lane tables and records, and the dynamic shared memory of the scatters.
+struct PassInputs<'a> {
+    n: usize,
+    passes: &'a [RadixPass],
+    digit_src: &'a [u64],
+    tables: &'a [Vec<Lane>],
+    offsets: &'a [usize],
+    lane_base: u64,
+    recs: &'a [Records],
+    dyn_smem: u32,
+}
+
+impl PassInputs<'_> {
+    /// The lane table of pass `p`: its device address and length.
+    fn lanes(&self, p: usize) -> (u64, u32) {
+        (self.lane_base + self.offsets[p] as u64, self.tables[p].len() as u32)
+    }
+}
+
+/// A device buffer of either element type.
+enum Buf {
+    Words(CudaSlice<u32>),
+    Bytes(CudaSlice<u8>),
+}
+
+impl Buf {
+    fn ptr(&self, stream: &CudaStream) -> u64 {
+        match self {
+            Buf::Words(s) => s.device_ptr(stream).0,
+            Buf::Bytes(s) => s.device_ptr(stream).0,
+        }
+    }
+}
+
+/// Something a pass moves, with its two buffers.
+struct Item {
+    width: usize,
+    bufs: [Option<Buf>; 2],
+    /// Which buffer holds the rows now; `None`: the row index not yet made (iota).
+    cur: Option<usize>,
+    /// Record bytes, for Hybrid records.
+    record: Option<usize>,
+}
+
+impl Gpu {
+    /// Opens device `ordinal`: a context, a stream, and the kernels (from `cache`, or
+    /// compiled by NVRTC and stored there).
+    pub fn open(ordinal: usize, cache: &KernelCache) -> Result<Self> {
+        let (ctx, info) = device::open(ordinal)?;
+        // Sorts order their work on their own stream; cudarc's per-buffer events are not needed.
+        // SAFETY: every buffer of this context is used on `stream` or synchronized explicitly.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream()?;
+        let (cubin, compile) = cache.load_or_compile(&program_source(), &info.arch(), info.nvrtc_version)?;
+        let kernels = Kernels::load(&ctx, cubin)?;
+        Ok(Self {
+            ctx,
+            stream,
+            kernels,
+            info,
+            compile,
+        })
+    }
+
+    /// The device.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// Whether the kernels came from the cache.
+    pub fn compile_outcome(&self) -> CacheOutcome {
+        self.compile
+    }
+
+    /// The context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The stream sorts run on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The kernels.
+    pub fn kernels(&self) -> &Kernels {
+        &self.kernels
+    }
+
+    /// Free device memory now.
+    pub fn free_memory(&self) -> Result<usize> {
+        Ok(self.ctx.mem_get_info()?.0)
+    }
+
+    /// A timing event.
+    pub fn event(&self) -> Result<CudaEvent> {
+        Ok(self.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?)
+    }
+
+    /// `n` uninitialized bytes on the device.
+    pub fn alloc_bytes(&self, n: usize) -> Result<CudaSlice<u8>> {
+        // SAFETY: callers write before they read.
+        Ok(unsafe { self.stream.alloc::<u8>(n.max(1)) }?)
+    }
+
+    /// `n` uninitialized words on the device.
+    pub fn alloc_words(&self, n: usize) -> Result<CudaSlice<u32>> {
+        // SAFETY: callers write before they read.
+        Ok(unsafe { self.stream.alloc::<u32>(n.max(1)) }?)
+    }
+
+    /// `0, 1, ..., n - 1` on the device.
+    pub fn iota(&self, n: usize) -> Result<CudaSlice<u32>> {
+        let out = self.alloc_words(n)?;
+        let p = out.device_ptr(&self.stream).0;
+        let n32 = n as u32;
+        // SAFETY: the kernel writes n words of `out`.
+        unsafe {
+            self.stream
+                .launch_builder(&self.kernels.iota)
+                .arg(&n32)
+                .arg(&p)
+                .launch(self.grid_for(n))?
+        };
+        Ok(out)
+    }
+
+    /// A grid-stride launch over `n` items.
+    pub(crate) fn grid_for(&self, n: usize) -> LaunchConfig {
+        let blocks = n
+            .div_ceil(BLOCK as usize)
+            .clamp(1, self.info.multiprocessors as usize * 16) as u32;
+        LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// Sorts `table` in place following `plan`.
+    pub fn sort(&self, table: &mut DeviceTable, plan: &GpuSortPlan) -> Result<GpuSortResult> {
+        let n = table.num_rows;
+        if n > u32::MAX as usize {
+            return Err(CudaSortError::Unsupported(format!("{n} rows exceed 2^32 - 1")));
+        }
+        if let Some(p) = plan
+            .passes
+            .iter()
+            .find(|p| p.bits > 8 || p.bits == 0 || p.word >= table.keys.len())
+        {
+            return Err(CudaSortError::Unsupported(format!(
+                "pass {p:?} (digits of 1 to 8 bits of existing words)"
+            )));
+        }
+        if let Some(r) = &table.records
+            && (r.bytes == 0 || r.bytes % 4 != 0)
+        {
+            return Err(CudaSortError::Unsupported(format!(
+                "records of {} bytes (a multiple of 4 is needed)",
+                r.bytes
+            )));
+        }
+        if let Some(c) = table
+            .columns
+            .iter()
+            .find(|c| self.kernels.gather_for(c.width).is_none())
+        {
+            return Err(CudaSortError::Unsupported(format!(
+                "a column of {} bytes per row",
+                c.width
+            )));
+        }
+        let start = self.event()?;
+        let end = self.event()?;
+        start.record(&self.stream)?;
+        let direct = plan.strategy.record_move == RecordMove::Direct;
+        let needs_index = plan.want_perm || !direct;
+        let mut perm = None;
+        if n > 1 && !plan.passes.is_empty() {
+            perm = self.run_passes(table, plan, direct, needs_index)?;
+            if !direct {
+                let p = perm.as_ref().expect("indirect sorts make a permutation");
+                self.gather_payload(table, p)?;
+            }
+        }
+        if plan.want_perm && perm.is_none() {
+            perm = Some(self.iota(n)?);
+        }
+        end.record(&self.stream)?;
+        end.synchronize()?;
+        Ok(GpuSortResult {
+            perm: if plan.want_perm { perm } else { None },
+            kernel_ms: start.elapsed_ms(&end)?,
+        })
+    }
+
+    /// Runs the passes; returns the permutation when the index moved.
+    fn run_passes(
+        &self,
+        table: &mut DeviceTable,
+        plan: &GpuSortPlan,
+        direct: bool,
+        needs_index: bool,
+    ) -> Result<Option<CudaSlice<u32>>> {
+        let n = table.num_rows;
+        let s = &self.stream;
+        let num_words = table.keys.len();
+        let passes = &plan.passes;
+        // Items: key words, the row index, ByField columns, Hybrid records.
+        let mut items: Vec<Item> = vec![];
+        for k in table.keys.drain(..) {
+            items.push(Item {
+                width: 4,
+                bufs: [Some(Buf::Words(k)), None],
+                cur: Some(0),
+                record: None,
+            });
+        }
+        let index_item = items.len();
+        items.push(Item {
+            width: 4,
+            bufs: [None, None],
+            cur: None,
+            record: None,
+        });
+        let num_columns = if direct { table.columns.len() } else { 0 };
+        let columns: Vec<DeviceColumn> = if direct {
+            table.columns.drain(..).collect()
+        } else {
+            vec![]
+        };
+        for c in columns {
+            items.push(Item {
+                width: c.width,
+                bufs: [Some(Buf::Bytes(c.data)), None],
+                cur: Some(0),
+                record: None,
+            });
+        }
+        let records_item = if direct && let Some(r) = table.records.take() {
+            items.push(Item {
+                width: 0,
+                bufs: [Some(Buf::Bytes(r.data)), None],
+                cur: Some(0),
+                record: Some(r.bytes),
+            });
+            Some(items.len() - 1)
+        } else {
+            None
+        };
+        let word_used_later = |w: usize, p: usize| passes[p + 1..].iter().any(|q| q.word == w);
+        let word_sorted = |w: usize| passes.iter().any(|q| q.word == w);
+        // Work out, pass by pass, what moves from which buffer to which.
+        let mut tables: Vec<Vec<Lane>> = vec![];
+        let mut recs: Vec<Records> = vec![];
+        let mut digit_src: Vec<u64> = vec![];
+        let mut max_width = 4usize;
+        for (p, pass) in passes.iter().enumerate() {
+            let w = &items[pass.word];
+            digit_src.push(w.bufs[w.cur.unwrap()].as_ref().unwrap().ptr(s));
+            let mut lanes = vec![];
+            let mut rec = Records::default();
+            for (i, item) in items.iter_mut().enumerate() {
+                let moves = if i < num_words {
+                    word_used_later(i, p) || (plan.keep_keys && word_sorted(i))
+                } else if i == index_item {
+                    needs_index
+                } else {
+                    direct
+                };
+                if !moves {
+                    continue;
+                }
+                let to = match item.cur {
+                    Some(c) => 1 - c,
+                    None => 0,
+                };
+                if item.bufs[to].is_none() {
+                    let bytes = match item.record {
+                        Some(b) => n * b,
+                        None => n * item.width,
+                    };
+                    item.bufs[to] = Some(if i < num_words || i == index_item {
+                        Buf::Words(self.alloc_words(n)?)
+                    } else {
+                        Buf::Bytes(self.alloc_bytes(bytes)?)
+                    });
+                }
+                let src = item.cur.map_or(0, |c| item.bufs[c].as_ref().unwrap().ptr(s));
+                let dst = item.bufs[to].as_ref().unwrap().ptr(s);
+                match item.record {
+                    Some(bytes) => {
+                        let piece = [16, 8, 4].into_iter().find(|p| bytes % p == 0).unwrap() as u32;
+                        rec = Records {
+                            src,
+                            dst,
+                            bytes: bytes as u32,
+                            piece,
+                        };
+                    }
+                    None => {
+                        max_width = max_width.max(item.width);
+                        let mut flags = if item.cur.is_none() { LANE_IOTA } else { 0 };
+                        if i == pass.word {
+                            flags |= LANE_DIGIT;
+                        }
+                        lanes.push(Lane {
+                            src,
+                            dst,
+                            width: item.width as u32,
+                            flags,
+                        });
+                    }
+                }
+                item.cur = Some(to);
+            }
+            tables.push(lanes);
+            recs.push(rec);
+        }
+        // All lane tables in one upload.
+        let mut flat: Vec<u64> = vec![];
+        let mut offsets = vec![];
+        for t in &tables {
+            offsets.push(flat.len() * 8);
+            for l in t {
+                flat.extend([l.src, l.dst, ((l.flags as u64) << 32) | l.width as u64]);
+            }
+        }
+        let lane_buf = s.clone_htod(&flat)?;
+        let lane_base = lane_buf.device_ptr(s).0;
+        // 16-byte rows are staged as two 8-byte halves.
+        let stage_width = max_width.clamp(4, 8);
+        let dyn_smem = (TILE * 4 + TILE * stage_width) as u32;
+        let inputs = PassInputs {
+            n,
+            passes,
+            digit_src: &digit_src,
+            tables: &tables,
+            offsets: &offsets,
+            lane_base,
+            recs: &recs,
+            dyn_smem,
+        };
+        match plan.strategy.algorithm {
+            Algorithm::Grs => self.grs(&inputs)?,
+            Algorithm::Srts => self.srts(&inputs)?,
+        }
+        // Put the final buffers back.
+        let mut items = items.into_iter();
+        for _ in 0..num_words {
+            let mut item = items.next().unwrap();
+            match item.bufs[item.cur.unwrap()].take() {
+                Some(Buf::Words(k)) => table.keys.push(k),
+                _ => unreachable!("key words are words"),
+            }
+        }
+        let mut index = items.next().unwrap();
+        let perm = match index.cur {
+            Some(c) => match index.bufs[c].take() {
+                Some(Buf::Words(p)) => Some(p),
+                _ => unreachable!("the index is words"),
+            },
+            None => None,
+        };
+        for _ in 0..num_columns {
+            let mut item = items.next().unwrap();
+            let width = item.width;
+            match item.bufs[item.cur.unwrap()].take() {
+                Some(Buf::Bytes(data)) => table.columns.push(DeviceColumn { data, width }),
+                _ => unreachable!("columns are bytes"),
+            }
+        }
+        if records_item.is_some() {
+            let mut item = items.next().unwrap();
+            let bytes = item.record.unwrap();
+            match item.bufs[item.cur.unwrap()].take() {
+                Some(Buf::Bytes(data)) => table.records = Some(DeviceRecords { data, bytes }),
+                _ => unreachable!("records are bytes"),
+            }
+        }
+        // The lane tables must outlive the kernels that read them.
+        s.synchronize()?;
+        drop(lane_buf);
+        Ok(perm)
+    }
+
+    /// GRS: per pass, tile ranks and histograms, a scan of the histograms, the tile scatter.
+    fn grs(&self, x: &PassInputs<'_>) -> Result<()> {
+        let (n, passes, digit_src, recs) = (x.n, x.passes, x.digit_src, x.recs);
+        let s = &self.stream;
+        let k = &self.kernels;
+        let num_tiles = n.div_ceil(TILE);
+        let ranks = unsafe { s.alloc::<u16>(n) }?;
+        let hist = self.alloc_words(256 * num_tiles)?;
+        let scanned = self.alloc_words(256 * num_tiles)?;
+        let chunk_sums = self.alloc_words((256 * num_tiles).div_ceil(TILE))?;
+        let (ranks_p, hist_p, scanned_p, sums_p) = (
+            ranks.device_ptr(s).0,
+            hist.device_ptr(s).0,
+            scanned.device_ptr(s).0,
+            chunk_sums.device_ptr(s).0,
+        );
+        let n32 = n as u32;
+        let tiles32 = num_tiles as u32;
+        let prof = Profile::new(self)?;
+        for (p, pass) in passes.iter().enumerate() {
+            let (rank_fn, bins) = k.grs_rank.for_bits(pass.bits);
+            let (scatter_fn, _) = k.grs_scatter.for_bits(pass.bits);
+            let mask = (1u32 << pass.bits) - 1;
+            let tiles_cfg = LaunchConfig {
+                grid_dim: (tiles32, 1, 1),
+                block_dim: (BLOCK, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: kernels read n rows of the digit word and write n ranks and
+            // bins * num_tiles counts.
+            unsafe {
+                s.launch_builder(rank_fn)
+                    .arg(&n32)
+                    .arg(&digit_src[p])
+                    .arg(&pass.shift)
+                    .arg(&mask)
+                    .arg(&ranks_p)
+                    .arg(&hist_p)
+                    .arg(&tiles32)
+                    .launch(tiles_cfg)?
+            };
+            prof.mark(self, "grs_rank")?;
+            self.exclusive_scan(hist_p, scanned_p, sums_p, bins as usize * num_tiles)?;
+            prof.mark(self, "grs_scan")?;
+            let (lanes, num_lanes) = x.lanes(p);
+            // SAFETY: the lane table lists buffers of n rows; offsets come from the scan.
+            unsafe {
+                s.launch_builder(scatter_fn)
+                    .arg(&n32)
+                    .arg(&digit_src[p])
+                    .arg(&pass.shift)
+                    .arg(&mask)
+                    .arg(&ranks_p)
+                    .arg(&hist_p)
+                    .arg(&scanned_p)
+                    .arg(&tiles32)
+                    .arg(&lanes)
+                    .arg(&num_lanes)
+                    .arg(&recs[p])
+                    .launch(LaunchConfig {
+                        shared_mem_bytes: x.dyn_smem,
+                        ..tiles_cfg
+                    })?
+            };
+            prof.mark(self, "grs_scatter")?;
+        }
+        prof.report()
+    }
+
+    /// Exclusive scan of `len` words at `src` into `dst` (GRS phase 2).
+    fn exclusive_scan(&self, src: u64, dst: u64, sums: u64, len: usize) -> Result<()> {
+        let s = &self.stream;
+        let k = &self.kernels;
+        let chunks = len.div_ceil(TILE) as u32;
+        let len32 = len as u32;
+        let cfg = |blocks: u32| LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: `src` and `dst` hold len words, `sums` one per chunk.
+        unsafe {
+            s.launch_builder(&k.scan_reduce)
+                .arg(&src)
+                .arg(&len32)
+                .arg(&sums)
+                .launch(cfg(chunks))?;
+            s.launch_builder(&k.scan_spine).arg(&sums).arg(&chunks).launch(cfg(1))?;
+            s.launch_builder(&k.scan_down)
+                .arg(&src)
+                .arg(&len32)
+                .arg(&sums)
+                .arg(&dst)
+                .launch(cfg(chunks))?;
+        }
+        Ok(())
+    }
+
+    /// Persistent blocks for SRTS: as many as fit on the device at once, each with a run of
+    /// at least one tile.
+    fn srts_grid(&self, func: &CudaFunction, dyn_smem: u32, num_tiles: usize) -> Result<(u32, u32)> {
+        let per_sm = func
+            .occupancy_max_active_blocks_per_multiprocessor(BLOCK, dyn_smem as usize, None)?
+            .max(1);
+        let want = (self.info.multiprocessors * per_sm) as usize;
+        let tiles_per_block = num_tiles.div_ceil(want.min(num_tiles).max(1));
+        let grid = num_tiles.div_ceil(tiles_per_block);
+        Ok((grid as u32, tiles_per_block as u32))
+    }
+
+    /// SRTS: per pass, block digit counts, the top-level scan, the downsweep.
+    fn srts(&self, x: &PassInputs<'_>) -> Result<()> {
+        let (n, passes, digit_src, recs, dyn_smem) = (x.n, x.passes, x.digit_src, x.recs, x.dyn_smem);
+        let s = &self.stream;
+        let k = &self.kernels;
+        let num_tiles = n.div_ceil(TILE);
+        let (grid, tiles_per_block) = self.srts_grid(&k.srts_downsweep.b8, dyn_smem, num_tiles)?;
+        let counts = self.alloc_words(256 * grid as usize)?;
+        let counts_p = counts.device_ptr(s).0;
+        let spine_sums = self.alloc_words((256 * grid as usize).div_ceil(TILE))?;
+        let spine_sums_p = spine_sums.device_ptr(s).0;
+        let n32 = n as u32;
+        let tiles32 = num_tiles as u32;
+        let cfg = |blocks: u32, smem: u32| LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: smem,
+        };
+        let prof = Profile::new(self)?;
+        for (p, pass) in passes.iter().enumerate() {
+            let (up, bins) = k.srts_upsweep.for_bits(pass.bits);
+            let (down, _) = k.srts_downsweep.for_bits(pass.bits);
+            let mask = (1u32 << pass.bits) - 1;
+            let len = bins * grid;
+            let (lanes, num_lanes) = x.lanes(p);
+            // SAFETY: the kernels read n rows of the digit word; counts hold bins * grid words;
+            // the lane table lists buffers of n rows.
+            unsafe {
+                s.launch_builder(up)
+                    .arg(&n32)
+                    .arg(&digit_src[p])
+                    .arg(&pass.shift)
+                    .arg(&mask)
+                    .arg(&tiles_per_block)
+                    .arg(&tiles32)
+                    .arg(&counts_p)
+                    .launch(cfg(grid, 0))?;
+                prof.mark(self, "srts_upsweep")?;
+            }
+            // Top-level scan: one block for short spines; the three-kernel scan (chunk sums,
+            // a one-block scan of the sums, chunk scans) when a single block would be slow.
+            if len as usize <= SINGLE_BLOCK_SPINE {
+                // SAFETY: counts hold `len` words.
+                unsafe {
+                    s.launch_builder(&k.srts_spine)
+                        .arg(&counts_p)
+                        .arg(&len)
+                        .launch(cfg(1, 0))?
+                };
+            } else {
+                self.exclusive_scan(counts_p, counts_p, spine_sums_p, len as usize)?;
+            }
+            prof.mark(self, "srts_spine")?;
+            // SAFETY: as above.
+            unsafe {
+                s.launch_builder(down)
+                    .arg(&n32)
+                    .arg(&digit_src[p])
+                    .arg(&pass.shift)
+                    .arg(&mask)
+                    .arg(&tiles_per_block)
+                    .arg(&tiles32)
+                    .arg(&counts_p)
+                    .arg(&lanes)
+                    .arg(&num_lanes)
+                    .arg(&recs[p])
+                    .launch(cfg(grid, dyn_smem))?;
+            }
+            prof.mark(self, "srts_downsweep")?;
+        }
+        prof.report()
+    }
+
+    /// Rows `perm[0..rows]` of a column of `width`-byte rows, in a new buffer.
+    pub fn gather_column(
+        &self,
+        src: &CudaSlice<u8>,
+        width: usize,
+        perm: &CudaSlice<u32>,
+        rows: usize,
+    ) -> Result<CudaSlice<u8>> {
+        let s = &self.stream;
+        let f = self
+            .kernels
+            .gather_for(width)
+            .ok_or_else(|| CudaSortError::Unsupported(format!("a column of {width} bytes per row")))?;
+        let out = self.alloc_bytes(rows * width)?;
+        let (src, dst, perm_p, n32) = (
+            src.device_ptr(s).0,
+            out.device_ptr(s).0,
+            perm.device_ptr(s).0,
+            rows as u32,
+        );
+        // SAFETY: `perm` holds at least `rows` indices of rows of `src`; `out` holds `rows` rows.
+        unsafe {
+            s.launch_builder(f)
+                .arg(&n32)
+                .arg(&src)
+                .arg(&perm_p)
+                .arg(&dst)
+                .launch(self.grid_for(rows))?
+        };
+        Ok(out)
+    }
+
+    /// Bits `offset + perm[i]` of a bitmap for `i < rows`, as ceil(rows / 32) little-endian
+    /// words (an Arrow bitmap).
+    pub fn gather_bitmap(
+        &self,
+        bits: &CudaSlice<u8>,
+        offset: u32,
+        perm: &CudaSlice<u32>,
+        rows: usize,
+    ) -> Result<CudaSlice<u8>> {
+        let s = &self.stream;
+        let out = self.alloc_bytes(rows.div_ceil(32) * 4)?;
+        let (src, dst, perm_p, n32) = (
+            bits.device_ptr(s).0,
+            out.device_ptr(s).0,
+            perm.device_ptr(s).0,
+            rows as u32,
+        );
+        // SAFETY: `perm` holds `rows` indices of bits of `bits`; `out` holds ceil(rows / 32) words.
+        unsafe {
+            s.launch_builder(&self.kernels.gather_bits)
+                .arg(&n32)
+                .arg(&src)
+                .arg(&offset)
+                .arg(&perm_p)
+                .arg(&dst)
+                .launch(self.grid_for(rows.div_ceil(32) * 32))?
+        };
+        Ok(out)
+    }
+
+    /// Bit `bit` of `rows` u32 words, as ceil(rows / 32) little-endian words (an Arrow bitmap).
+    pub fn unpack_bits(&self, words: &CudaSlice<u8>, bit: u32, rows: usize) -> Result<CudaSlice<u8>> {
+        let s = &self.stream;
+        let out = self.alloc_bytes(rows.div_ceil(32) * 4)?;
+        let (src, dst, n32) = (words.device_ptr(s).0, out.device_ptr(s).0, rows as u32);
+        // SAFETY: `words` holds at least `rows` words; `out` holds ceil(rows / 32) words.
+        unsafe {
+            s.launch_builder(&self.kernels.unpack_validity)
+                .arg(&n32)
+                .arg(&src)
+                .arg(&bit)
+                .arg(&dst)
+                .launch(self.grid_for(rows.div_ceil(32) * 32))?
+        };
+        Ok(out)
+    }
+
+    /// One u32 lane of validity words from up to 32 bitmaps `(bytes, bit offset of row 0)`:
+    /// bit `j` of word `i` is row `i`'s validity in bitmap `j`.
+    pub fn pack_bits(&self, bitmaps: &[(&CudaSlice<u8>, u32)], rows: usize) -> Result<CudaSlice<u8>> {
+        assert!(bitmaps.len() <= 32, "at most 32 bitmaps per lane");
+        let s = &self.stream;
+        let refs: Vec<u64> = bitmaps
+            .iter()
+            .flat_map(|(b, o)| [b.device_ptr(s).0, *o as u64])
+            .collect();
+        let refs_dev = s.clone_htod(&refs)?;
+        let out = self.alloc_bytes(rows * 4)?;
+        let (refs_p, dst, n32, count) = (
+            refs_dev.device_ptr(s).0,
+            out.device_ptr(s).0,
+            rows as u32,
+            bitmaps.len() as u32,
+        );
+        // SAFETY: `refs` lists `count` bitmaps of at least `rows` bits; `out` holds `rows` words.
+        unsafe {
+            s.launch_builder(&self.kernels.pack_validity)
+                .arg(&n32)
+                .arg(&refs_p)
+                .arg(&count)
+                .arg(&dst)
+                .launch(self.grid_for(rows))?
+        };
+        // The reference table must outlive the kernel.
+        s.synchronize()?;
+        Ok(out)
+    }
+
+    /// The indirect strategy's record move: every column (and the records) gathered once.
+    fn gather_payload(&self, table: &mut DeviceTable, perm: &CudaSlice<u32>) -> Result<()> {
+        let n = table.num_rows;
+        let s = &self.stream;
+        let perm_p = perm.device_ptr(s).0;
+        let n32 = n as u32;
+        for col in table.columns.iter_mut() {
+            col.data = self.gather_column(&col.data, col.width, perm, n)?;
+        }
+        if let Some(r) = table.records.as_mut() {
+            let out = self.alloc_bytes(n * r.bytes)?;
+            let piece = [16u32, 8, 4].into_iter().find(|p| r.bytes % *p as usize == 0).unwrap();
+            let bytes = r.bytes as u32;
+            let (src, dst) = (r.data.device_ptr(s).0, out.device_ptr(s).0);
+            let pieces = n * (r.bytes / piece as usize);
+            // SAFETY: src and dst hold n records; perm holds n indices below n.
+            unsafe {
+                s.launch_builder(&self.kernels.gather_records)
+                    .arg(&n32)
+                    .arg(&src)
+                    .arg(&perm_p)
+                    .arg(&dst)
+                    .arg(&bytes)
+                    .arg(&piece)
+                    .launch(self.grid_for(pieces))?
+            };
+            r.data = out;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,45 @@
+//! The one error type of the CUDA backend.
+
+use cudarc::driver::DriverError;
+
+use crate::device::GpuUnavailable;
+
+/// Errors of the CUDA backend.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaSortError {
+    /// No usable GPU (no driver, no NVRTC, no device...): the caller should use the CPU.
+    #[error("no GPU: {0}")]
+    Unavailable(#[from] GpuUnavailable),
+    /// A CUDA driver call failed.
+    #[error("CUDA driver error: {0}")]
+    Driver(#[from] DriverError),
+    /// The device has too little free memory for the sort.
+    #[error("the GPU has {available} bytes free, the sort needs {needed}")]
+    OutOfMemory {
+        /// Bytes needed.
+        needed: usize,
+        /// Bytes available under the budget.
+        available: usize,
+    },
+    /// Compiling the kernels failed.
+    #[error("compiling the CUDA kernels failed: {0}")]
+    Compile(String),
+    /// The request cannot run on the GPU backend.
+    #[error("not supported on the GPU: {0}")]
+    Unsupported(String),
+    /// An error of the core crate (key encoding, planning).
+    #[error(transparent)]
+    Core(#[from] gpusort::GpusortError),
+}
+
+/// Result with [`CudaSortError`].
+pub type Result<T, E = CudaSortError> = std::result::Result<T, E>;
+
+impl From<CudaSortError> for gpusort::GpusortError {
+    fn from(e: CudaSortError) -> Self {
+        match e {
+            CudaSortError::Core(e) => e,
+            other => gpusort::GpusortError::Backend(other.to_string()),
+        }
+    }
+}

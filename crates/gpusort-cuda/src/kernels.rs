@@ -1,0 +1,371 @@
+//! The CUDA kernels: their sources (embedded from `kernels/`), compilation with NVRTC for the
+//! device's architecture, and an on-disk cache of the compiled CUBIN keyed by the source hash,
+//! the architecture, the compile options and the NVRTC version.
+
+use std::ffi::CStr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, sys::CUfunction_attribute};
+use cudarc::nvrtc::{Ptx, result as nvrtc, sys as nvrtc_sys};
+
+use crate::error::{CudaSortError, Result};
+
+/// The kernel sources, in compile order: the shared header first.
+pub const SOURCES: &[(&str, &str)] = &[
+    ("common.cuh", include_str!("../../../kernels/common.cuh")),
+    ("grs.cu", include_str!("../../../kernels/grs.cu")),
+    ("srts.cu", include_str!("../../../kernels/srts.cu")),
+    ("gather.cu", include_str!("../../../kernels/gather.cu")),
+];
+
+/// NVRTC options besides the architecture.
+pub const OPTIONS: &[&str] = &["-std=c++17", "-lineinfo"];
+
+/// The whole program NVRTC compiles: every source, concatenated.
+pub fn program_source() -> String {
+    let mut s = String::new();
+    for (name, text) in SOURCES {
+        s.push_str(&format!("// ---- {name} ----\n"));
+        s.push_str(text);
+        s.push('\n');
+    }
+    s
+}
+
+/// 128-bit FNV-1a: a stable hash (unlike std's `DefaultHasher`) for cache file names.
+fn fnv1a128(parts: &[&[u8]]) -> u128 {
+    const OFFSET: u128 = 0x6c62272e07bb014262b821756295c58d;
+    const PRIME: u128 = 0x0000000001000000000000000000013b;
+    let mut h = OFFSET;
+    for part in parts {
+        for &b in part.iter() {
+            h ^= b as u128;
+            h = h.wrapping_mul(PRIME);
+        }
+        h ^= 0xff;
+        h = h.wrapping_mul(PRIME);
+    }
+    h
+}
+
+/// The cache key of a compiled program.
+pub fn cache_key(source: &str, arch: &str, options: &[&str], nvrtc_version: (i32, i32)) -> String {
+    let version = format!("{}.{}", nvrtc_version.0, nvrtc_version.1);
+    let opts = options.join(" ");
+    let h = fnv1a128(&[source.as_bytes(), arch.as_bytes(), opts.as_bytes(), version.as_bytes()]);
+    format!("gpusort-{arch}-{h:032x}")
+}
+
+/// Where compiled kernels are kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelCache {
+    dir: Option<PathBuf>,
+}
+
+/// How kernels were obtained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheOutcome {
+    /// Read from the cache.
+    Hit,
+    /// Compiled (and stored, if the cache is on).
+    Compiled,
+}
+
+impl KernelCache {
+    /// A cache in `dir`, or none.
+    pub fn new(dir: Option<PathBuf>) -> Self {
+        Self { dir }
+    }
+
+    /// The cache named by `GPUSORT_KERNEL_CACHE` (`off` disables it), else
+    /// `$XDG_CACHE_HOME/gpusort/kernels`, else `~/.cache/gpusort/kernels`, else none.
+    pub fn from_env() -> Self {
+        Self::resolve(
+            std::env::var_os("GPUSORT_KERNEL_CACHE").map(PathBuf::from),
+            std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from),
+            std::env::var_os("HOME").map(PathBuf::from),
+        )
+    }
+
+    fn resolve(explicit: Option<PathBuf>, xdg: Option<PathBuf>, home: Option<PathBuf>) -> Self {
+        let dir = match explicit {
+            Some(p) if p.as_os_str() == "off" => None,
+            Some(p) => Some(p),
+            None => xdg
+                .map(|x| x.join("gpusort/kernels"))
+                .or_else(|| home.map(|h| h.join(".cache/gpusort/kernels"))),
+        };
+        Self { dir }
+    }
+
+    /// The cache directory, if caching is on.
+    pub fn dir(&self) -> Option<&Path> {
+        self.dir.as_deref()
+    }
+
+    /// The CUBIN of `source` for `arch`, from the cache or compiled by NVRTC (and then stored).
+    /// A cache that cannot be read or written is skipped, not an error.
+    pub fn load_or_compile(
+        &self,
+        source: &str,
+        arch: &str,
+        nvrtc_version: (i32, i32),
+    ) -> Result<(Vec<u8>, CacheOutcome)> {
+        let key = cache_key(source, arch, OPTIONS, nvrtc_version);
+        let path = self.dir.as_ref().map(|d| d.join(format!("{key}.cubin")));
+        if let Some(bytes) = path.as_ref().and_then(|p| std::fs::read(p).ok()) {
+            return Ok((bytes, CacheOutcome::Hit));
+        }
+        let cubin = compile_cubin(source, arch)?;
+        if let Some(path) = path {
+            // Write then rename: readers never see a partial file.
+            let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+            let stored = path
+                .parent()
+                .map(|d| std::fs::create_dir_all(d).is_ok())
+                .unwrap_or(false)
+                && std::fs::write(&tmp, &cubin).is_ok()
+                && std::fs::rename(&tmp, &path).is_ok();
+            if !stored {
+                let _ = std::fs::remove_file(&tmp);
+            }
+        }
+        Ok((cubin, CacheOutcome::Compiled))
+    }
+}
+
+/// Compiles `source` to a CUBIN for `arch` (e.g. `sm_90`) with NVRTC.
+pub fn compile_cubin(source: &str, arch: &str) -> Result<Vec<u8>> {
+    let c_src = std::ffi::CString::new(source).map_err(|e| CudaSortError::Compile(e.to_string()))?;
+    let prog =
+        nvrtc::create_program(&c_src, Some(c"gpusort.cu")).map_err(|e| CudaSortError::Compile(format!("{e:?}")))?;
+    let mut options: Vec<String> = OPTIONS.iter().map(|s| s.to_string()).collect();
+    options.push(format!("--gpu-architecture={arch}"));
+    // SAFETY: `prog` is a live program; options are valid strings.
+    let compiled = unsafe { nvrtc::compile_program(prog, &options) };
+    let result = match compiled {
+        Err(e) => {
+            // SAFETY: as above.
+            let log = unsafe { nvrtc::get_program_log(prog) }
+                .map(|l| unsafe { CStr::from_ptr(l.as_ptr()) }.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            Err(CudaSortError::Compile(format!("{e:?}: {log}")))
+        }
+        Ok(()) => {
+            let mut size = 0usize;
+            // SAFETY: a compiled program; the buffer has the size NVRTC reports.
+            unsafe { nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size) }
+                .result()
+                .map_err(|e| CudaSortError::Compile(format!("{e:?}")))?;
+            let mut cubin = vec![0u8; size];
+            // SAFETY: as above.
+            unsafe { nvrtc_sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr() as *mut _) }
+                .result()
+                .map_err(|e| CudaSortError::Compile(format!("{e:?}")))?;
+            Ok(cubin)
+        }
+    };
+    // SAFETY: the program is not used after this.
+    let _ = unsafe { nvrtc::destroy_program(prog) };
+    result
+}
+
+/// A kernel for digits of up to 4 bits (16 bins) and one for up to 8 bits (256 bins).
+#[derive(Debug, Clone)]
+pub struct ByBins {
+    /// The 16-bin instance.
+    pub b4: CudaFunction,
+    /// The 256-bin instance.
+    pub b8: CudaFunction,
+}
+
+impl ByBins {
+    /// The instance for a digit of `bits` bits, and its bin count.
+    pub fn for_bits(&self, bits: u32) -> (&CudaFunction, u32) {
+        if bits <= 4 { (&self.b4, 16) } else { (&self.b8, 256) }
+    }
+}
+
+/// Every kernel of the module.
+#[derive(Debug, Clone)]
+pub struct Kernels {
+    /// The loaded module.
+    pub module: Arc<CudaModule>,
+    /// GRS phase 1.
+    pub grs_rank: ByBins,
+    /// GRS phase 3.
+    pub grs_scatter: ByBins,
+    /// GRS phase 2: chunk sums, one-block scan of sums, chunk scans.
+    pub scan_reduce: CudaFunction,
+    /// As above.
+    pub scan_spine: CudaFunction,
+    /// As above.
+    pub scan_down: CudaFunction,
+    /// SRTS bottom-level reduction.
+    pub srts_upsweep: ByBins,
+    /// SRTS top-level scan.
+    pub srts_spine: CudaFunction,
+    /// SRTS bottom-level scan and scatter.
+    pub srts_downsweep: ByBins,
+    /// Gathers of 1, 2, 4, 8 and 16-byte columns.
+    pub gather: [CudaFunction; 5],
+    /// Gather of row-major records.
+    pub gather_records: CudaFunction,
+    /// Gather of a bitmap.
+    pub gather_bits: CudaFunction,
+    /// Bitmaps to a lane of validity words.
+    pub pack_validity: CudaFunction,
+    /// A bit of a validity-word lane to a bitmap.
+    pub unpack_validity: CudaFunction,
+    /// 0, 1, 2, ...
+    pub iota: CudaFunction,
+}
+
+/// Dynamic shared memory the scatter kernels may use (more than the default 48 KiB).
+pub const SCATTER_MAX_DYNAMIC_SMEM: i32 = 96 * 1024;
+
+impl Kernels {
+    /// Loads `cubin` into `ctx` and looks up every kernel.
+    pub fn load(ctx: &Arc<CudaContext>, cubin: Vec<u8>) -> Result<Self> {
+        let module = ctx.load_module(Ptx::from_binary(cubin))?;
+        let f = |name: &str| module.load_function(name);
+        let bins = |name: &str| -> Result<ByBins> {
+            Ok(ByBins {
+                b4: f(&format!("{name}_b4"))?,
+                b8: f(&format!("{name}_b8"))?,
+            })
+        };
+        let k = Kernels {
+            grs_rank: bins("grs_rank")?,
+            grs_scatter: bins("grs_scatter")?,
+            scan_reduce: f("scan_reduce")?,
+            scan_spine: f("scan_spine")?,
+            scan_down: f("scan_down")?,
+            srts_upsweep: bins("srts_upsweep")?,
+            srts_spine: f("srts_spine")?,
+            srts_downsweep: bins("srts_downsweep")?,
+            gather: [
+                f("gather_w1")?,
+                f("gather_w2")?,
+                f("gather_w4")?,
+                f("gather_w8")?,
+                f("gather_w16")?,
+            ],
+            gather_records: f("gather_records")?,
+            gather_bits: f("gather_bits")?,
+            pack_validity: f("pack_validity")?,
+            unpack_validity: f("unpack_validity")?,
+            iota: f("iota")?,
+            module: module.clone(),
+        };
+        for func in [
+            &k.grs_scatter.b4,
+            &k.grs_scatter.b8,
+            &k.srts_downsweep.b4,
+            &k.srts_downsweep.b8,
+        ] {
+            func.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                SCATTER_MAX_DYNAMIC_SMEM,
+            )?;
+        }
+        Ok(k)
+    }
+
+    /// The gather kernel for `width`-byte rows.
+    pub fn gather_for(&self, width: usize) -> Option<&CudaFunction> {
+        let i = match width {
+            1 => 0,
+            2 => 1,
+            4 => 2,
+            8 => 3,
+            16 => 4,
+            _ => return None,
+        };
+        Some(&self.gather[i])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_keys_change_with_every_input() {
+        let base = cache_key("src", "sm_90", OPTIONS, (13, 0));
+        assert_eq!(base, cache_key("src", "sm_90", OPTIONS, (13, 0)));
+        assert!(base.starts_with("gpusort-sm_90-"));
+        assert_ne!(base, cache_key("src2", "sm_90", OPTIONS, (13, 0)));
+        assert_ne!(base, cache_key("src", "sm_80", OPTIONS, (13, 0)));
+        assert_ne!(base, cache_key("src", "sm_90", &["-O0"], (13, 0)));
+        assert_ne!(base, cache_key("src", "sm_90", OPTIONS, (13, 1)));
+        // Concatenation boundaries count: ("ab", "c") differs from ("a", "bc").
+        assert_ne!(fnv1a128(&[b"ab", b"c"]), fnv1a128(&[b"a", b"bc"]));
+    }
+
+    #[test]
+    fn cache_location_follows_the_environment() {
+        let p = PathBuf::from;
+        assert_eq!(
+            KernelCache::resolve(Some(p("off")), Some(p("/x")), Some(p("/h"))).dir(),
+            None
+        );
+        assert_eq!(
+            KernelCache::resolve(Some(p("/c")), Some(p("/x")), None).dir(),
+            Some(Path::new("/c"))
+        );
+        assert_eq!(
+            KernelCache::resolve(None, Some(p("/x")), Some(p("/h"))).dir(),
+            Some(Path::new("/x/gpusort/kernels"))
+        );
+        assert_eq!(
+            KernelCache::resolve(None, None, Some(p("/h"))).dir(),
+            Some(Path::new("/h/.cache/gpusort/kernels"))
+        );
+        assert_eq!(KernelCache::resolve(None, None, None).dir(), None);
+    }
+
+    /// NVRTC needs no GPU: where it is installed, the kernels must compile for the H100.
+    #[test]
+    fn kernels_compile_with_nvrtc_for_sm90() {
+        if !crate::device::nvrtc_present() {
+            if std::env::var("GPUSORT_REQUIRE_GPU").as_deref() == Ok("1") {
+                panic!("GPUSORT_REQUIRE_GPU=1 but NVRTC is not installed");
+            }
+            eprintln!("NVRTC COMPILE TEST NOT RUN: NVRTC (libnvrtc) is not installed");
+            return;
+        }
+        let cubin = compile_cubin(&program_source(), "sm_90").unwrap();
+        assert!(cubin.starts_with(b"\x7fELF"), "a CUBIN is an ELF file");
+        let dir = std::env::temp_dir().join(format!("gpusort-cache-test-{}", std::process::id()));
+        let cache = KernelCache::new(Some(dir.clone()));
+        let (first, outcome) = cache
+            .load_or_compile(&program_source(), "sm_90", crate::device::nvrtc_version())
+            .unwrap();
+        assert_eq!(outcome, CacheOutcome::Compiled);
+        let (again, outcome) = cache
+            .load_or_compile(&program_source(), "sm_90", crate::device::nvrtc_version())
+            .unwrap();
+        assert_eq!((outcome, again == first), (CacheOutcome::Hit, true));
+        let _ = std::fs::remove_dir_all(dir);
+        let err = compile_cubin("this is not CUDA", "sm_90").unwrap_err().to_string();
+        assert!(err.contains("error"), "{err}");
+    }
+
+    #[test]
+    fn program_holds_every_source_in_order() {
+        let s = program_source();
+        let at = |n: &str| s.find(&format!("// ---- {n} ----")).unwrap();
+        assert!(at("common.cuh") < at("grs.cu") && at("grs.cu") < at("srts.cu") && at("srts.cu") < at("gather.cu"));
+        for name in [
+            "grs_rank_b8",
+            "grs_scatter_b4",
+            "srts_upsweep_b8",
+            "srts_downsweep_b4",
+            "gather_records",
+        ] {
+            assert!(s.contains(name), "{name}");
+        }
+    }
+}

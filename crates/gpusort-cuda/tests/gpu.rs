@@ -1,0 +1,339 @@
+//! GPU tests, run on a machine with an NVIDIA GPU:
+//!
+//! ```text
+//! GPUSORT_REQUIRE_GPU=1 cargo test -p gpusort-cuda --test gpu -- --test-threads=1
+//! ```
+//!
+//! With `GPUSORT_REQUIRE_GPU=1` and no usable GPU every test fails. Without it, on a machine
+//! with no GPU, each test prints that it did not run and why.
+//!
+//! - `engine_*`: the device radix sorts (GRS and SRTS, direct and indirect, ByField columns of
+//!   every width and Hybrid records, 4- and 8-bit digits, 1- to 3-word keys) against a stable
+//!   sort on the host, at sizes around tile edges, on adversarial key distributions, and on
+//!   100M rows;
+//! - `backend_*`: the Arrow backend against the stable reference on random tables (every
+//!   sortable type, nulls, strings, limits), as the CPU backend's fuzz test does;
+//! - `sanitize_*`: every kernel on small inputs, for `compute-sanitizer`.
+
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use arrow::array::{ArrayRef, RecordBatch, UInt32Array};
+use arrow::datatypes::{DataType, Field, Schema};
+use cudarc::driver::CudaSlice;
+use gpusort::plan::{RadixPass, Strategy, radix_passes, varying_bits};
+use gpusort::{CpuBackend, EncoderOptions, SortBackend, SortKey, SortRequest, SortSpec};
+use gpusort_cuda::engine::TILE;
+use gpusort_cuda::{CudaBackend, DeviceColumn, DeviceRecords, DeviceTable, Gpu, GpuSortPlan};
+use gpusort_testing::{EDGE_SIZES, assert_matches_reference, random_case, rng_from_env};
+use rand::prelude::*;
+use rand::rngs::SmallRng;
+
+fn backend() -> Option<MutexGuard<'static, CudaBackend>> {
+    static B: OnceLock<Result<Mutex<CudaBackend>, String>> = OnceLock::new();
+    match B.get_or_init(|| CudaBackend::try_new(0).map(Mutex::new).map_err(|e| e.to_string())) {
+        Ok(b) => Some(b.lock().unwrap_or_else(|p| p.into_inner())),
+        Err(reason) => {
+            if std::env::var("GPUSORT_REQUIRE_GPU").as_deref() == Ok("1") {
+                panic!("GPUSORT_REQUIRE_GPU=1 but the GPU backend is unavailable: {reason}");
+            }
+            eprintln!("GPU TEST NOT RUN: {reason} (set GPUSORT_REQUIRE_GPU=1 to make this a failure)");
+            None
+        }
+    }
+}
+
+/// Host data of an engine case.
+struct Case {
+    keys: Vec<Vec<u32>>,
+    columns: Vec<(Vec<u8>, usize)>,
+    records: Option<(Vec<u8>, usize)>,
+}
+
+fn random_bytes(rng: &mut SmallRng, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    rng.fill(&mut v[..]);
+    v
+}
+
+/// Uploads, sorts with `strategy` and `bits`-bit digits, downloads, and compares with a stable
+/// sort on the host.
+fn check_engine(gpu: &Gpu, case: &Case, strategy: Strategy, bits: u32, what: &str) {
+    let n = case.keys.first().map_or(0, |w| w.len());
+    let s = gpu.stream();
+    let mut table = DeviceTable {
+        num_rows: n,
+        keys: case.keys.iter().map(|w| s.clone_htod(&pad(w)).unwrap()).collect(),
+        columns: case
+            .columns
+            .iter()
+            .map(|(v, width)| DeviceColumn {
+                data: s.clone_htod(&pad(v)).unwrap(),
+                width: *width,
+            })
+            .collect(),
+        records: case.records.as_ref().map(|(v, bytes)| DeviceRecords {
+            data: s.clone_htod(&pad(v)).unwrap(),
+            bytes: *bytes,
+        }),
+    };
+    let varying = varying_bits(&case.keys);
+    let passes: Vec<RadixPass> = radix_passes(&varying, bits);
+    let plan = GpuSortPlan {
+        strategy,
+        passes,
+        keep_keys: true,
+        want_perm: true,
+    };
+    let result = gpu.sort(&mut table, &plan).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let want = reference_order(&case.keys, n);
+    let perm: Vec<u32> = down(s, result.perm.as_ref().unwrap(), n);
+    if perm != want {
+        let at = perm.iter().zip(&want).position(|(a, b)| a != b).unwrap();
+        panic!(
+            "{what}: permutation differs at {at} of {n}: got {} want {}",
+            perm[at], want[at]
+        );
+    }
+    for (w, dev) in table.keys.iter().enumerate() {
+        if varying[w] != 0 {
+            let got: Vec<u32> = down(s, dev, n);
+            let expected: Vec<u32> = want.iter().map(|&i| case.keys[w][i as usize]).collect();
+            assert!(got == expected, "{what}: key word {w} not sorted with the rows");
+        }
+    }
+    for (c, ((host, width), dev)) in case.columns.iter().zip(&table.columns).enumerate() {
+        let got: Vec<u8> = down(s, &dev.data, n * width);
+        let expected: Vec<u8> = want
+            .iter()
+            .flat_map(|&i| host[i as usize * width..(i as usize + 1) * width].iter().copied())
+            .collect();
+        assert!(
+            got == expected,
+            "{what}: column {c} ({width} bytes) not moved with the keys"
+        );
+    }
+    if let (Some((host, bytes)), Some(dev)) = (&case.records, &table.records) {
+        let got: Vec<u8> = down(s, &dev.data, n * bytes);
+        let expected: Vec<u8> = want
+            .iter()
+            .flat_map(|&i| host[i as usize * bytes..(i as usize + 1) * bytes].iter().copied())
+            .collect();
+        assert!(
+            got == expected,
+            "{what}: records ({bytes} bytes) not moved with the keys"
+        );
+    }
+}
+
+/// The stable order of rows by their key words: (key words..., row) sorted in parallel.
+fn reference_order(keys: &[Vec<u32>], n: usize) -> Vec<u32> {
+    use rayon::prelude::*;
+    let word = |w: usize, i: usize| keys.get(w).map_or(0, |k| k[i]) as u64;
+    let mut rows: Vec<(u64, u64, u32)> = (0..n)
+        .into_par_iter()
+        .map(|i| ((word(0, i) << 32) | word(1, i), word(2, i), i as u32))
+        .collect();
+    assert!(keys.len() <= 3);
+    rows.par_sort_unstable();
+    rows.into_iter().map(|r| r.2).collect()
+}
+
+/// A host vector, or one element for an empty one (device buffers are never empty).
+fn pad<T: Copy + Default>(v: &[T]) -> Vec<T> {
+    if v.is_empty() { vec![T::default()] } else { v.to_vec() }
+}
+
+fn down<T: cudarc::driver::DeviceRepr + Default + Clone>(
+    s: &std::sync::Arc<cudarc::driver::CudaStream>,
+    d: &CudaSlice<T>,
+    len: usize,
+) -> Vec<T> {
+    let mut out = s.clone_dtoh(d).unwrap();
+    out.truncate(len);
+    out
+}
+
+fn keys_of(rng: &mut SmallRng, n: usize, words: usize, kind: &str) -> Vec<Vec<u32>> {
+    (0..words)
+        .map(|w| {
+            (0..n)
+                .map(|i| match kind {
+                    "random" => rng.random(),
+                    "equal" => 7,
+                    "sorted" => i as u32,
+                    "reverse" => (n - i) as u32,
+                    "two" => rng.random_range(0..2) * 0x8000_0000,
+                    "low" => rng.random_range(0..16),
+                    "top" => rng.random::<u32>() & 0xF000_0000,
+                    "dups" => rng.random_range(0..100) << (w * 3),
+                    _ => unreachable!(),
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn case(rng: &mut SmallRng, n: usize, words: usize, kind: &str, hybrid: bool) -> Case {
+    let keys = keys_of(rng, n, words, kind);
+    let (columns, records) = if hybrid {
+        let bytes = [4usize, 20, 48, 64][rng.random_range(0..4)];
+        (vec![], Some((random_bytes(rng, n * bytes), bytes)))
+    } else {
+        (
+            [1usize, 2, 4, 8, 16]
+                .iter()
+                .map(|&w| (random_bytes(rng, n * w), w))
+                .collect(),
+            None,
+        )
+    };
+    Case { keys, columns, records }
+}
+
+#[test]
+fn engine_every_strategy_layout_and_width() {
+    let Some(b) = backend() else { return };
+    let gpu = b.gpu();
+    let mut rng = SmallRng::seed_from_u64(11);
+    let sizes = [0, 1, 2, 31, TILE - 1, TILE, TILE + 1, 3 * TILE + 5, 200_003];
+    for &n in &sizes {
+        for words in 1..=3 {
+            for hybrid in [false, true] {
+                let c = case(&mut rng, n, words, "random", hybrid);
+                for strategy in Strategy::ALL {
+                    for bits in [4, 8] {
+                        let what = format!("n {n} words {words} hybrid {hybrid} {strategy} {bits}-bit digits");
+                        check_engine(gpu, &c, strategy, bits, &what);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn engine_adversarial_keys() {
+    let Some(b) = backend() else { return };
+    let gpu = b.gpu();
+    let mut rng = SmallRng::seed_from_u64(12);
+    for kind in ["equal", "sorted", "reverse", "two", "low", "top", "dups"] {
+        for &n in &[1usize, TILE + 1, 100_000] {
+            for words in [1, 2] {
+                let c = case(&mut rng, n, words, kind, kind == "dups");
+                for strategy in Strategy::ALL {
+                    check_engine(gpu, &c, strategy, 8, &format!("{kind} n {n} words {words} {strategy}"));
+                }
+            }
+        }
+    }
+    // Digits of every width from 1 to 8 bits.
+    let c = case(&mut rng, 50_000, 1, "random", false);
+    for bits in 1..=8 {
+        check_engine(gpu, &c, Strategy::SRTS_DIRECT, bits, &format!("{bits}-bit digits"));
+        check_engine(gpu, &c, Strategy::GRS_INDIRECT, bits, &format!("{bits}-bit digits"));
+    }
+}
+
+#[test]
+fn engine_100m_rows() {
+    let Some(b) = backend() else { return };
+    let gpu = b.gpu();
+    let mut rng = SmallRng::seed_from_u64(13);
+    let n = 100_000_000;
+    let c = Case {
+        keys: keys_of(&mut rng, n, 1, "random"),
+        columns: vec![(random_bytes(&mut rng, n * 4), 4)],
+        records: None,
+    };
+    check_engine(gpu, &c, Strategy::SRTS_DIRECT, 8, "100M rows srts-direct");
+    check_engine(gpu, &c, Strategy::GRS_INDIRECT, 8, "100M rows grs-indirect");
+}
+
+#[test]
+fn backend_matches_reference_on_random_tables() {
+    let Some(b) = backend() else { return };
+    let (mut rng, seed) = rng_from_env(0x6c0de);
+    let cpu = CpuBackend::new();
+    let cases = std::env::var("GPUSORT_GPU_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(400);
+    for i in 0..cases {
+        let n = if i % 3 == 0 {
+            EDGE_SIZES[rng.random_range(0..EDGE_SIZES.len())]
+        } else {
+            rng.random_range(0..30_000)
+        };
+        let c = random_case(&mut rng, n);
+        let strategy = Strategy::ALL[rng.random_range(0..4)];
+        let limit = rng.random_bool(0.2).then(|| rng.random_range(0..=n + 1));
+        let max_prefix_bytes = [0, 2, 8][rng.random_range(0..3)];
+        let request = SortRequest::new(&c.batch, &c.spec)
+            .with_strategy(Some(strategy))
+            .with_limit(limit)
+            .with_encoder_options(EncoderOptions { max_prefix_bytes });
+        let what = format!("seed {seed} case {i}: {n} rows, {strategy}, limit {limit:?}, prefix {max_prefix_bytes}");
+        let out = b.sort(&request).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_matches_reference(&c.batch, &c.spec, limit, &out, &what);
+        let on_cpu = cpu.sort(&request).unwrap();
+        assert_eq!(out.batch, on_cpu.batch, "{what}: GPU and CPU backends differ");
+    }
+}
+
+#[test]
+fn backend_large_batch_both_strategies() {
+    let Some(b) = backend() else { return };
+    let mut rng = SmallRng::seed_from_u64(14);
+    let c = random_case(&mut rng, 2_000_000);
+    for strategy in Strategy::ALL {
+        let request = SortRequest::new(&c.batch, &c.spec).with_strategy(Some(strategy));
+        let out = b.sort(&request).unwrap();
+        assert_matches_reference(&c.batch, &c.spec, None, &out, &format!("2M rows {strategy}"));
+        assert!(out.stats.bytes_to_device > 0 && out.stats.bytes_from_device > 0);
+    }
+}
+
+/// Every kernel once on small inputs: run under `compute-sanitizer --tool memcheck` and
+/// `--tool racecheck`.
+#[test]
+fn sanitize_every_kernel() {
+    let Some(b) = backend() else { return };
+    let gpu = b.gpu();
+    let mut rng = SmallRng::seed_from_u64(15);
+    let n = 2 * TILE + 77;
+    for hybrid in [false, true] {
+        let c = case(&mut rng, n, 2, "random", hybrid);
+        for strategy in Strategy::ALL {
+            for bits in [4, 8] {
+                check_engine(
+                    gpu,
+                    &c,
+                    strategy,
+                    bits,
+                    &format!("sanitize {strategy} {bits} hybrid {hybrid}"),
+                );
+            }
+        }
+    }
+    // Validity packing and unpacking, bitmap gathers: through the backend.
+    let n = 5000;
+    let v: ArrayRef = std::sync::Arc::new(UInt32Array::from_iter(
+        (0..n).map(|i| (i % 3 != 0).then_some(i * 7 % 1000)),
+    ));
+    let k: ArrayRef = std::sync::Arc::new(UInt32Array::from_iter_values((0..n).map(|i| i * 2654435761 % 977)));
+    let batch = RecordBatch::try_new(
+        std::sync::Arc::new(Schema::new(vec![
+            Field::new("k", DataType::UInt32, false),
+            Field::new("v", DataType::UInt32, true),
+        ])),
+        vec![k, v],
+    )
+    .unwrap();
+    let spec = SortSpec::new([SortKey::sql(0, false)]);
+    for strategy in Strategy::ALL {
+        let out = b
+            .sort(&SortRequest::new(&batch, &spec).with_strategy(Some(strategy)))
+            .unwrap();
+        assert_matches_reference(&batch, &spec, None, &out, &format!("sanitize validity {strategy}"));
+    }
+}

@@ -1,0 +1,330 @@
+// common.cuh — what every kernel family of gpusort shares: integer types, the lane table that
+// says which columns a radix pass moves, block scans, and the two tile steps that GRS and SRTS
+// have in common (Bandyopadhyay & Sahni, "Sorting Large Multifield Records on a GPU"):
+//
+// * the tile rank (GRS phase 1, SRTS phase 3): each element's stable position among the
+//   tile's elements ordered by digit, computed per warp (the lanes with equal digits found by
+//   one ballot per digit bit) and per-warp digit counters, then combined across warps and
+//   digits with scans;
+// * the tile scatter (GRS phase 3, SRTS phase 3): every moved column goes through shared memory
+//   in the tile's sorted order, so that the writes of consecutive threads land on consecutive
+//   addresses (paper Fig. 4 for ByField); row-major records (Hybrid) are moved by groups of
+//   threads in 16-, 8- or 4-byte pieces (paper Fig. 6).
+//
+// Compiled by NVRTC together with grs.cu, srts.cu and gather.cu; nothing here is a kernel.
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define FULL_MASK 0xffffffffu
+#define BLOCK 256
+#define WARPS (BLOCK / 32)
+#define IPT 16
+#define TILE (BLOCK * IPT)
+
+// A column moved by a radix pass, or gathered: `width` bytes per row (1, 2, 4, 8 or 16).
+// With LANE_IOTA the source is the row index itself (a u32 lane that starts as 0, 1, 2...).
+struct Lane {
+    const u8* src;
+    u8* dst;
+    u32 width;
+    u32 flags;
+};
+#define LANE_IOTA 1u
+// The lane is the key word the pass's digit comes from: it is staged once, with the digits.
+#define LANE_DIGIT 2u
+
+// Row-major records moved with the keys (the Hybrid layout): `bytes` per record.
+struct Records {
+    const u8* src;
+    u8* dst;
+    u32 bytes;
+    u32 piece;  // 16, 8 or 4: the unit one thread moves (0: no records)
+};
+
+__device__ __forceinline__ u32 lanemask_lt() {
+    u32 m;
+    asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m));
+    return m;
+}
+
+// Element of the tile held as item j by this thread: warp w owns elements
+// [w * IPT * 32, (w + 1) * IPT * 32), taken 32 at a time, so tile order is (warp, item, lane)
+// and global loads of one item are coalesced.
+__device__ __forceinline__ u32 tile_elem(u32 j) {
+    return (threadIdx.x / 32) * (IPT * 32) + j * 32 + (threadIdx.x % 32);
+}
+
+// Exclusive scan of one value per thread over the block (thread order); every thread gets the
+// block total in *total. All threads of the block must call it.
+__device__ __forceinline__ u32 block_exclusive_scan(u32 v, u32* s_warp, u32* total) {
+    const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    u32 x = v;
+#pragma unroll
+    for (u32 o = 1; o < 32; o <<= 1) {
+        u32 y = __shfl_up_sync(FULL_MASK, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == 31) s_warp[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        u32 w = lane < WARPS ? s_warp[lane] : 0;
+#pragma unroll
+        for (u32 o = 1; o < 32; o <<= 1) {
+            u32 y = __shfl_up_sync(FULL_MASK, w, o);
+            if (lane >= o) w += y;
+        }
+        if (lane < WARPS) s_warp[lane] = w;
+    }
+    __syncthreads();
+    const u32 prefix = (warp > 0 ? s_warp[warp - 1] : 0) + x - v;
+    *total = s_warp[WARPS - 1];
+    __syncthreads();
+    return prefix;
+}
+
+// The lanes of the warp holding the same label as this lane: one ballot per label bit (and one
+// for `valid`), which is much faster than __match_any_sync on recent GPUs.
+template <int BITS>
+__device__ __forceinline__ u32 match_peers(u32 label, bool valid) {
+    u32 peers = __ballot_sync(FULL_MASK, valid);
+    if (!valid) peers = ~peers;
+#pragma unroll
+    for (int b = 0; b < BITS; b++) {
+        const bool bit = (label >> b) & 1u;
+        const u32 vote = __ballot_sync(FULL_MASK, bit);
+        peers &= bit ? vote : ~vote;
+    }
+    return peers;
+}
+
+// log2 of a power of two bin count.
+template <int BINS>
+struct Log2 {
+    static const int value = BINS <= 1 ? 0 : 1 + Log2<BINS / 2>::value;
+};
+template <>
+struct Log2<1> {
+    static const int value = 0;
+};
+
+// Shared memory of the tile rank for digits of up to BINS values.
+template <int BINS>
+struct RankSmem {
+    u32 warp_counts[WARPS][BINS + 1];  // per warp and digit; the extra bin takes invalid items
+    u32 tile_counts[BINS];             // elements of the tile per digit
+    u32 tile_start[BINS];              // exclusive prefix of tile_counts
+    u32 base[BINS];                    // where the tile's elements of each digit go globally
+    u32 scan[WARPS];
+};
+
+// Exclusive scan of s.tile_counts into s.tile_start (BINS <= BLOCK).
+template <int BINS>
+__device__ __forceinline__ void scan_tile_counts(RankSmem<BINS>& s) {
+    u32 total;
+    const u32 v = threadIdx.x < BINS ? s.tile_counts[threadIdx.x] : 0;
+    const u32 p = block_exclusive_scan(v, s.scan, &total);
+    if (threadIdx.x < BINS) s.tile_start[threadIdx.x] = p;
+    __syncthreads();
+}
+
+// The tile rank. `d[j]` is the digit of item j (BINS for items past the end of the input).
+// On return pos[j] is the item's slot in the tile's stable order by digit, s.tile_counts and
+// s.tile_start hold the tile's digit counts and their exclusive prefix.
+template <int BINS>
+__device__ __forceinline__ void tile_rank(const u32 (&d)[IPT], u32 (&pos)[IPT], RankSmem<BINS>& s) {
+    for (u32 i = threadIdx.x; i < WARPS * (BINS + 1); i += BLOCK) (&s.warp_counts[0][0])[i] = 0;
+    __syncthreads();
+    const u32 warp = threadIdx.x / 32;
+    u32* wc = s.warp_counts[warp];
+    const u32 lt = lanemask_lt();
+#pragma unroll
+    for (u32 j = 0; j < IPT; j++) {
+        const u32 peers = match_peers<Log2<BINS>::value>(d[j], d[j] < BINS);
+        const u32 before = __popc(peers & lt);
+        const u32 seen = wc[d[j]];
+        __syncwarp();
+        if (before == 0) wc[d[j]] = seen + __popc(peers);
+        __syncwarp();
+        pos[j] = seen + before;
+    }
+    __syncthreads();
+    // Per digit: exclusive prefix over warps, and the tile's count.
+    for (u32 b = threadIdx.x; b < BINS; b += BLOCK) {
+        u32 sum = 0;
+#pragma unroll
+        for (u32 w = 0; w < WARPS; w++) {
+            const u32 c = s.warp_counts[w][b];
+            s.warp_counts[w][b] = sum;
+            sum += c;
+        }
+        s.tile_counts[b] = sum;
+    }
+    __syncthreads();
+    scan_tile_counts<BINS>(s);
+#pragma unroll
+    for (u32 j = 0; j < IPT; j++) {
+        if (d[j] < BINS) pos[j] += s.tile_start[d[j]] + wc[d[j]];
+    }
+}
+
+// Loads the digits of the tile at `base` (`valid` elements) in item order.
+template <int BINS>
+__device__ __forceinline__ void load_digits(const u32* digit_word, size_t base, u32 valid, u32 shift, u32 mask,
+                                            u32 (&d)[IPT]) {
+#pragma unroll
+    for (u32 j = 0; j < IPT; j++) {
+        const u32 e = tile_elem(j);
+        d[j] = e < valid ? (digit_word[base + e] >> shift) & mask : BINS;
+    }
+}
+
+// One lane through shared memory: rows of the tile in item order go to their slots, then each
+// thread writes its slots (k = threadIdx.x + i * BLOCK) to their global positions gdst[k].
+// A row is SCALE values of T, of which value `part` moves (16-byte rows move as two 8-byte
+// halves, which keeps the registers of 16 loads in flight within bounds).
+template <typename T, int SCALE>
+__device__ __forceinline__ void stage_lane(const Lane& lane, size_t base, u32 valid, const u32 (&pos)[IPT],
+                                           const u32* gdst, u8* stage, u32 part) {
+    T* s = reinterpret_cast<T*>(stage);
+    const T* src = reinterpret_cast<const T*>(lane.src) + part;
+#pragma unroll
+    for (u32 j = 0; j < IPT; j++) {
+        const u32 e = tile_elem(j);
+        if (e < valid) s[pos[j]] = src[(base + e) * SCALE];
+    }
+    __syncthreads();
+    T* dst = reinterpret_cast<T*>(lane.dst) + part;
+#pragma unroll
+    for (u32 i = 0; i < IPT; i++) {
+        const u32 k = threadIdx.x + i * BLOCK;
+        if (k < valid) dst[(size_t)gdst[k] * SCALE] = s[k];
+    }
+    __syncthreads();
+}
+
+// The row index lane of the first pass: the value is the element's own index.
+__device__ __forceinline__ void stage_iota(const Lane& lane, size_t base, u32 valid, const u32 (&pos)[IPT],
+                                           const u32* gdst, u8* stage) {
+    u32* s = reinterpret_cast<u32*>(stage);
+#pragma unroll
+    for (u32 j = 0; j < IPT; j++) {
+        const u32 e = tile_elem(j);
+        if (e < valid) s[pos[j]] = (u32)(base + e);
+    }
+    __syncthreads();
+    u32* dst = reinterpret_cast<u32*>(lane.dst);
+#pragma unroll
+    for (u32 i = 0; i < IPT; i++) {
+        const u32 k = threadIdx.x + i * BLOCK;
+        if (k < valid) dst[gdst[k]] = s[k];
+    }
+    __syncthreads();
+}
+
+// The tile scatter. Needs s.base (global position of the tile's first element of each digit),
+// s.tile_start, and each item's slot pos[j]. `smem` is dynamic shared memory: TILE u32 for the
+// slots' global positions, then TILE * (widest lane up to 8 bytes, at least 4) bytes of staging.
+template <int BINS>
+__device__ __forceinline__ void scatter_tile(size_t base, u32 valid, const u32* digit_word, u32 shift, u32 mask,
+                                             const u32 (&pos)[IPT], RankSmem<BINS>& s, const Lane* lanes,
+                                             u32 num_lanes, Records recs, u8* smem) {
+    u32* gdst = reinterpret_cast<u32*>(smem);
+    u8* stage = smem + TILE * sizeof(u32);
+    // The digit word of every slot, then every slot's global position; the digit word's own
+    // lane (if it moves) is written from here.
+    u32* sw = reinterpret_cast<u32*>(stage);
+#pragma unroll
+    for (u32 j = 0; j < IPT; j++) {
+        const u32 e = tile_elem(j);
+        if (e < valid) sw[pos[j]] = digit_word[base + e];
+    }
+    __syncthreads();
+    u32* digit_dst = nullptr;
+    for (u32 l = 0; l < num_lanes; l++) {
+        if (lanes[l].flags & LANE_DIGIT) digit_dst = reinterpret_cast<u32*>(lanes[l].dst);
+    }
+#pragma unroll
+    for (u32 i = 0; i < IPT; i++) {
+        const u32 k = threadIdx.x + i * BLOCK;
+        if (k < valid) {
+            const u32 word = sw[k];
+            const u32 dk = (word >> shift) & mask;
+            const u32 g = s.base[dk] + k - s.tile_start[dk];
+            gdst[k] = g;
+            if (digit_dst) digit_dst[g] = word;
+        }
+    }
+    __syncthreads();
+    for (u32 l = 0; l < num_lanes; l++) {
+        const Lane lane = lanes[l];
+        if (lane.flags & LANE_DIGIT) continue;
+        if (lane.flags & LANE_IOTA) {
+            stage_iota(lane, base, valid, pos, gdst, stage);
+            continue;
+        }
+        switch (lane.width) {
+            case 1: stage_lane<u8, 1>(lane, base, valid, pos, gdst, stage, 0); break;
+            case 2: stage_lane<u16, 1>(lane, base, valid, pos, gdst, stage, 0); break;
+            case 4: stage_lane<u32, 1>(lane, base, valid, pos, gdst, stage, 0); break;
+            case 8: stage_lane<u64, 1>(lane, base, valid, pos, gdst, stage, 0); break;
+            default:
+                stage_lane<u64, 2>(lane, base, valid, pos, gdst, stage, 0);
+                stage_lane<u64, 2>(lane, base, valid, pos, gdst, stage, 1);
+                break;
+        }
+    }
+    if (recs.piece == 0) return;
+    // Records: the destination of each element in item order, then groups of threads move
+    // records piece by piece, reading consecutive records (paper Fig. 6).
+    u32* elem_dst = reinterpret_cast<u32*>(stage);
+#pragma unroll
+    for (u32 j = 0; j < IPT; j++) {
+        const u32 e = tile_elem(j);
+        if (e < valid) elem_dst[e] = gdst[pos[j]];
+    }
+    __syncthreads();
+    const u32 per = recs.bytes / recs.piece;
+    const u32 total = valid * per;
+    for (u32 q = threadIdx.x; q < total; q += BLOCK) {
+        const u32 e = q / per, p = q - e * per;
+        const size_t from = (base + e) * (size_t)recs.bytes + (size_t)p * recs.piece;
+        const size_t to = (size_t)elem_dst[e] * recs.bytes + (size_t)p * recs.piece;
+        if (recs.piece == 16) {
+            *reinterpret_cast<uint4*>(recs.dst + to) = *reinterpret_cast<const uint4*>(recs.src + from);
+        } else if (recs.piece == 8) {
+            *reinterpret_cast<u64*>(recs.dst + to) = *reinterpret_cast<const u64*>(recs.src + from);
+        } else {
+            *reinterpret_cast<u32*>(recs.dst + to) = *reinterpret_cast<const u32*>(recs.src + from);
+        }
+    }
+    __syncthreads();
+}
+
+// In-place exclusive scan of `n` values by one block of BLOCK threads: each thread scans a
+// contiguous chunk, chunk totals are scanned across the block, then chunks are rewritten.
+__device__ __forceinline__ void single_block_exclusive_scan(u32* data, u32 n, u32 carry_in) {
+    __shared__ u32 s_warp[WARPS];
+    const u32 per = (n + BLOCK - 1) / BLOCK;
+    const u32 lo = min(n, threadIdx.x * per), hi = min(n, lo + per);
+    // Independent partial sums, so that many loads are in flight at once.
+    u32 part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    u32 i = lo;
+    for (; i + 8 <= hi; i += 8) {
+#pragma unroll
+        for (u32 k = 0; k < 8; k++) part[k] += data[i + k];
+    }
+    for (; i < hi; i++) part[0] += data[i];
+    u32 sum = 0;
+#pragma unroll
+    for (u32 k = 0; k < 8; k++) sum += part[k];
+    u32 total;
+    u32 run = block_exclusive_scan(sum, s_warp, &total) + carry_in;
+    for (u32 i = lo; i < hi; i++) {
+        const u32 v = data[i];
+        data[i] = run;
+        run += v;
+    }
+}

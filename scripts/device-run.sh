@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (the `device` tool), from the repository root, after
+#   ../shared/tools/pack-for-device target/release/deps/gpu-* target/release/deps/paper-* ...
+# has put the binaries in .gpu/. Unpacks them, then runs the steps named in $STEPS (default:
+# all) with their logs under $OUT:
+#   tests     GPU tests with GPUSORT_REQUIRE_GPU=1
+#   sanitize  compute-sanitizer memcheck and racecheck on the small-input test
+#   bench     CUB's baseline, then the paper's evaluation with ratios to CUB
+set -u
+OUT=${OUT:-/tmp/gpusort-out}
+mkdir -p "$OUT"
+# Packed binaries: plain (stripped) or zstd-compressed where the machine has zstd.
+(cd .gpu && for f in *.zst; do [ -e "$f" ] && zstd -d -q -f "$f" && chmod +x "${f%.zst}"; done; true)
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export GPUSORT_REQUIRE_GPU=1 GPUSORT_KERNEL_CACHE=/tmp/gpusort-kernels PYTHONUNBUFFERED=1
+STEPS=${STEPS:-"tests sanitize bench"}
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+for step in $STEPS; do
+  case $step in
+    unit) timeout 120 .gpu/gpusort_cuda --test-threads=1 2>&1 | tee "$OUT/unit.log" | tail -15 ;;
+    tests) timeout "${TESTS_TIMEOUT:-300}" .gpu/gpu --test-threads=1 ${TESTS_FILTER:-} 2>&1 | tee "$OUT/gpu_tests.log" | tail -40 ;;
+    sanitize)
+      for tool in memcheck racecheck; do
+        timeout 200 compute-sanitizer --tool $tool --error-exitcode 99 .gpu/gpu --test-threads=1 sanitize \
+          > "$OUT/sanitize_$tool.log" 2>&1
+        echo "compute-sanitizer --tool $tool: exit $?"; grep -E "ERROR SUMMARY|test result|RACECHECK SUMMARY" "$OUT/sanitize_$tool.log" | tail -3
+      done ;;
+    bench)
+      { echo "## CUB (cub_baseline.py), same machine, same run"; timeout 120 python3 .gpu/cub_baseline.py --json "$OUT/cub.json" 2>&1; } | tee "$OUT/paper.txt" | tail -14
+      timeout "${BENCH_TIMEOUT:-300}" .gpu/paper ${BENCH_ARGS:-} --cub "$OUT/cub.json" --csv "$OUT/paper.csv" --svg "$OUT/paper.svg" 2>&1 | tee -a "$OUT/paper.txt" ;;
+  esac
+done
