@@ -8,8 +8,8 @@
 //   digits with scans;
 // * the tile scatter (GRS phase 3, SRTS phase 3): every moved column goes through shared memory
 //   in the tile's sorted order, so that the writes of consecutive threads land on consecutive
-//   addresses (paper Fig. 4 for ByField); row-major records (Hybrid) are moved by groups of
-//   threads in 16-, 8- or 4-byte pieces (paper Fig. 6).
+//   addresses (paper Fig. 4 for ByField); row-major records (Hybrid) are moved in the tile's
+//   sorted order by groups of threads in 16-, 8- or 4-byte pieces (paper Fig. 6).
 //
 // Compiled by NVRTC together with grs.cu, srts.cu and gather.cu; nothing here is a kernel.
 
@@ -277,21 +277,22 @@ __device__ __forceinline__ void scatter_tile(size_t base, u32 valid, const u32* 
         }
     }
     if (recs.piece == 0) return;
-    // Records: the destination of each element in item order, then groups of threads move
-    // records piece by piece, reading consecutive records (paper Fig. 6).
-    u32* elem_dst = reinterpret_cast<u32*>(stage);
+    // Records, in slot order (so that consecutive groups write consecutive records): a group of
+    // threads per record moves it piece by piece (paper Fig. 6), reading it from its row in the
+    // tile.
+    u16* slot_from = reinterpret_cast<u16*>(stage);
 #pragma unroll
     for (u32 j = 0; j < IPT; j++) {
         const u32 e = tile_elem(j);
-        if (e < valid) elem_dst[e] = gdst[pos[j]];
+        if (e < valid) slot_from[pos[j]] = (u16)e;
     }
     __syncthreads();
     const u32 per = recs.bytes / recs.piece;
     const u32 total = valid * per;
     for (u32 q = threadIdx.x; q < total; q += BLOCK) {
-        const u32 e = q / per, p = q - e * per;
-        const size_t from = (base + e) * (size_t)recs.bytes + (size_t)p * recs.piece;
-        const size_t to = (size_t)elem_dst[e] * recs.bytes + (size_t)p * recs.piece;
+        const u32 k = q / per, p = q - k * per;
+        const size_t from = (base + slot_from[k]) * (size_t)recs.bytes + (size_t)p * recs.piece;
+        const size_t to = (size_t)gdst[k] * recs.bytes + (size_t)p * recs.piece;
         if (recs.piece == 16) {
             *reinterpret_cast<uint4*>(recs.dst + to) = *reinterpret_cast<const uint4*>(recs.src + from);
         } else if (recs.piece == 8) {
