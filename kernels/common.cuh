@@ -21,7 +21,9 @@ typedef unsigned long long u64;
 #define FULL_MASK 0xffffffffu
 #define BLOCK 256
 #define WARPS (BLOCK / 32)
-#define IPT 16
+#ifndef IPT
+#define IPT 16  // rows per thread of a tile; the host may define another before this file
+#endif
 #define TILE (BLOCK * IPT)
 
 // A column moved by a radix pass, or gathered: `width` bytes per row (1, 2, 4, 8 or 16).

@@ -24,10 +24,17 @@ use crate::device::{self, DeviceInfo};
 use crate::error::{CudaSortError, Result};
 use crate::kernels::{CacheOutcome, KernelCache, Kernels, program_source};
 
+/// The program with `IPT` rows per thread (the define comes first, so it is part of the
+/// source hash and the cache key).
+fn program_source_with_ipt(ipt: usize) -> String {
+    format!("#define IPT {ipt}\n{}", program_source())
+}
+
 /// Threads per block of every sort kernel (`BLOCK` in `kernels/common.cuh`).
 pub const BLOCK: u32 = 256;
-/// Rows per tile (`TILE` in `kernels/common.cuh`).
-pub const TILE: usize = 256 * 16;
+/// Rows per thread of a tile by default (`IPT` in `kernels/common.cuh`); `GPUSORT_IPT` picks
+/// another (a tuning knob, like the per-GPU parameter search of Huang, Gao & Li).
+pub const DEFAULT_IPT: usize = 16;
 /// Longest SRTS spine scanned by a single block.
 const SINGLE_BLOCK_SPINE: usize = 16 * 1024;
 
@@ -39,6 +46,7 @@ pub struct Gpu {
     kernels: Kernels,
     info: DeviceInfo,
     compile: CacheOutcome,
+    tile: usize,
 }
 
 /// A fixed-width ByField column on the device: `width` bytes (1, 2, 4, 8 or 16) per row.
@@ -224,7 +232,16 @@ impl Gpu {
         // SAFETY: every buffer of this context is used on `stream` or synchronized explicitly.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream()?;
-        let (cubin, compile) = cache.load_or_compile(&program_source(), &info.arch(), info.nvrtc_version)?;
+        let ipt = match std::env::var("GPUSORT_IPT") {
+            Ok(v) => v
+                .parse::<usize>()
+                .ok()
+                .filter(|i| (1..=32).contains(i))
+                .ok_or_else(|| CudaSortError::Unsupported(format!("GPUSORT_IPT={v} (1 to 32 rows per thread)")))?,
+            Err(_) => DEFAULT_IPT,
+        };
+        let source = program_source_with_ipt(ipt);
+        let (cubin, compile) = cache.load_or_compile(&source, &info.arch(), info.nvrtc_version)?;
         let kernels = Kernels::load(&ctx, cubin)?;
         Ok(Self {
             ctx,
@@ -232,7 +249,13 @@ impl Gpu {
             kernels,
             info,
             compile,
+            tile: BLOCK as usize * ipt,
         })
+    }
+
+    /// Rows per tile of the sort kernels.
+    pub fn tile(&self) -> usize {
+        self.tile
     }
 
     /// The device.
@@ -503,7 +526,7 @@ impl Gpu {
         let lane_base = lane_buf.device_ptr(s).0;
         // 16-byte rows are staged as two 8-byte halves.
         let stage_width = max_width.clamp(4, 8);
-        let dyn_smem = (TILE * 4 + TILE * stage_width) as u32;
+        let dyn_smem = (self.tile * 4 + self.tile * stage_width) as u32;
         let inputs = PassInputs {
             n,
             passes,
@@ -562,11 +585,11 @@ impl Gpu {
         let (n, passes, digit_src, recs) = (x.n, x.passes, x.digit_src, x.recs);
         let s = &self.stream;
         let k = &self.kernels;
-        let num_tiles = n.div_ceil(TILE);
+        let num_tiles = n.div_ceil(self.tile);
         let ranks = unsafe { s.alloc::<u16>(n) }?;
         let hist = self.alloc_words(256 * num_tiles)?;
         let scanned = self.alloc_words(256 * num_tiles)?;
-        let chunk_sums = self.alloc_words((256 * num_tiles).div_ceil(TILE))?;
+        let chunk_sums = self.alloc_words((256 * num_tiles).div_ceil(self.tile))?;
         let (ranks_p, hist_p, scanned_p, sums_p) = (
             ranks.device_ptr(s).0,
             hist.device_ptr(s).0,
@@ -630,7 +653,7 @@ impl Gpu {
     fn exclusive_scan(&self, src: u64, dst: u64, sums: u64, len: usize) -> Result<()> {
         let s = &self.stream;
         let k = &self.kernels;
-        let chunks = len.div_ceil(TILE) as u32;
+        let chunks = len.div_ceil(self.tile) as u32;
         let len32 = len as u32;
         let cfg = |blocks: u32| LaunchConfig {
             grid_dim: (blocks, 1, 1),
@@ -672,11 +695,11 @@ impl Gpu {
         let (n, passes, digit_src, recs, dyn_smem) = (x.n, x.passes, x.digit_src, x.recs, x.dyn_smem);
         let s = &self.stream;
         let k = &self.kernels;
-        let num_tiles = n.div_ceil(TILE);
+        let num_tiles = n.div_ceil(self.tile);
         let (grid, tiles_per_block) = self.srts_grid(&k.srts_downsweep.b8, dyn_smem, num_tiles)?;
         let counts = self.alloc_words(256 * grid as usize)?;
         let counts_p = counts.device_ptr(s).0;
-        let spine_sums = self.alloc_words((256 * grid as usize).div_ceil(TILE))?;
+        let spine_sums = self.alloc_words((256 * grid as usize).div_ceil(self.tile))?;
         let spine_sums_p = spine_sums.device_ptr(s).0;
         let n32 = n as u32;
         let tiles32 = num_tiles as u32;

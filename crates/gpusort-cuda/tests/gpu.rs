@@ -22,7 +22,6 @@ use arrow::datatypes::{DataType, Field, Schema};
 use cudarc::driver::CudaSlice;
 use gpusort::plan::{RadixPass, Strategy, radix_passes, varying_bits};
 use gpusort::{CpuBackend, EncoderOptions, SortBackend, SortKey, SortRequest, SortSpec};
-use gpusort_cuda::engine::TILE;
 use gpusort_cuda::{CudaBackend, DeviceColumn, DeviceRecords, DeviceTable, Gpu, GpuSortPlan};
 use gpusort_testing::{EDGE_SIZES, assert_matches_reference, random_case, rng_from_env};
 use rand::prelude::*;
@@ -195,7 +194,8 @@ fn engine_every_strategy_layout_and_width() {
     let Some(b) = backend() else { return };
     let gpu = b.gpu();
     let mut rng = SmallRng::seed_from_u64(11);
-    let sizes = [0, 1, 2, 31, TILE - 1, TILE, TILE + 1, 3 * TILE + 5, 200_003];
+    let tile = gpu.tile();
+    let sizes = [0, 1, 2, 31, tile - 1, tile, tile + 1, 3 * tile + 5, 200_003];
     for &n in &sizes {
         for words in 1..=3 {
             for hybrid in [false, true] {
@@ -217,7 +217,7 @@ fn engine_adversarial_keys() {
     let gpu = b.gpu();
     let mut rng = SmallRng::seed_from_u64(12);
     for kind in ["equal", "sorted", "reverse", "two", "low", "top", "dups"] {
-        for &n in &[1usize, TILE + 1, 100_000] {
+        for &n in &[1usize, gpu.tile() + 1, 100_000] {
             for words in [1, 2] {
                 let c = case(&mut rng, n, words, kind, kind == "dups");
                 for strategy in Strategy::ALL {
@@ -300,7 +300,7 @@ fn sanitize_every_kernel() {
     let Some(b) = backend() else { return };
     let gpu = b.gpu();
     let mut rng = SmallRng::seed_from_u64(15);
-    let n = 2 * TILE + 77;
+    let n = 2 * gpu.tile() + 77;
     for hybrid in [false, true] {
         let c = case(&mut rng, n, 2, "random", hybrid);
         for strategy in Strategy::ALL {
