@@ -82,7 +82,28 @@ impl CudaBackend {
         &self.gpu
     }
 
-    fn run(&self, request: &SortRequest<'_>) -> Result<SortOutput> {
+    /// Sorts like [`SortBackend::sort`], but fails with [`CudaSortError::OutOfMemory`] before
+    /// touching the device when the sort would need more than `memory_limit` bytes of device
+    /// memory (or more than the device has free).
+    pub fn sort_within(&self, request: &SortRequest<'_>, memory_limit: Option<usize>) -> Result<SortOutput> {
+        self.run(request, memory_limit)
+    }
+
+    /// Device bytes a sort of `n` rows holds at its peak: both buffers of the varying key
+    /// words, and either both buffers of every moved column (direct) or the columns, both
+    /// buffers of the row index and the widest gathered column (indirect), plus scratch.
+    fn device_bytes_needed(n: usize, key_words: usize, widths: &[usize], nullable: usize, direct: bool) -> usize {
+        let keys = 2 * key_words * 4 * n;
+        let columns: usize = widths.iter().sum::<usize>() * n + nullable * n.div_ceil(8);
+        let records = if direct {
+            2 * columns + 2 * nullable.div_ceil(32) * 4 * n
+        } else {
+            columns + 2 * 4 * n + widths.iter().max().copied().unwrap_or(0) * n
+        };
+        keys + records + (n / 256 + 1) * 1024 + (16 << 20)
+    }
+
+    fn run(&self, request: &SortRequest<'_>, memory_limit: Option<usize>) -> Result<SortOutput> {
         request.check_rows()?;
         let batch = request.batch;
         let n = batch.num_rows();
@@ -117,6 +138,18 @@ impl CudaBackend {
                 })
             })
             .collect();
+        let needed = Self::device_bytes_needed(
+            n,
+            varying.iter().filter(|v| **v != 0).count(),
+            &columns.iter().map(|c| c.width).collect::<Vec<_>>(),
+            columns.iter().filter(|c| c.nullable).count(),
+            direct,
+        );
+        let free = gpu.free_memory()?;
+        let available = memory_limit.map_or(free, |l| l.min(free));
+        if needed > available {
+            return Err(CudaSortError::OutOfMemory { needed, available });
+        }
         // Keys: only words that vary go up (no pass reads the others).
         let mut table = DeviceTable {
             num_rows: n,
@@ -167,6 +200,7 @@ impl CudaBackend {
             passes: passes.len(),
             moved_columns: if direct { columns.len() } else { 0 },
             gathered_columns: batch.num_columns() - if direct { columns.len() } else { 0 },
+            host_gathered_columns: batch.num_columns() - columns.len(),
             encode_time,
             ..Default::default()
         };
@@ -290,6 +324,6 @@ impl SortBackend for CudaBackend {
     }
 
     fn sort(&self, request: &SortRequest<'_>) -> gpusort::Result<SortOutput> {
-        self.run(request).map_err(Into::into)
+        self.run(request, None).map_err(Into::into)
     }
 }

@@ -14,7 +14,7 @@ pub enum CudaSortError {
     #[error("CUDA driver error: {0}")]
     Driver(#[from] DriverError),
     /// The device has too little free memory for the sort.
-    #[error("the GPU has {available} bytes free, the sort needs {needed}")]
+    #[error("the sort needs {needed} bytes of GPU memory, {available} are available under the budget")]
     OutOfMemory {
         /// Bytes needed.
         needed: usize,

@@ -95,6 +95,9 @@ pub struct SortStats {
     pub moved_columns: usize,
     /// Columns gathered through the permutation at the end.
     pub gathered_columns: usize,
+    /// Of the gathered columns, those gathered on the host (all of them on the CPU backend;
+    /// var-width and nested columns on a device backend).
+    pub host_gathered_columns: usize,
     /// Time spent encoding keys.
     pub encode_time: Duration,
     /// Time spent in the radix passes (and tie resolution).

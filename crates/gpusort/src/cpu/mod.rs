@@ -141,6 +141,7 @@ impl CpuBackend {
         let head = &perm[..limit];
         stats.moved_columns = direct.columns.len();
         stats.gathered_columns = batch.num_columns() - direct.columns.len();
+        stats.host_gathered_columns = stats.gathered_columns;
         let columns = direct.finish(batch, n);
         let columns = batch
             .columns()

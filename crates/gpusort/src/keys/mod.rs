@@ -197,6 +197,13 @@ impl std::fmt::Debug for KeyEncoder {
     }
 }
 
+/// Whether a sort key of type `data_type` can be encoded (every type but a few nested ones
+/// Arrow's row format cannot order, and dictionaries with non-integer keys).
+pub fn is_sortable(data_type: &arrow::datatypes::DataType) -> bool {
+    let empty = arrow::array::new_empty_array(data_type);
+    build_field("", &empty, SortOptions::default(), &EncoderOptions::default()).is_ok()
+}
+
 impl KeyEncoder {
     /// Analyzes the sort columns of `batch` named by `spec`.
     ///

@@ -403,3 +403,32 @@ fn word_masks_cover_fields() {
     assert_eq!(l.word_mask_through(0, 2), 0xFFFF_FFF0);
     assert_eq!(l.word_mask_through(1, 2), u32::MAX);
 }
+
+#[test]
+fn sortable_types_are_reported() {
+    use arrow::datatypes::{DataType, Field};
+    assert!(super::is_sortable(&DataType::Utf8View));
+    assert!(super::is_sortable(&DataType::Dictionary(
+        Box::new(DataType::Int8),
+        Box::new(DataType::Utf8)
+    )));
+    assert!(super::is_sortable(&DataType::List(Arc::new(Field::new(
+        "x",
+        DataType::Int32,
+        true
+    )))));
+    assert!(!super::is_sortable(&DataType::Map(
+        Arc::new(Field::new(
+            "entries",
+            DataType::Struct(
+                vec![
+                    Field::new("k", DataType::Utf8, false),
+                    Field::new("v", DataType::Int32, true)
+                ]
+                .into()
+            ),
+            false
+        )),
+        false
+    )));
+}

@@ -1,0 +1,203 @@
+//! `gpusort.*` session options: a DataFusion config extension, so `SET gpusort.enabled = false`
+//! works in SQL and the options travel with the session.
+
+use std::fmt;
+use std::str::FromStr;
+
+use datafusion::common::config::{ConfigExtension, ConfigOptions};
+use datafusion::common::{config_err, config_field, extensions_options};
+use datafusion::error::DataFusionError;
+use gpusort::Strategy;
+
+/// Which device sorts: `auto` (the first GPU, else the CPU), `cpu`, or a GPU's ordinal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceChoice {
+    /// GPU 0 when one is usable, else the CPU (the reason shows in the metrics).
+    #[default]
+    Auto,
+    /// Always the CPU backend.
+    Cpu,
+    /// This GPU; a query fails when it is not usable.
+    Gpu(usize),
+}
+
+impl fmt::Display for DeviceChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Auto => f.write_str("auto"),
+            Self::Cpu => f.write_str("cpu"),
+            Self::Gpu(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+impl FromStr for DeviceChoice {
+    type Err = DataFusionError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let t = s.trim().to_ascii_lowercase();
+        match t.as_str() {
+            "auto" | "" => Ok(Self::Auto),
+            "cpu" => Ok(Self::Cpu),
+            _ => match t.strip_prefix("cuda:").unwrap_or(&t).parse::<usize>() {
+                Ok(n) => Ok(Self::Gpu(n)),
+                Err(_) => config_err!("gpusort.device: expected auto, cpu or a GPU number, got '{s}'"),
+            },
+        }
+    }
+}
+
+/// The sort strategy: `auto` (the paper's cost rule), one of the four GPU strategies, or
+/// `cpu` (the CPU backend).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StrategyChoice {
+    /// The planner's choice (Bandyopadhyay & Sahni's rule for the ByField layout).
+    #[default]
+    Auto,
+    /// This strategy.
+    Fixed(Strategy),
+    /// The CPU backend, whatever the device.
+    Cpu,
+}
+
+impl StrategyChoice {
+    /// The strategy to ask the backend for (`None`: its planner decides).
+    pub fn strategy(&self) -> Option<Strategy> {
+        match self {
+            Self::Fixed(s) => Some(*s),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for StrategyChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Auto => f.write_str("auto"),
+            Self::Fixed(s) => write!(f, "{s}"),
+            Self::Cpu => f.write_str("cpu"),
+        }
+    }
+}
+
+impl FromStr for StrategyChoice {
+    type Err = DataFusionError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" | "" => Ok(Self::Auto),
+            "cpu" => Ok(Self::Cpu),
+            other => other.parse::<Strategy>().map(Self::Fixed).or_else(|_| {
+                config_err!(
+                    "gpusort.strategy: expected auto, grs-direct, grs-indirect, srts-direct, srts-indirect or cpu, got '{s}'"
+                )
+            }),
+        }
+    }
+}
+
+/// A byte count such as `512M`, `2g`, `1048576` or `0` (no limit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ByteSize(pub usize);
+
+impl fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl FromStr for ByteSize {
+    type Err = DataFusionError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let t = s.trim().to_ascii_lowercase();
+        let t = t.strip_suffix('b').unwrap_or(&t);
+        let (digits, unit) = match t.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+            Some((i, _)) => t.split_at(i),
+            None => (t, ""),
+        };
+        let shift = match unit {
+            "" => 0,
+            "k" => 10,
+            "m" => 20,
+            "g" => 30,
+            "t" => 40,
+            _ => return config_err!("expected a byte count like 512M or 2G, got '{s}'"),
+        };
+        let n: f64 = match digits.trim().parse() {
+            Ok(n) if n >= 0.0 => n,
+            _ => return config_err!("expected a byte count like 512M or 2G, got '{s}'"),
+        };
+        Ok(Self((n * (1u64 << shift) as f64) as usize))
+    }
+}
+
+config_field!(DeviceChoice);
+config_field!(StrategyChoice);
+config_field!(ByteSize);
+
+extensions_options! {
+    /// Options of gpusort's sort operator, set with `SET gpusort.<name> = <value>` or on the
+    /// [`SessionConfig`](datafusion::prelude::SessionConfig).
+    pub struct GpuSortConfig {
+        /// Replace DataFusion's `SortExec` with `GpuSortExec` (plans made while false keep
+        /// DataFusion's sort).
+        pub enabled: bool, default = true
+        /// Sorts of fewer rows run on the CPU backend (a GPU round trip costs more than it saves).
+        pub min_rows: usize, default = 100_000
+        /// `auto` (GPU 0 if usable, else the CPU), `cpu`, or a GPU number (must be usable).
+        pub device: DeviceChoice, default = DeviceChoice::Auto
+        /// `auto` (the paper's cost rule), `grs-direct`, `grs-indirect`, `srts-direct`,
+        /// `srts-indirect`, or `cpu`.
+        pub strategy: StrategyChoice, default = StrategyChoice::Auto
+        /// Device memory one sort may use, e.g. `2G`; 0 means the GPU's free memory. A sort that
+        /// needs more runs on the CPU (the reason shows in the metrics).
+        pub gpu_memory_limit: ByteSize, default = ByteSize(0)
+        /// Where DataFusion sorts each partition and merges them (`SortPreservingMergeExec`),
+        /// sort all partitions in one `GpuSortExec` instead.
+        pub merge_partitions: bool, default = true
+    }
+}
+
+impl ConfigExtension for GpuSortConfig {
+    const PREFIX: &'static str = "gpusort";
+}
+
+impl GpuSortConfig {
+    /// The options set in `config`, or the defaults when the extension is not registered.
+    pub fn from_config(config: &ConfigOptions) -> Self {
+        config.extensions.get::<GpuSortConfig>().cloned().unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::common::config::ExtensionOptions;
+
+    #[test]
+    fn options_parse_and_reject_bad_values() {
+        let mut c = GpuSortConfig::default();
+        c.set("device", "cuda:1").unwrap();
+        assert_eq!(c.device, DeviceChoice::Gpu(1));
+        c.set("device", "CPU").unwrap();
+        assert_eq!(c.device, DeviceChoice::Cpu);
+        assert!(c.set("device", "gpu-zero").is_err());
+        c.set("strategy", "GRS-indirect").unwrap();
+        assert_eq!(c.strategy.to_string(), "grs-indirect");
+        assert!(
+            c.set("strategy", "quick")
+                .unwrap_err()
+                .to_string()
+                .contains("srts-direct")
+        );
+        c.set("gpu_memory_limit", "1.5G").unwrap();
+        assert_eq!(c.gpu_memory_limit.0, 3 << 29);
+        c.set("gpu_memory_limit", "64mb").unwrap();
+        assert_eq!(c.gpu_memory_limit.0, 64 << 20);
+        assert!(c.set("gpu_memory_limit", "lots").is_err());
+        assert!(c.set("min_rows", "-1").is_err());
+        c.set("enabled", "FALSE").unwrap();
+        assert!(!c.enabled);
+        assert!(c.set("no_such_option", "1").is_err());
+        let keys: Vec<String> = c.entries().into_iter().map(|e| e.key).collect();
+        assert!(keys.contains(&"merge_partitions".to_string()), "{keys:?}");
+    }
+}

@@ -1,0 +1,32 @@
+//! The one error type of the operator crate, converted to `DataFusionError` at the operator's
+//! boundary.
+
+use datafusion::error::DataFusionError;
+
+/// Errors of `GpuSortExec`.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuSortExecError {
+    /// The sort itself failed (a type without key encoding, too many rows...).
+    #[error(transparent)]
+    Sort(#[from] gpusort::GpusortError),
+    /// `gpusort.device` names a GPU that cannot be used.
+    #[error("gpusort.device = {device}, but that GPU cannot be used: {reason}")]
+    DeviceUnavailable {
+        /// The configured device.
+        device: usize,
+        /// Why it cannot be used.
+        reason: String,
+    },
+    /// The blocking task that ran the sort panicked or was cancelled.
+    #[error("the sort task failed: {0}")]
+    Task(String),
+}
+
+impl From<GpuSortExecError> for DataFusionError {
+    fn from(e: GpuSortExecError) -> Self {
+        match e {
+            GpuSortExecError::Sort(gpusort::GpusortError::Arrow(a)) => DataFusionError::ArrowError(Box::new(a), None),
+            other => DataFusionError::External(Box::new(other)),
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! What `EXPLAIN ANALYZE` shows of a `GpuSortExec`: rows, the path and strategy that ran, the
+//! CPU fallback reason, GPU kernel time and the bytes that crossed PCIe.
+
+use std::any::Any;
+use std::collections::BTreeSet;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use datafusion::common::format::MetricType;
+use datafusion::physical_plan::metrics::{
+    BaselineMetrics, Count, CustomMetricValue, ExecutionPlanMetricsSet, MetricBuilder, MetricValue, Time,
+};
+use gpusort::SortStats;
+
+/// A metric whose value is a set of short texts (the strategies that ran, fallback reasons);
+/// partitions' values merge into their union.
+#[derive(Debug, Default)]
+pub struct TextMetric(Mutex<BTreeSet<String>>);
+
+impl TextMetric {
+    /// Adds `text` to the set.
+    pub fn add(&self, text: impl Into<String>) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).insert(text.into());
+    }
+
+    /// The texts, sorted.
+    pub fn values(&self) -> Vec<String> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+}
+
+impl fmt::Display for TextMetric {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let v = self.values();
+        if v.is_empty() {
+            f.write_str("none")
+        } else {
+            f.write_str(&v.join("; "))
+        }
+    }
+}
+
+impl CustomMetricValue for TextMetric {
+    fn new_empty(&self) -> Arc<dyn CustomMetricValue> {
+        Arc::new(TextMetric::default())
+    }
+
+    fn aggregate(&self, other: Arc<dyn CustomMetricValue + 'static>) {
+        if let Some(other) = other.as_any().downcast_ref::<TextMetric>() {
+            for v in other.values() {
+                self.add(v);
+            }
+        }
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn is_eq(&self, other: &Arc<dyn CustomMetricValue>) -> bool {
+        other
+            .as_any()
+            .downcast_ref::<TextMetric>()
+            .is_some_and(|o| o.values() == self.values())
+    }
+}
+
+/// The metrics of one partition of a `GpuSortExec`.
+#[derive(Debug, Clone)]
+pub struct GpuSortMetrics {
+    /// Output rows and elapsed compute.
+    pub baseline: BaselineMetrics,
+    /// Sorts that ran on the GPU.
+    pub gpu_sorts: Count,
+    /// Sorts that ran on the CPU backend.
+    pub cpu_sorts: Count,
+    /// Where and how the sorts ran, e.g. `gpu cuda:0 grs-direct` or `cpu srts-indirect`.
+    pub path: Arc<TextMetric>,
+    /// Why a sort ran on the CPU instead of the GPU.
+    pub cpu_fallback: Arc<TextMetric>,
+    /// Time the GPU spent in sort and gather kernels.
+    pub kernel_time: Time,
+    /// Time spent encoding sort keys.
+    pub encode_time: Time,
+    /// Time spent in the radix passes (with uploads and downloads on the GPU path).
+    pub sort_time: Time,
+    /// Time spent building the sorted output columns.
+    pub gather_time: Time,
+    /// Bytes copied host -> device.
+    pub bytes_to_device: Count,
+    /// Bytes copied device -> host.
+    pub bytes_from_device: Count,
+    /// Columns moved or gathered on the GPU.
+    pub device_columns: Count,
+    /// Columns gathered on the host through the permutation (var-width and nested columns,
+    /// and everything on the CPU path).
+    pub host_gathered_columns: Count,
+    /// Times the buffered input of a `LIMIT` sort was cut down to its best rows.
+    pub topk_compactions: Count,
+}
+
+impl GpuSortMetrics {
+    /// Registers the metrics of `partition` in `set`.
+    pub fn new(set: &ExecutionPlanMetricsSet, partition: usize) -> Self {
+        let summary = || MetricBuilder::new(set).with_type(MetricType::Summary);
+        let dev = || MetricBuilder::new(set);
+        let text = |name: &'static str| {
+            let value = Arc::new(TextMetric::default());
+            summary().with_partition(partition).build(MetricValue::Custom {
+                name: name.into(),
+                value: value.clone(),
+            });
+            value
+        };
+        Self {
+            baseline: BaselineMetrics::new(set, partition),
+            gpu_sorts: summary().counter("gpu_sorts", partition),
+            cpu_sorts: summary().counter("cpu_sorts", partition),
+            path: text("path"),
+            cpu_fallback: text("cpu_fallback"),
+            kernel_time: summary().subset_time("gpu_kernel_time", partition),
+            encode_time: dev().subset_time("encode_time", partition),
+            sort_time: dev().subset_time("sort_time", partition),
+            gather_time: dev().subset_time("gather_time", partition),
+            bytes_to_device: summary().counter("bytes_to_device", partition),
+            bytes_from_device: summary().counter("bytes_from_device", partition),
+            device_columns: dev().counter("device_columns", partition),
+            host_gathered_columns: dev().counter("host_gathered_columns", partition),
+            topk_compactions: dev().counter("topk_compactions", partition),
+        }
+    }
+
+    /// Records what one sort did.
+    pub fn record(&self, stats: &SortStats, gpu: Option<&str>) {
+        let strategy = stats.strategy.map(|s| s.to_string()).unwrap_or_else(|| "-".into());
+        match gpu {
+            Some(device) => {
+                self.gpu_sorts.add(1);
+                self.path.add(format!("gpu {device} {strategy}"));
+                let on_device = stats.moved_columns + stats.gathered_columns - stats.host_gathered_columns;
+                self.device_columns.add(on_device);
+                self.host_gathered_columns.add(stats.host_gathered_columns);
+            }
+            None => {
+                self.cpu_sorts.add(1);
+                self.path.add(format!("cpu {strategy}"));
+                self.host_gathered_columns.add(stats.host_gathered_columns);
+            }
+        }
+        if let Some(t) = stats.device_time {
+            self.kernel_time.add_duration(t);
+        }
+        self.encode_time.add_duration(stats.encode_time);
+        self.sort_time.add_duration(stats.sort_time);
+        self.gather_time.add_duration(stats.gather_time);
+        self.bytes_to_device.add(stats.bytes_to_device as usize);
+        self.bytes_from_device.add(stats.bytes_from_device as usize);
+    }
+}
