@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions};
-use arrow::compute::concat_batches;
+use arrow::compute::concat;
 use arrow::datatypes::{Field, Schema, SchemaRef};
 use datafusion::common::utils::memory::get_record_batch_memory_size;
 use datafusion::error::Result;
@@ -20,6 +20,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::StreamExt;
 use gpusort::{SortKey, SortOutput, SortRequest, SortSpec};
 use gpusort_cuda::{CudaBackend, CudaSortError};
+use rayon::prelude::*;
 
 use crate::config::{DeviceChoice, GpuSortConfig, StrategyChoice};
 use crate::device::{cpu_backend, gpu_backend};
@@ -116,8 +117,8 @@ impl GpuSorter {
         let n = sorted.num_rows();
         let slices: Vec<RecordBatch> = (0..n)
             .step_by(batch_size)
-            .map(|start| sorted.slice(start, batch_size.min(n - start)))
-            .collect();
+            .map(|start| compact_views(sorted.slice(start, batch_size.min(n - start))))
+            .collect::<Result<_>>()?;
         drop(sorted);
         let reservation = self.reservation;
         let baseline = self.metrics.baseline.clone();
@@ -138,7 +139,7 @@ impl GpuSorter {
         } else {
             let held = self.reservation.size();
             self.reservation.try_grow(held)?;
-            let batch = concat_batches(&self.schema, &batches)?;
+            let batch = concat_in_parallel(&self.schema, &batches)?;
             drop(batches);
             self.reservation.try_resize(get_record_batch_memory_size(&batch))?;
             batch
@@ -269,4 +270,58 @@ fn run_sort(
     let out = gpusort::SortBackend::sort(cpu_backend(), request)?;
     metrics.record(&out.stats, None);
     Ok(out)
+}
+
+/// `concat_batches`, one column per core: a large sort's input is concatenated at memory
+/// speed rather than one column after another.
+fn concat_in_parallel(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<RecordBatch> {
+    let rows = batches.iter().map(|b| b.num_rows()).sum();
+    let columns = (0..schema.fields().len())
+        .into_par_iter()
+        .map(|c| {
+            let parts: Vec<&dyn arrow::array::Array> = batches.iter().map(|b| b.column(c).as_ref()).collect();
+            concat(&parts)
+        })
+        .collect::<Result<Vec<ArrayRef>, _>>()?;
+    Ok(RecordBatch::try_new_with_options(
+        Arc::clone(schema),
+        columns,
+        &RecordBatchOptions::new().with_row_count(Some(rows)),
+    )?)
+}
+
+/// A slice of string or binary view columns keeps every data buffer of the whole sorted
+/// column alive, and operators that concatenate such slices copy those buffers each time
+/// (quadratic in the output with small batches): view columns of an output batch keep only the
+/// bytes their rows use.
+fn compact_views(batch: RecordBatch) -> Result<RecordBatch> {
+    use arrow::array::{Array, AsArray};
+    use arrow::datatypes::DataType;
+    if !batch
+        .columns()
+        .iter()
+        .any(|c| matches!(c.data_type(), DataType::Utf8View | DataType::BinaryView))
+    {
+        return Ok(batch);
+    }
+    let columns = batch
+        .columns()
+        .iter()
+        .map(|c| -> ArrayRef {
+            match c.data_type() {
+                DataType::Utf8View if !c.as_string_view().data_buffers().is_empty() => {
+                    Arc::new(c.as_string_view().gc())
+                }
+                DataType::BinaryView if !c.as_binary_view().data_buffers().is_empty() => {
+                    Arc::new(c.as_binary_view().gc())
+                }
+                _ => Arc::clone(c),
+            }
+        })
+        .collect();
+    Ok(RecordBatch::try_new_with_options(
+        batch.schema(),
+        columns,
+        &RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
+    )?)
 }
