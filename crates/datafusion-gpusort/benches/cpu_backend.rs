@@ -12,90 +12,19 @@
 //! by every contender (DataFusion gets one partition per thread).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use arrow::array::{ArrayRef, Int32Array, Int64Array, RecordBatch, StringArray, UInt32Array};
+use arrow::array::RecordBatch;
 use arrow::compute::{concat_batches, lexsort_to_indices, take_record_batch};
-use arrow::datatypes::{DataType, Field, Schema};
 use datafusion::datasource::MemTable;
 use datafusion::prelude::{SessionConfig, SessionContext};
-use gpusort::{CpuBackend, SortBackend, SortKey, SortRequest, SortSpec, Strategy};
-use rand::distr::{Alphanumeric, SampleString};
-use rand::prelude::*;
-use rand::rngs::SmallRng;
+use gpusort::{CpuBackend, SortBackend, SortRequest, Strategy};
 
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-struct Scenario {
-    name: &'static str,
-    batch: RecordBatch,
-    spec: SortSpec,
-    sql: &'static str,
-}
-
-fn u32_table(rows: usize, rng: &mut SmallRng) -> Scenario {
-    let mut fields = vec![Field::new("k", DataType::UInt32, false)];
-    let mut cols: Vec<ArrayRef> = vec![Arc::new(UInt32Array::from_iter_values((0..rows).map(|_| rng.random())))];
-    for i in 0..20 {
-        fields.push(Field::new(format!("f{i}"), DataType::UInt32, false));
-        cols.push(Arc::new(UInt32Array::from_iter_values((0..rows).map(|_| rng.random()))));
-    }
-    Scenario {
-        name: "u32 key + 20 u32",
-        batch: RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).unwrap(),
-        spec: SortSpec::new([SortKey::sql(0, false)]),
-        sql: "SELECT * FROM t ORDER BY k",
-    }
-}
-
-fn three_key_table(rows: usize, rng: &mut SmallRng) -> Scenario {
-    let mut fields = vec![
-        Field::new("a", DataType::Int32, false),
-        Field::new("s", DataType::Utf8, false),
-        Field::new("b", DataType::Int64, false),
-    ];
-    let mut cols: Vec<ArrayRef> = vec![
-        Arc::new(Int32Array::from_iter_values(
-            (0..rows).map(|_| rng.random_range(0..100)),
-        )),
-        Arc::new(StringArray::from_iter_values((0..rows).map(|_| {
-            let n = rng.random_range(8..=16);
-            Alphanumeric.sample_string(rng, n)
-        }))),
-        Arc::new(Int64Array::from_iter_values((0..rows).map(|_| rng.random()))),
-    ];
-    for i in 0..4 {
-        fields.push(Field::new(format!("f{i}"), DataType::UInt32, false));
-        cols.push(Arc::new(UInt32Array::from_iter_values((0..rows).map(|_| rng.random()))));
-    }
-    Scenario {
-        name: "3 keys (i32, utf8, i64) + 4 u32",
-        batch: RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).unwrap(),
-        spec: SortSpec::new([SortKey::sql(0, false), SortKey::sql(1, true), SortKey::sql(2, false)]),
-        sql: "SELECT * FROM t ORDER BY a, s DESC, b",
-    }
-}
-
-/// Median and minimum of `runs` timings of `f`, after one warm-up run.
-fn time(runs: usize, mut f: impl FnMut() -> usize) -> (Duration, Duration) {
-    let rows = f();
-    assert!(rows > 0);
-    let mut t: Vec<Duration> = (0..runs)
-        .map(|_| {
-            let start = Instant::now();
-            std::hint::black_box(f());
-            start.elapsed()
-        })
-        .collect();
-    t.sort();
-    (t[t.len() / 2], t[0])
-}
+mod common;
+use common::{Scenario, env_usize, partitioned, scenarios, time};
 
 fn main() {
-    let rows = env("GPUSORT_BENCH_ROWS", 10_000_000);
-    let runs = env("GPUSORT_BENCH_RUNS", 5);
+    let rows = env_usize("GPUSORT_BENCH_ROWS", 10_000_000);
+    let runs = env_usize("GPUSORT_BENCH_RUNS", 5);
     let threads = rayon::current_num_threads();
     let batch_size = 8192;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -103,16 +32,12 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let mut rng = SmallRng::seed_from_u64(42);
     println!("gpusort CPU backend benchmark: {rows} rows, {threads} threads, median of {runs} runs");
     let mut table = vec![];
-    for scenario in [u32_table(rows, &mut rng), three_key_table(rows, &mut rng)] {
+    for scenario in scenarios(rows) {
         let Scenario { name, batch, spec, sql } = scenario;
         // DataFusion reads the table as 8192-row batches spread over one partition per thread.
-        let mut partitions: Vec<Vec<RecordBatch>> = vec![vec![]; threads];
-        for (i, start) in (0..rows).step_by(batch_size).enumerate() {
-            partitions[i % threads].push(batch.slice(start, batch_size.min(rows - start)));
-        }
+        let partitions = partitioned(&batch, threads, batch_size);
         let small_batches: Vec<RecordBatch> = partitions.iter().flatten().cloned().collect();
         let config = SessionConfig::new()
             .with_target_partitions(threads)

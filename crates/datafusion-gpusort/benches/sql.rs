@@ -1,0 +1,471 @@
+//! SQL `ORDER BY`, end to end (`ctx.sql(q).await?.collect().await?`, planning included): stock
+//! DataFusion against gpusort's operator with its default options (the GPU when there is one,
+//! one `GpuSortExec` over all partitions), with `gpusort.merge_partitions = false` (a
+//! `GpuSortExec` per partition and DataFusion's `SortPreservingMergeExec`) and with
+//! `gpusort.device = cpu`. Prints a table of median and minimum times with ratios to stock
+//! DataFusion, what the `GpuSortExec` metrics say (path, CPU fallback reason, kernel time,
+//! bytes over PCIe and the PCIe round trip they cost), and whether every contender's output
+//! is sorted with the same keys and rows as stock DataFusion's.
+//!
+//! ```text
+//! cargo bench -p datafusion-gpusort --bench sql                  # 10M rows, 5 runs
+//! BENCH_ROWS=200000 BENCH_RUNS=1 cargo bench -p datafusion-gpusort --bench sql
+//! cargo bench -p datafusion-gpusort --bench sql --no-run         # the binary for a GPU machine
+//! ```
+//!
+//! Environment: `BENCH_ROWS` (default 10,000,000), `BENCH_RUNS` (timed runs after one warm-up,
+//! default 5), `BENCH_PARTITIONS` (MemTable partitions and `target_partitions`, default 16),
+//! `BENCH_CSV` (also write the table there), `PCIE_H2D_GBPS` / `PCIE_D2H_GBPS` (pinned
+//! bandwidths for the round-trip estimate, default 48.2 / 53.2 GB/s: the H100 machine's).
+//!
+//! Tables (the same seeded data as the `cpu_backend` bench): (a) a u32 key + 20 u32 columns,
+//! `ORDER BY k`; (b) 3 keys (i32 with 100 values, a string of 8-16 characters, i64) + 4 u32
+//! columns, `ORDER BY a, s DESC, b`.
+
+use std::error::Error;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::array::{Array, RecordBatch, UInt32Array};
+use arrow::row::{OwnedRow, RowConverter, SortField};
+use datafusion::datasource::MemTable;
+use datafusion::execution::SessionStateBuilder;
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, collect};
+use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_gpusort::{GpuSortExec, SessionStateBuilderExt, gpu_backend};
+use gpusort::SortSpec;
+
+mod common;
+use common::{Scenario, env_f64, env_usize, partitioned, scenarios, time};
+
+type Result<T> = std::result::Result<T, Box<dyn Error>>;
+
+/// One way of running the query.
+struct Contender {
+    label: &'static str,
+    gpusort: bool,
+    /// Statements run on the session before the query.
+    setup: &'static [&'static str],
+}
+
+const CONTENDERS: &[Contender] = &[
+    Contender {
+        label: "datafusion (stock)",
+        gpusort: false,
+        setup: &[],
+    },
+    Contender {
+        label: "gpusort (defaults)",
+        gpusort: true,
+        setup: &[],
+    },
+    Contender {
+        label: "gpusort merge_partitions=false",
+        gpusort: true,
+        setup: &["SET gpusort.merge_partitions = false"],
+    },
+    Contender {
+        label: "gpusort device=cpu",
+        gpusort: true,
+        setup: &["SET gpusort.device = 'cpu'"],
+    },
+];
+
+/// What identifies a correct sort cheaply: the row count, whether the sort keys are
+/// non-decreasing in the ORDER BY's order, a hash of the key sequence (the same for every
+/// correct sort, whatever the order of ties) and the sum of a payload column (the same rows).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Fingerprint {
+    rows: usize,
+    sorted: bool,
+    key_hash: u64,
+    payload_sum: u64,
+}
+
+fn fingerprint(batches: &[RecordBatch], spec: &SortSpec) -> Result<Fingerprint> {
+    let Some(first) = batches.first() else {
+        return Ok(Fingerprint {
+            rows: 0,
+            sorted: true,
+            key_hash: 0,
+            payload_sum: 0,
+        });
+    };
+    let schema = first.schema();
+    let fields = spec
+        .keys()
+        .iter()
+        .map(|k| SortField::new_with_options(schema.field(k.column).data_type().clone(), k.options))
+        .collect();
+    let converter = RowConverter::new(fields)?;
+    let payload = schema.index_of("f0")?;
+    let mut fp = Fingerprint {
+        rows: 0,
+        sorted: true,
+        key_hash: 0xcbf2_9ce4_8422_2325,
+        payload_sum: 0,
+    };
+    let mut last: Option<OwnedRow> = None;
+    for batch in batches {
+        if batch.num_rows() == 0 {
+            continue;
+        }
+        fp.rows += batch.num_rows();
+        let keys: Vec<_> = spec.keys().iter().map(|k| Arc::clone(batch.column(k.column))).collect();
+        let rows = converter.convert_columns(&keys)?;
+        for row in rows.iter() {
+            if let Some(prev) = &last
+                && prev.row() > row
+            {
+                fp.sorted = false;
+            }
+            // FNV-1a over the row-encoded keys, with each row's length as a separator.
+            for &b in (row.as_ref().len() as u32).to_le_bytes().iter().chain(row.as_ref()) {
+                fp.key_hash = (fp.key_hash ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+            }
+            last = Some(row.owned());
+        }
+        let f0 = batch
+            .column(payload)
+            .as_any()
+            .downcast_ref::<UInt32Array>()
+            .ok_or("payload column f0 is not u32")?;
+        fp.payload_sum = f0
+            .values()
+            .iter()
+            .fold(fp.payload_sum, |s, &v| s.wrapping_add(u64::from(v)));
+    }
+    Ok(fp)
+}
+
+/// What the `GpuSortExec`s of an executed plan recorded (summed over partitions and nodes).
+#[derive(Debug, Default, Clone)]
+struct SortMetrics {
+    nodes: usize,
+    gpu_sorts: usize,
+    cpu_sorts: usize,
+    path: Vec<String>,
+    cpu_fallback: Vec<String>,
+    elapsed_compute_ns: usize,
+    encode_ns: usize,
+    sort_ns: usize,
+    gather_ns: usize,
+    kernel_ns: usize,
+    bytes_to_device: usize,
+    bytes_from_device: usize,
+}
+
+fn visit(plan: &Arc<dyn ExecutionPlan>, f: &mut dyn FnMut(&Arc<dyn ExecutionPlan>)) {
+    f(plan);
+    for child in plan.children() {
+        visit(child, f);
+    }
+}
+
+fn sort_metrics(plan: &Arc<dyn ExecutionPlan>) -> SortMetrics {
+    let mut m = SortMetrics::default();
+    visit(plan, &mut |node| {
+        if node.downcast_ref::<GpuSortExec>().is_none() {
+            return;
+        }
+        m.nodes += 1;
+        let Some(set) = node.metrics() else { return };
+        for metric in set.aggregate_by_name().iter() {
+            let value = metric.value();
+            let n = value.as_usize();
+            match value.name() {
+                "gpu_sorts" => m.gpu_sorts += n,
+                "cpu_sorts" => m.cpu_sorts += n,
+                "elapsed_compute" => m.elapsed_compute_ns += n,
+                "encode_time" => m.encode_ns += n,
+                "sort_time" => m.sort_ns += n,
+                "gather_time" => m.gather_ns += n,
+                "gpu_kernel_time" => m.kernel_ns += n,
+                "bytes_to_device" => m.bytes_to_device += n,
+                "bytes_from_device" => m.bytes_from_device += n,
+                "path" => m.path.push(value.to_string()),
+                "cpu_fallback" => m.cpu_fallback.push(value.to_string()),
+                _ => {}
+            }
+        }
+    });
+    m
+}
+
+/// The plan's sorts and merges, top down, e.g. `SortPreservingMergeExec > SortExec x16`
+/// (x16: the operator's output partitions).
+fn plan_shape(plan: &Arc<dyn ExecutionPlan>) -> String {
+    let mut parts = vec![];
+    visit(plan, &mut |node| match node.name() {
+        name @ ("SortExec" | "GpuSortExec") => {
+            parts.push(format!("{name} x{}", node.output_partitioning().partition_count()))
+        }
+        name @ ("SortPreservingMergeExec" | "CoalescePartitionsExec") => parts.push(name.to_string()),
+        _ => {}
+    });
+    parts.join(" > ")
+}
+
+/// A session with table `t` (gpusort registered or not), after running `setup`.
+async fn session(
+    c: &Contender,
+    partitions: usize,
+    batch_size: usize,
+    data: &[Vec<RecordBatch>],
+    schema: arrow::datatypes::SchemaRef,
+) -> Result<SessionContext> {
+    let config = SessionConfig::new()
+        .with_target_partitions(partitions)
+        .with_batch_size(batch_size);
+    let mut builder = SessionStateBuilder::new().with_config(config).with_default_features();
+    if c.gpusort {
+        builder = builder.with_gpusort();
+    }
+    let ctx = SessionContext::new_with_state(builder.build());
+    ctx.register_table("t", Arc::new(MemTable::try_new(schema, data.to_vec())?))?;
+    for s in c.setup {
+        ctx.sql(s).await?.collect().await?;
+    }
+    Ok(ctx)
+}
+
+struct Row {
+    workload: &'static str,
+    contender: &'static str,
+    plan: String,
+    median: Duration,
+    min: Duration,
+    stock_median: Duration,
+    fingerprint: Fingerprint,
+    matches_stock: bool,
+    metrics: Option<SortMetrics>,
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn ns_ms(ns: usize) -> f64 {
+    ns as f64 / 1e6
+}
+
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+fn main() -> Result<()> {
+    let rows = env_usize("BENCH_ROWS", 10_000_000);
+    let runs = env_usize("BENCH_RUNS", 5).max(1);
+    let partitions = env_usize("BENCH_PARTITIONS", 16).max(1);
+    let h2d = env_f64("PCIE_H2D_GBPS", 48.2);
+    let d2h = env_f64("PCIE_D2H_GBPS", 53.2);
+    let batch_size = 8192;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+
+    println!(
+        "SQL ORDER BY end to end: {rows} rows, {partitions} partitions, {threads} threads, median and min of {runs} runs after a warm-up"
+    );
+    // Opens the GPU once for the process (as the first GPU sort would), so that no timed run
+    // pays for the CUDA context and kernel set-up.
+    let gpu = match gpu_backend(0) {
+        Ok(gpu) => {
+            let info = gpu.gpu().info().to_string();
+            println!("GPU: {info}");
+            Ok(info)
+        }
+        Err(why) => {
+            println!("GPU: none usable ({why}); every gpusort contender sorts on the CPU backend");
+            Err(why)
+        }
+    };
+    println!(
+        "PCIe round trip estimated at {h2d} GB/s host->device, {d2h} GB/s device->host (PCIE_H2D_GBPS, PCIE_D2H_GBPS)"
+    );
+
+    let mut table: Vec<Row> = vec![];
+    for Scenario { name, batch, spec, sql } in scenarios(rows) {
+        let data = partitioned(&batch, partitions, batch_size);
+        let schema = batch.schema();
+        drop(batch);
+        eprintln!("{name}: {sql}");
+        let mut stock: Option<(Duration, Fingerprint)> = None;
+        for c in CONTENDERS {
+            let ctx = runtime.block_on(session(c, partitions, batch_size, &data, Arc::clone(&schema)))?;
+            let (median, min) = time(runs, || {
+                runtime.block_on(async {
+                    let out = ctx.sql(sql).await.unwrap().collect().await.unwrap();
+                    out.iter().map(|b| b.num_rows()).sum()
+                })
+            });
+            // One more run with the physical plan kept, for its metrics and its output.
+            let (batches, plan) = runtime.block_on(async {
+                let plan = ctx.sql(sql).await?.create_physical_plan().await?;
+                let batches = collect(Arc::clone(&plan), ctx.task_ctx()).await?;
+                Ok::<_, datafusion::error::DataFusionError>((batches, plan))
+            })?;
+            let fp = fingerprint(&batches, &spec)?;
+            drop(batches);
+            let (stock_median, matches_stock) = match &stock {
+                None => {
+                    stock = Some((median, fp.clone()));
+                    (median, fp.rows == rows && fp.sorted)
+                }
+                Some((t, s)) => (*t, fp == *s && fp.sorted),
+            };
+            eprintln!(
+                "  {:<32} median {:>9.1} ms  min {:>9.1} ms",
+                c.label,
+                ms(median),
+                ms(min)
+            );
+            table.push(Row {
+                workload: name,
+                contender: c.label,
+                plan: plan_shape(&plan),
+                median,
+                min,
+                stock_median,
+                fingerprint: fp,
+                matches_stock,
+                metrics: c.gpusort.then(|| sort_metrics(&plan)),
+            });
+        }
+    }
+
+    let round_trip =
+        |m: &SortMetrics| (m.bytes_to_device as f64 / (h2d * 1e9) + m.bytes_from_device as f64 / (d2h * 1e9)) * 1e3;
+    let mut out = String::new();
+    writeln!(out)?;
+    writeln!(
+        out,
+        "| workload | contender | plan | median ms | min ms | speedup vs stock (median) | output check |"
+    )?;
+    writeln!(out, "|---|---|---|---:|---:|---:|---|")?;
+    for r in &table {
+        let check = if r.matches_stock {
+            format!("ok ({} rows, sorted)", r.fingerprint.rows)
+        } else {
+            format!("MISMATCH {:?}", r.fingerprint)
+        };
+        writeln!(
+            out,
+            "| {} | {} | {} | {:.1} | {:.1} | {:.2}x | {check} |",
+            r.workload,
+            r.contender,
+            r.plan,
+            ms(r.median),
+            ms(r.min),
+            r.stock_median.as_secs_f64() / r.median.as_secs_f64(),
+        )?;
+    }
+    writeln!(out)?;
+    writeln!(
+        out,
+        "GpuSortExec metrics of one run (times summed over partitions; PCIe round trip = to_device / H2D + from_device / D2H):"
+    )?;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "| workload | contender | path | cpu_fallback | sorts gpu/cpu | sort op ms | gpu_kernel ms | to device MB | from device MB | PCIe round trip ms | end-to-end / round trip |"
+    )?;
+    writeln!(out, "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|")?;
+    for r in &table {
+        let Some(m) = &r.metrics else { continue };
+        let rt = round_trip(m);
+        let ratio = if rt > 0.0 {
+            format!("{:.1}x", ms(r.median) / rt)
+        } else {
+            "n/a (nothing crossed PCIe)".into()
+        };
+        writeln!(
+            out,
+            "| {} | {} | {} | {} | {}/{} | {:.1} | {:.2} | {:.1} | {:.1} | {:.2} | {ratio} |",
+            r.workload,
+            r.contender,
+            m.path.join("; "),
+            m.cpu_fallback.join("; "),
+            m.gpu_sorts,
+            m.cpu_sorts,
+            ns_ms(m.elapsed_compute_ns),
+            ns_ms(m.kernel_ns),
+            m.bytes_to_device as f64 / 1e6,
+            m.bytes_from_device as f64 / 1e6,
+            rt,
+        )?;
+    }
+    writeln!(out)?;
+    let gpu_sorts: usize = table
+        .iter()
+        .filter_map(|r| r.metrics.as_ref())
+        .map(|m| m.gpu_sorts)
+        .sum();
+    match &gpu {
+        Ok(info) if gpu_sorts > 0 => writeln!(
+            out,
+            "GPU path taken on {info} ({gpu_sorts} GPU sorts in the metrics runs)"
+        )?,
+        Ok(info) => writeln!(
+            out,
+            "GPU path NOT taken although {info} is usable: see cpu_fallback above"
+        )?,
+        Err(why) => writeln!(out, "GPU path NOT taken: no usable GPU ({why})")?,
+    }
+    print!("{out}");
+
+    if let Ok(path) = std::env::var("BENCH_CSV") {
+        let mut csv = String::from(
+            "workload,contender,plan,rows,runs,partitions,median_ms,min_ms,speedup_vs_stock,output_ok,path,cpu_fallback,gpu_sorts,cpu_sorts,sort_op_ms,encode_ms,sort_ms,gather_ms,gpu_kernel_ms,bytes_to_device,bytes_from_device,pcie_h2d_gbps,pcie_d2h_gbps,pcie_round_trip_ms,e2e_over_round_trip\n",
+        );
+        for r in &table {
+            let m = r.metrics.clone().unwrap_or_default();
+            let rt = round_trip(&m);
+            let fields = [
+                r.workload.to_string(),
+                r.contender.to_string(),
+                r.plan.clone(),
+                r.fingerprint.rows.to_string(),
+                runs.to_string(),
+                partitions.to_string(),
+                format!("{:.3}", ms(r.median)),
+                format!("{:.3}", ms(r.min)),
+                format!("{:.4}", r.stock_median.as_secs_f64() / r.median.as_secs_f64()),
+                r.matches_stock.to_string(),
+                m.path.join("; "),
+                m.cpu_fallback.join("; "),
+                m.gpu_sorts.to_string(),
+                m.cpu_sorts.to_string(),
+                format!("{:.3}", ns_ms(m.elapsed_compute_ns)),
+                format!("{:.3}", ns_ms(m.encode_ns)),
+                format!("{:.3}", ns_ms(m.sort_ns)),
+                format!("{:.3}", ns_ms(m.gather_ns)),
+                format!("{:.3}", ns_ms(m.kernel_ns)),
+                m.bytes_to_device.to_string(),
+                m.bytes_from_device.to_string(),
+                h2d.to_string(),
+                d2h.to_string(),
+                format!("{rt:.3}"),
+                if rt > 0.0 {
+                    format!("{:.3}", ms(r.median) / rt)
+                } else {
+                    String::new()
+                },
+            ];
+            let line: Vec<String> = fields.iter().map(|f| csv_field(f)).collect();
+            csv.push_str(&line.join(","));
+            csv.push('\n');
+        }
+        std::fs::write(&path, csv)?;
+        println!("wrote {path}");
+    }
+
+    if table.iter().any(|r| !r.matches_stock) {
+        return Err("an output differs from stock DataFusion's (see the table)".into());
+    }
+    Ok(())
+}

@@ -1,0 +1,147 @@
+//! GpuSortExec on the GPU, run on a machine with an NVIDIA GPU:
+//!
+//! ```text
+//! GPUSORT_REQUIRE_GPU=1 cargo test -p datafusion-gpusort --test gpu_sql -- --test-threads=1
+//! ```
+//!
+//! With `GPUSORT_REQUIRE_GPU=1` and no usable GPU every test fails; without it, on a machine
+//! with no GPU, each test prints that it did not run and why. Every sort here runs on the GPU
+//! (`gpusort.min_rows = 0`, `gpusort.device = 0`), and the tests check that it did.
+
+use datafusion::prelude::SessionContext;
+
+#[path = "support/tables.rs"]
+mod tables;
+use tables::{compare_with_stock, context, rows};
+
+#[path = "support/sql_fuzz.rs"]
+mod sql_fuzz;
+
+mod common;
+use common::slt::{SORT_SLT_FILES, TIE_ORDER_DIFFERENCES, run_slt_suite, with_options};
+
+/// gpusort on GPU 0 for every sort, whatever its size.
+const ON_GPU: &[(&str, &str)] = &[("gpusort.min_rows", "0"), ("gpusort.device", "0")];
+
+/// Whether the GPU is there; panics when it must be and is not.
+fn gpu_present() -> bool {
+    match datafusion_gpusort::gpu_backend(0) {
+        Ok(_) => true,
+        Err(reason) => {
+            if std::env::var("GPUSORT_REQUIRE_GPU").as_deref() == Ok("1") {
+                panic!("GPUSORT_REQUIRE_GPU=1 but the GPU backend is unavailable: {reason}");
+            }
+            eprintln!("GPU TEST NOT RUN: {reason} (set GPUSORT_REQUIRE_GPU=1 to make this a failure)");
+            false
+        }
+    }
+}
+
+async fn set(ctx: &SessionContext, settings: &[(&str, &str)]) {
+    for (k, v) in settings {
+        ctx.sql(&format!("SET gpusort.{k} = '{v}'")).await.unwrap();
+    }
+}
+
+async fn analyze(ctx: &SessionContext, sql: &str) -> String {
+    rows(ctx, &format!("EXPLAIN ANALYZE {sql}")).await.0
+}
+
+#[tokio::test]
+async fn gpu_order_by_matches_stock_datafusion_for_every_strategy() {
+    if !gpu_present() {
+        return;
+    }
+    for strategy in ["auto", "grs-direct", "grs-indirect", "srts-direct", "srts-indirect"] {
+        let sizes: &[(usize, usize)] = if strategy == "auto" {
+            &[(1, 1), (1000, 1), (50_000, 3), (300_000, 4)]
+        } else {
+            &[(1, 1), (1000, 1), (50_000, 3)]
+        };
+        for &(rows_n, partitions) in sizes {
+            let stock = context(false, rows_n, partitions);
+            let ours = context(true, rows_n, partitions);
+            set(&ours, &[("min_rows", "0"), ("device", "0"), ("strategy", strategy)]).await;
+            compare_with_stock(&stock, &ours, &format!("{strategy}, {rows_n} rows")).await;
+            let text = analyze(&ours, "SELECT * FROM t ORDER BY b, a, c").await;
+            assert!(
+                text.contains("gpu_sorts=1") && !text.contains("cpu_fallback=GPU"),
+                "{text}"
+            );
+            if strategy != "auto" {
+                // Keys with string prefixes sort indirectly whatever the strategy asked for.
+                let text = analyze(&ours, "SELECT * FROM t ORDER BY a, c").await;
+                assert!(text.contains(&format!("path=gpu cuda:0 {strategy}")), "{text}");
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn gpu_out_of_memory_falls_back_to_the_cpu() {
+    if !gpu_present() {
+        return;
+    }
+    let stock = context(false, 100_000, 2);
+    let ours = context(true, 100_000, 2);
+    set(
+        &ours,
+        &[("min_rows", "0"), ("device", "0"), ("gpu_memory_limit", "64K")],
+    )
+    .await;
+    compare_with_stock(&stock, &ours, "64K GPU budget").await;
+    let text = analyze(&ours, "SELECT * FROM t ORDER BY a, b, c").await;
+    assert!(text.contains("cpu_fallback=GPU failed: the sort needs"), "{text}");
+    assert!(text.contains("cpu_sorts=1") && text.contains("gpu_sorts=0"), "{text}");
+}
+
+#[tokio::test]
+async fn gpu_metrics_count_bytes_and_kernel_time() {
+    if !gpu_present() {
+        return;
+    }
+    let ours = context(true, 200_000, 4);
+    set(&ours, &[("min_rows", "0"), ("device", "0")]).await;
+    let text = analyze(&ours, "SELECT * FROM t ORDER BY c DESC, a").await;
+    assert!(text.contains("GpuSortExec") && text.contains("gpu_sorts=1"), "{text}");
+    assert!(
+        !text.contains("bytes_to_device=0,") && !text.contains("bytes_from_device=0,"),
+        "{text}"
+    );
+    assert!(text.contains("gpu_kernel_time="), "{text}");
+}
+
+/// DataFusion's own sort `.slt` files with every sort on the GPU.
+#[tokio::test(flavor = "multi_thread")]
+async fn gpu_datafusion_sort_slt_files_pass() {
+    if !gpu_present() {
+        return;
+    }
+    let report = run_slt_suite(
+        |b| with_options(datafusion_gpusort::register(b), ON_GPU),
+        SORT_SLT_FILES,
+    )
+    .await;
+    // Four records expect DataFusion's TopK order among tied rows (see TIE_ORDER_DIFFERENCES).
+    report.assert_all_passed_except(TIE_ORDER_DIFFERENCES);
+}
+
+/// The differential SQL fuzz test (see `sql_fuzz.rs`) with every sort on the GPU.
+#[tokio::test(flavor = "multi_thread")]
+async fn gpu_sql_fuzz_matches_stock_datafusion() {
+    if !gpu_present() {
+        return;
+    }
+    let cases = std::env::var("SQL_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300);
+    let report = sql_fuzz::run_sql_fuzz(0x6770_7573_6f72_7447, cases, |config| {
+        ON_GPU.iter().fold(config, |c, (k, v)| c.set_str(k, v))
+    })
+    .await;
+    println!("{report:?}");
+    assert!(report.gpu_sorts > 0, "no sort ran on the GPU: {report:?}");
+    // A mismatch panics inside run_sql_fuzz; failure_samples lists queries both engines reject.
+    assert_eq!(report.cases, cases, "{report:?}");
+}
