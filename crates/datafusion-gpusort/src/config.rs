@@ -153,6 +153,9 @@ extensions_options! {
         /// Where DataFusion sorts each partition and merges them (`SortPreservingMergeExec`),
         /// sort all partitions in one `GpuSortExec` instead.
         pub merge_partitions: bool, default = true
+        /// Most rows of one sorted run of the external sort; 0 sizes runs by the GPU memory
+        /// budget (and the memory pool) alone.
+        pub max_run_rows: usize, default = 0
     }
 }
 

@@ -11,6 +11,7 @@ use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{LexOrdering, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, CardinalityEffect, EmissionType, ReplaceChildrenOptions};
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::spill::SpillManager;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, ExecutionPlanProperties, Partitioning, PlanProperties,
@@ -237,7 +238,12 @@ impl ExecutionPlan for GpuSortExec {
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         let mut input = self.input.execute(partition, Arc::clone(&context))?;
-        let reservation = MemoryConsumer::new(format!("GpuSortExec[{partition}]")).register(context.memory_pool());
+        let reservation = MemoryConsumer::new(format!("GpuSortExec[{partition}]"))
+            .with_can_spill(self.fetch.is_none())
+            .register(context.memory_pool());
+        let metrics = GpuSortMetrics::new(&self.metrics, partition);
+        let spill = SpillManager::new(context.runtime_env(), metrics.spill.clone(), self.schema())
+            .with_compression_type(context.session_config().spill_compression());
         let mut sorter = GpuSorter::new(
             self.schema(),
             self.expr.clone(),
@@ -245,7 +251,9 @@ impl ExecutionPlan for GpuSortExec {
             self.options.clone(),
             context.session_config().batch_size(),
             reservation,
-            GpuSortMetrics::new(&self.metrics, partition),
+            spill,
+            context.runtime_env().disk_manager.max_spill_merge_fan_in(),
+            metrics,
         );
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             self.schema(),

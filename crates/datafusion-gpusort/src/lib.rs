@@ -18,8 +18,10 @@ mod config;
 mod device;
 mod error;
 mod exec;
+mod merge;
 mod metrics;
 mod rule;
+mod run;
 mod sorter;
 
 use std::sync::Arc;

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use datafusion::common::format::MetricType;
 use datafusion::physical_plan::metrics::{
-    BaselineMetrics, Count, CustomMetricValue, ExecutionPlanMetricsSet, MetricBuilder, MetricValue, Time,
+    BaselineMetrics, Count, CustomMetricValue, ExecutionPlanMetricsSet, MetricBuilder, MetricValue, SpillMetrics, Time,
 };
 use gpusort::SortStats;
 
@@ -102,6 +102,22 @@ pub struct GpuSortMetrics {
     pub host_gathered_columns: Count,
     /// Times the buffered input of a `LIMIT` sort was cut down to its best rows.
     pub topk_compactions: Count,
+    /// Sorted runs made by the external sort (0 when the input was sorted in one piece).
+    pub runs: Count,
+    /// Of those, runs cut because the next batch would pass the run size (what one GPU sort
+    /// holds within its memory budget, or `gpusort.max_run_rows`); the others were cut because
+    /// the memory pool ran short.
+    pub budget_runs: Count,
+    /// Merges of some runs into one spilled run, when there were more runs than the merge
+    /// could read at once.
+    pub intermediate_merges: Count,
+    /// Time spent writing runs to disk (sorting them is in `sort_time`).
+    pub spill_time: Time,
+    /// Time spent merging runs (the final merge is also in `elapsed_compute`).
+    pub merge_time: Time,
+    /// Spill files, bytes and rows written (DataFusion's `spill_count`, `spilled_bytes`,
+    /// `spilled_rows`).
+    pub spill: SpillMetrics,
 }
 
 impl GpuSortMetrics {
@@ -132,6 +148,12 @@ impl GpuSortMetrics {
             device_columns: dev().counter("device_columns", partition),
             host_gathered_columns: dev().counter("host_gathered_columns", partition),
             topk_compactions: dev().counter("topk_compactions", partition),
+            runs: summary().counter("runs", partition),
+            budget_runs: dev().counter("budget_runs", partition),
+            intermediate_merges: dev().counter("intermediate_merges", partition),
+            spill_time: dev().subset_time("spill_time", partition),
+            merge_time: summary().subset_time("merge_time", partition),
+            spill: SpillMetrics::new(set, partition),
         }
     }
 

@@ -2,20 +2,47 @@
 //! [`MemoryReservation`], evaluate the sort expressions, sort on the chosen backend (GPU, or
 //! the CPU with the reason), and emit the sorted rows in `batch_size` batches.
 //!
+//! # External sort
+//!
+//! When the input does not fit, the sorter sorts it in **runs** and merges them:
+//!
+//! - **Run generation.** A run is cut when the next batch would take the buffered rows past
+//!   what one GPU sort can hold within `gpusort.gpu_memory_limit` (or the device's free memory;
+//!   [`CudaBackend::max_rows_within`]), or when the memory pool refuses the next batch. Runs cut
+//!   for the GPU budget stay in memory while the pool allows; runs cut for memory are spilled.
+//! - **Sorting a run.** With room for a second copy of the run, it sorts like the in-memory
+//!   sort (payload moved on the GPU). Without it, only the key columns are sorted (on the GPU
+//!   or the CPU) and the rows are gathered through the permutation straight into the spill
+//!   file, `batch_size` rows at a time: the peak is the input plus its keys.
+//! - **Spill.** Runs are written as Arrow IPC through DataFusion's `SpillManager` (disk
+//!   manager, `datafusion.execution.spill_compression`, spill metrics); in-memory runs are
+//!   spilled first when the pool runs short.
+//! - **Merge.** A stable k-way merge on the rows' encoded keys ([`RunMergeStream`]) streams the
+//!   output. When the pool cannot hold a read buffer for every run, or there are more runs than
+//!   the disk manager's `max_spill_merge_fan_in`, the leading runs are merged into one spilled
+//!   run first (adjacent runs only, so ties keep their input order).
+//!
+//! Every byte held is reserved; the reservation returns to zero and spill files are deleted
+//! when the output stream ends or is dropped.
+//!
 //! With a `fetch` (TopK: `ORDER BY ... LIMIT n`) the buffered input is cut down to its best
-//! `n` rows whenever it grows past a threshold, so memory stays bounded by the limit.
+//! `n` rows whenever it grows past a threshold (or the pool runs short), so memory stays
+//! bounded by the limit.
 
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions};
-use arrow::compute::concat;
+use arrow::array::{Array, ArrayRef, RecordBatch, RecordBatchOptions, UInt32Array};
+use arrow::compute::{concat, interleave_record_batch};
 use arrow::datatypes::{Field, Schema, SchemaRef};
+use datafusion::common::human_readable_size;
 use datafusion::common::utils::memory::get_record_batch_memory_size;
-use datafusion::error::Result;
+use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::physical_expr::LexOrdering;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_plan::SendableRecordBatchStream;
+use datafusion::physical_plan::metrics::RecordOutput;
+use datafusion::physical_plan::spill::SpillManager;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::StreamExt;
 use gpusort::{SortKey, SortOutput, SortRequest, SortSpec};
@@ -25,7 +52,9 @@ use rayon::prelude::*;
 use crate::config::{DeviceChoice, GpuSortConfig, StrategyChoice};
 use crate::device::{cpu_backend, gpu_backend};
 use crate::error::GpuSortExecError;
+use crate::merge::RunMergeStream;
 use crate::metrics::GpuSortMetrics;
+use crate::run::{SortedRun, spill_batches};
 
 /// Rows a TopK sort buffers before cutting them down to the best `fetch`: at least this many,
 /// and at least four times `fetch`.
@@ -48,14 +77,29 @@ pub struct GpuSorter {
     fetch: Option<usize>,
     options: GpuSortConfig,
     batch_size: usize,
+    /// Input not yet sorted, its rows, its bytes, and the bytes reserved besides them for
+    /// sorting its keys (so a run can always be cut, however full the pool is).
     batches: Vec<RecordBatch>,
     rows: usize,
+    input_bytes: usize,
+    key_bytes: usize,
+    /// Sorted runs, in input order.
+    runs: Vec<SortedRun>,
+    /// Most rows of one run (`Some(None)`: no limit; `None`: not known yet).
+    run_rows: Option<Option<usize>>,
+    /// Most runs one merge reads (0: no limit).
+    fan_in: usize,
+    spill: SpillManager,
+    /// Holds `input_bytes + key_bytes` plus the in-memory runs' bytes (and the working memory
+    /// of a sort while one runs).
     reservation: MemoryReservation,
     metrics: GpuSortMetrics,
 }
 
 impl GpuSorter {
-    /// A sorter of rows of `schema` by `expr`, keeping the first `fetch` rows.
+    /// A sorter of rows of `schema` by `expr`, keeping the first `fetch` rows, spilling
+    /// through `spill` and merging at most `fan_in` runs at once (0: no limit).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         schema: SchemaRef,
         expr: LexOrdering,
@@ -63,6 +107,8 @@ impl GpuSorter {
         options: GpuSortConfig,
         batch_size: usize,
         reservation: MemoryReservation,
+        spill: SpillManager,
+        fan_in: usize,
         metrics: GpuSortMetrics,
     ) -> Self {
         Self {
@@ -73,116 +119,471 @@ impl GpuSorter {
             batch_size: batch_size.max(1),
             batches: vec![],
             rows: 0,
+            input_bytes: 0,
+            key_bytes: 0,
+            runs: vec![],
+            run_rows: None,
+            fan_in,
+            spill,
             reservation,
             metrics,
         }
     }
 
-    /// Buffers `batch` (reserving its memory first).
+    /// Buffers `batch` (reserving its memory first), cutting a sorted run first when the
+    /// GPU budget or the memory pool calls for one.
     pub async fn insert(&mut self, batch: RecordBatch) -> Result<()> {
-        if batch.num_rows() == 0 {
+        let n = batch.num_rows();
+        if n == 0 {
             return Ok(());
         }
-        self.reservation.try_grow(get_record_batch_memory_size(&batch))?;
-        self.rows += batch.num_rows();
+        if self.fetch.is_none() {
+            let limit = match self.run_rows {
+                Some(limit) => limit,
+                None => *self.run_rows.insert(self.run_rows(&batch)),
+            };
+            if let Some(limit) = limit
+                && self.rows > 0
+                && self.rows + n > limit
+            {
+                self.metrics.budget_runs.add(1);
+                self.make_run(false).await?;
+            }
+        }
+        let input = get_record_batch_memory_size(&batch);
+        let keys = self.key_bytes_of(&batch);
+        let size = input + keys;
+        while let Err(refused) = self.reservation.try_grow(size) {
+            if self.spill_memory_runs().await? {
+                continue;
+            }
+            match self.fetch {
+                _ if self.rows == 0 => {
+                    return Err(too_small(size, "to buffer one input batch", refused));
+                }
+                Some(fetch) if self.rows > fetch => self.compact_topk(fetch).await?,
+                Some(_) => return Err(too_small(size, "to buffer the rows of the LIMIT", refused)),
+                None => self.make_run(true).await?,
+            }
+        }
+        self.rows += n;
+        self.input_bytes += input;
+        self.key_bytes += keys;
         self.batches.push(batch);
         if let Some(fetch) = self.fetch
             && self.rows >= TOPK_MIN_BUFFER_ROWS.max(fetch.saturating_mul(4))
         {
-            // Keep only the best `fetch` rows seen so far.
-            let input = self.take_input()?;
-            let best = self.sort(input, Some(fetch)).await?;
-            self.metrics.topk_compactions.add(1);
-            self.rows = best.num_rows();
-            self.reservation.try_resize(get_record_batch_memory_size(&best))?;
-            self.batches.push(best);
+            self.compact_topk(fetch).await?;
         }
         Ok(())
     }
 
-    /// Sorts what was buffered and streams it out in `batch_size` batches.
+    /// Sorts what was buffered (merging it with the runs made so far) and streams it out in
+    /// `batch_size` batches.
     pub async fn finish(mut self) -> Result<SendableRecordBatchStream> {
         let schema = Arc::clone(&self.schema);
-        if self.rows == 0 || self.fetch == Some(0) {
+        if (self.rows == 0 && self.runs.is_empty()) || self.fetch == Some(0) {
             self.reservation.free();
             return Ok(Box::pin(RecordBatchStreamAdapter::new(
                 schema,
                 futures::stream::empty(),
             )));
         }
-        let input = self.take_input()?;
-        let sorted = self.sort(input, self.fetch).await?;
-        self.reservation.try_resize(get_record_batch_memory_size(&sorted))?;
-        let batch_size = self.batch_size;
-        let n = sorted.num_rows();
-        let slices: Vec<RecordBatch> = (0..n)
-            .step_by(batch_size)
-            .map(|start| compact_views(sorted.slice(start, batch_size.min(n - start))))
-            .collect::<Result<_>>()?;
+        if let (true, Some(fetch)) = (self.runs.is_empty(), self.fetch) {
+            // TopK: the best rows, sorted.
+            self.compact_topk(fetch).await?;
+            let sorted = self.take_batches().pop().expect("the best rows");
+            self.reservation.try_resize(get_record_batch_memory_size(&sorted))?;
+            return self.stream_sorted(sorted);
+        }
+        if self.runs.is_empty() {
+            let headroom = self.headroom();
+            if self.reservation.try_grow(headroom).is_ok() {
+                // In memory, in one piece.
+                let batches = self.take_batches();
+                let sorted = self.sort_batches(batches, self.fetch).await?;
+                self.reservation.try_resize(get_record_batch_memory_size(&sorted))?;
+                return self.stream_sorted(sorted);
+            }
+            // No room for a second copy: sort it as a run (spilled if need be) and stream it
+            // back.
+        }
+        if self.rows > 0 {
+            self.make_run(false).await?;
+        }
+        self.merge().await
+    }
+
+    /// Streams `sorted` (which the reservation holds) in `batch_size` slices.
+    fn stream_sorted(self, sorted: RecordBatch) -> Result<SendableRecordBatchStream> {
+        let schema = Arc::clone(&self.schema);
+        let slices = self.slices(&sorted)?;
         drop(sorted);
         let reservation = self.reservation;
         let baseline = self.metrics.baseline.clone();
         // The reservation lives as long as the stream; it is freed when the stream is dropped.
         let stream = futures::stream::iter(slices).map(move |batch| {
             let _held = &reservation;
-            baseline.record_output(batch.num_rows());
+            (&batch).record_output(&baseline);
             Ok(batch)
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
     }
 
-    /// The buffered batches as one batch (reserving the copy while both exist).
-    fn take_input(&mut self) -> Result<RecordBatch> {
-        let batches = std::mem::take(&mut self.batches);
-        let batch = if batches.len() == 1 {
-            batches.into_iter().next().unwrap()
-        } else {
-            let held = self.reservation.size();
-            self.reservation.try_grow(held)?;
-            let batch = concat_in_parallel(&self.schema, &batches)?;
-            drop(batches);
-            self.reservation.try_resize(get_record_batch_memory_size(&batch))?;
-            batch
-        };
-        self.rows = 0;
-        Ok(batch)
+    /// Working memory a sort of the buffered rows in one piece needs besides what is reserved
+    /// for them: the sorted copy.
+    fn headroom(&self) -> usize {
+        self.input_bytes
     }
 
-    /// Sorts `input` (which the reservation holds) and returns the sorted rows (at most
-    /// `limit`); the reservation holds them afterwards (and the caller resizes it).
+    /// Bytes reserved for the buffered rows.
+    fn held(&self) -> usize {
+        self.input_bytes + self.key_bytes
+    }
+
+    /// Memory a sort of `batch`'s keys alone needs: the key columns (a copy of them, or their
+    /// values when they are expressions), the key words and the permutation.
+    fn key_bytes_of(&self, batch: &RecordBatch) -> usize {
+        let rows = batch.num_rows();
+        let columns: usize = self
+            .expr
+            .iter()
+            .map(|e| match e.expr.downcast_ref::<Column>() {
+                Some(c) if c.index() < batch.num_columns() => batch.column(c.index()).get_array_memory_size(),
+                _ => 2 * 16 * rows,
+            })
+            .sum();
+        columns + rows * (KEY_BYTES_PER_ROW_AND_KEY * self.expr.len().max(1) + 4)
+    }
+
+    /// The buffered batches (the reservation still holds their bytes).
+    fn take_batches(&mut self) -> Vec<RecordBatch> {
+        self.rows = 0;
+        self.input_bytes = 0;
+        self.key_bytes = 0;
+        std::mem::take(&mut self.batches)
+    }
+
+    /// `sorted` as `batch_size` slices whose view columns keep only their own bytes.
+    fn slices(&self, sorted: &RecordBatch) -> Result<Vec<RecordBatch>> {
+        let n = sorted.num_rows();
+        (0..n)
+            .step_by(self.batch_size)
+            .map(|start| compact_views(sorted.slice(start, self.batch_size.min(n - start))))
+            .collect()
+    }
+
+    /// Cuts the buffered rows of a TopK sort down to their best `fetch`: in one piece when
+    /// the pool has room for a sorted copy, else by sorting the keys alone and gathering the
+    /// best rows.
+    async fn compact_topk(&mut self, fetch: usize) -> Result<()> {
+        let held = self.held();
+        let headroom = self.headroom();
+        let batches = self.take_batches();
+        let best = if self.reservation.try_grow(headroom).is_ok() {
+            let best = self.sort_batches(batches, Some(fetch)).await?;
+            self.reservation.shrink(headroom);
+            best
+        } else {
+            let permutation = self.sort_keys(&batches, Some(fetch)).await?;
+            gather(&batches, permutation.values())?
+        };
+        self.reservation.shrink(held);
+        let size = get_record_batch_memory_size(&best);
+        let keys = self.key_bytes_of(&best);
+        self.reservation.try_grow(size + keys)?;
+        self.metrics.topk_compactions.add(1);
+        self.rows = best.num_rows();
+        self.input_bytes = size;
+        self.key_bytes = keys;
+        self.batches.push(best);
+        Ok(())
+    }
+
+    /// The most rows of one run: `gpusort.max_run_rows`, and what one GPU sort of batches
+    /// like `batch` can take when sorts run on a GPU.
+    fn run_rows(&self, batch: &RecordBatch) -> Option<usize> {
+        let configured = (self.options.max_run_rows > 0).then_some(self.options.max_run_rows);
+        let gpu = match self.choose_path(usize::MAX) {
+            Ok(SortPath::Gpu(gpu)) => self.sort_input(batch).ok().and_then(|(extended, spec)| {
+                let request = SortRequest::new(&extended, &spec).with_strategy(self.options.strategy.strategy());
+                gpu.max_rows_within(&request, self.gpu_limit())
+                    .ok()
+                    .map(|rows| rows.max(1))
+            }),
+            _ => None,
+        };
+        match (configured, gpu) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn gpu_limit(&self) -> Option<usize> {
+        (self.options.gpu_memory_limit.0 > 0).then_some(self.options.gpu_memory_limit.0)
+    }
+
+    /// Sorts the buffered rows into a run: spilled when `spill` is set (or when the pool
+    /// cannot hold it), else kept in memory.
+    async fn make_run(&mut self, spill: bool) -> Result<()> {
+        let held = self.held();
+        let headroom = self.headroom();
+        let batches = self.take_batches();
+        self.metrics.runs.add(1);
+        let run = if self.reservation.try_grow(headroom).is_ok() {
+            let sorted = self.sort_batches(batches, self.fetch).await?;
+            let size = get_record_batch_memory_size(&sorted);
+            let slices = self.slices(&sorted)?;
+            drop(sorted);
+            if !spill && size <= held + headroom {
+                self.reservation.shrink(held + headroom - size);
+                Some(SortedRun::in_memory(slices, size))
+            } else {
+                let run = self.spill_batches(slices, "GpuSortExec sorted run").await?;
+                self.reservation.shrink(held + headroom);
+                run
+            }
+        } else {
+            let run = self.sort_into_spill(batches).await?;
+            self.reservation.shrink(held);
+            run
+        };
+        self.runs.extend(run);
+        Ok(())
+    }
+
+    /// Writes `batches` (sorted rows, in order) to a spill file, off the async threads.
+    async fn spill_batches(&self, batches: Vec<RecordBatch>, what: &'static str) -> Result<Option<SortedRun>> {
+        let spill = self.spill.clone();
+        let time = self.metrics.spill_time.clone();
+        blocking(move || {
+            let _timer = time.timer();
+            spill_batches(&spill, batches.iter().map(Ok), what)
+        })
+        .await
+        .map_err(|e| e.context("GpuSortExec could not spill a sorted run"))
+    }
+
+    /// Spills every in-memory run; whether there was one.
+    async fn spill_memory_runs(&mut self) -> Result<bool> {
+        let mut spilled = false;
+        for i in 0..self.runs.len() {
+            if let SortedRun::Memory { .. } = &self.runs[i] {
+                let SortedRun::Memory { batches, bytes } = std::mem::replace(
+                    &mut self.runs[i],
+                    SortedRun::Memory {
+                        batches: vec![],
+                        bytes: 0,
+                    },
+                ) else {
+                    unreachable!()
+                };
+                if let Some(run) = self.spill_batches(batches, "GpuSortExec sorted run").await? {
+                    self.runs[i] = run;
+                }
+                self.reservation.shrink(bytes);
+                spilled = true;
+            }
+        }
+        // Empty in-memory runs left behind by empty spills.
+        self.runs.retain(|r| r.rows() > 0);
+        Ok(spilled)
+    }
+
+    /// Sorts `batches` by their key columns alone and returns the permutation (its first
+    /// `limit` rows): a sort with the memory of the keys rather than a second copy of the rows
+    /// (reserved with the rows, [`Self::key_bytes_of`]).
+    async fn sort_keys(&mut self, batches: &[RecordBatch], limit: Option<usize>) -> Result<UInt32Array> {
+        let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+        let mut key_parts = Vec::with_capacity(batches.len());
+        let mut spec = SortSpec::new([]);
+        for b in batches {
+            let (extended, full) = self.sort_input(b)?;
+            let columns: Vec<usize> = full.keys().iter().map(|k| k.column).collect();
+            key_parts.push(extended.project(&columns)?);
+            spec = SortSpec::new(full.keys().iter().enumerate().map(|(i, k)| SortKey {
+                column: i,
+                options: k.options,
+            }));
+        }
+        let keys = concat_in_parallel(&key_parts[0].schema(), &key_parts)?;
+        drop(key_parts);
+        let path = self.choose_path(rows)?;
+        let strategy = self.options.strategy.strategy();
+        let gpu_limit = self.gpu_limit();
+        let metrics = self.metrics.clone();
+        let timer = self.metrics.baseline.elapsed_compute().clone();
+        blocking(move || {
+            let _timer = timer.timer();
+            let request = SortRequest::new(&keys, &spec).with_strategy(strategy).with_limit(limit);
+            let indices = run_sort(&request, path, gpu_limit, &metrics)?.indices;
+            let n = limit.map_or(indices.len(), |l| l.min(indices.len()));
+            Ok(indices.slice(0, n))
+        })
+        .await
+    }
+
+    /// Sorts `batches` by their keys alone ([`Self::sort_keys`]) and gathers the rows through
+    /// the permutation straight into a spill file, `batch_size` rows at a time.
+    async fn sort_into_spill(&mut self, batches: Vec<RecordBatch>) -> Result<Option<SortedRun>> {
+        let permutation = self.sort_keys(&batches, self.fetch).await?;
+        let spill = self.spill.clone();
+        let batch_size = self.batch_size;
+        let time = self.metrics.spill_time.clone();
+        blocking(move || {
+            let _timer = time.timer();
+            // A few batches per core at a time: gathered in parallel, written in order.
+            let group = batch_size * rayon::current_num_threads().max(1);
+            let parts = permutation.values().chunks(group).map(|g| {
+                g.par_chunks(batch_size)
+                    .map(|chunk| gather(&batches, chunk))
+                    .collect::<Result<Vec<_>>>()
+            });
+            let mut file = spill.create_in_progress_file("GpuSortExec sorted run")?;
+            let (mut rows, mut max_batch_bytes) = (0, 0);
+            for part in parts {
+                for b in part? {
+                    max_batch_bytes = max_batch_bytes.max(file.append_batch(&b)?);
+                    rows += b.num_rows();
+                }
+            }
+            Ok(file.finish()?.map(|file| SortedRun::Spilled {
+                file,
+                rows,
+                max_batch_bytes,
+            }))
+        })
+        .await
+        .map_err(|e| e.context("GpuSortExec could not spill a sorted run"))
+    }
+
+    /// Merges the runs into the output stream (see the module docs).
+    async fn merge(mut self) -> Result<SendableRecordBatchStream> {
+        let merge_time = self.metrics.merge_time.clone();
+        loop {
+            if self.runs.len() == 1 {
+                let run = self.runs.pop().unwrap();
+                let stream = run.into_stream(&self.spill)?;
+                let reservation = self.reservation;
+                let baseline = self.metrics.baseline.clone();
+                return Ok(Box::pin(RecordBatchStreamAdapter::new(
+                    Arc::clone(&self.schema),
+                    stream.map(move |batch| {
+                        let _held = &reservation;
+                        if let Ok(b) = &batch {
+                            b.record_output(&baseline);
+                        }
+                        batch
+                    }),
+                )));
+            }
+            let n = self.runs.len();
+            let fan_in = if self.fan_in == 0 { n } else { self.fan_in.max(2) };
+            let mut k = n.min(fan_in);
+            let mut refused = None;
+            while k >= 2 {
+                let need = merge_bytes(&self.runs[..k]);
+                match self.reservation.try_grow(need) {
+                    Ok(()) => break,
+                    Err(e) => refused = Some((need, e)),
+                }
+                k -= 1;
+            }
+            if k < 2 {
+                if self.spill_memory_runs().await? {
+                    continue;
+                }
+                let (need, e) = refused.expect("a refused reservation");
+                return Err(too_small(need, "to merge two sorted runs", e));
+            }
+            let need = merge_bytes(&self.runs[..k]);
+            let group: Vec<SortedRun> = self.runs.drain(..k).collect();
+            let held: usize = group.iter().map(|r| r.memory_bytes()).sum();
+            let streams = group
+                .into_iter()
+                .map(|r| r.into_stream(&self.spill))
+                .collect::<Result<Vec<_>>>()?;
+            let merge = RunMergeStream::try_new(
+                Arc::clone(&self.schema),
+                self.expr.clone(),
+                streams,
+                self.batch_size,
+                self.fetch,
+            )?;
+            if self.runs.is_empty() {
+                // The final merge: it holds the reservation until the output is consumed.
+                let reservation = self.reservation;
+                return Ok(Box::pin(
+                    merge
+                        .with_metrics(self.metrics.baseline.clone())
+                        .with_reservation(reservation),
+                ));
+            }
+            // More runs than one merge can read: merge the leading ones into one spilled run.
+            let merged = {
+                let _timer = merge_time.timer();
+                let mut merge = merge;
+                let mut file = self.spill.create_in_progress_file("GpuSortExec merged run")?;
+                let (mut rows, mut max_batch_bytes) = (0, 0);
+                while let Some(batch) = merge.next().await {
+                    let batch = batch?;
+                    max_batch_bytes = max_batch_bytes.max(file.append_batch(&batch)?);
+                    rows += batch.num_rows();
+                }
+                file.finish()
+                    .map_err(|e| e.context("GpuSortExec could not spill a merged run"))?
+                    .map(|file| SortedRun::Spilled {
+                        file,
+                        rows,
+                        max_batch_bytes,
+                    })
+            };
+            self.reservation.shrink(need + held);
+            self.metrics.intermediate_merges.add(1);
+            if let Some(run) = merged {
+                self.runs.insert(0, run);
+            }
+        }
+    }
+
+    /// Sorts `batches` in one piece and returns the sorted rows (at most `limit`). The caller
+    /// has reserved the working memory ([`Self::headroom`]).
+    async fn sort_batches(&mut self, batches: Vec<RecordBatch>, limit: Option<usize>) -> Result<RecordBatch> {
+        let input = if batches.len() == 1 {
+            batches.into_iter().next().unwrap()
+        } else {
+            let batch = concat_in_parallel(&self.schema, &batches)?;
+            drop(batches);
+            batch
+        };
+        self.sort(input, limit).await
+    }
+
+    /// Sorts `input` and returns the sorted rows (at most `limit`).
     async fn sort(&mut self, input: RecordBatch, limit: Option<usize>) -> Result<RecordBatch> {
         let _timer = self.metrics.baseline.elapsed_compute().timer();
         let rows = input.num_rows();
         let (extended, spec) = self.sort_input(&input)?;
         drop(input);
-        let key_bytes = rows * KEY_BYTES_PER_ROW_AND_KEY * spec.len().max(1);
-        self.reservation
-            .try_grow(get_record_batch_memory_size(&extended) + key_bytes)?;
         let path = self.choose_path(rows)?;
         let strategy = self.options.strategy.strategy();
-        let gpu_limit = (self.options.gpu_memory_limit.0 > 0).then_some(self.options.gpu_memory_limit.0);
+        let gpu_limit = self.gpu_limit();
         let metrics = self.metrics.clone();
         let width = self.schema.fields().len();
-        let task = tokio::task::spawn_blocking(move || -> Result<RecordBatch, GpuSortExecError> {
+        blocking(move || -> Result<RecordBatch> {
             let request = SortRequest::new(&extended, &spec)
                 .with_strategy(strategy)
                 .with_limit(limit);
             let out = run_sort(&request, path, gpu_limit, &metrics)?;
             // Drop the evaluated key columns appended after the input's.
             let batch = if out.batch.num_columns() > width {
-                out.batch
-                    .project(&(0..width).collect::<Vec<_>>())
-                    .map_err(gpusort::GpusortError::from)?
+                out.batch.project(&(0..width).collect::<Vec<_>>())?
             } else {
                 out.batch
             };
             Ok(batch)
-        });
-        let sorted = task
-            .await
-            .map_err(|e| GpuSortExecError::Task(e.to_string()))?
-            .map_err(datafusion::error::DataFusionError::from)?;
-        Ok(sorted)
+        })
+        .await
     }
 
     /// The batch to sort (the input, with the values of sort expressions that are not plain
@@ -242,6 +643,59 @@ impl GpuSorter {
             .into()),
         }
     }
+}
+
+/// The rows of `batches` (taken as one sequence) at `indices`, as one batch.
+fn gather(batches: &[RecordBatch], indices: &[u32]) -> Result<RecordBatch> {
+    let mut starts = Vec::with_capacity(batches.len() + 1);
+    starts.push(0usize);
+    for b in batches {
+        starts.push(starts.last().unwrap() + b.num_rows());
+    }
+    let pairs: Vec<(usize, usize)> = indices
+        .iter()
+        .map(|&i| {
+            let i = i as usize;
+            let b = starts.partition_point(|&s| s <= i) - 1;
+            (b, i - starts[b])
+        })
+        .collect();
+    let refs: Vec<&RecordBatch> = batches.iter().collect();
+    Ok(interleave_record_batch(&refs, &pairs)?)
+}
+
+/// Runs `f` on tokio's blocking threads (sorts, gathers and spill writes are CPU or I/O
+/// bound).
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| GpuSortExecError::Task(e.to_string()))?
+}
+
+/// The error for a memory pool too small to make progress: what was needed, for what.
+fn too_small(needed: usize, what: &str, refused: DataFusionError) -> DataFusionError {
+    DataFusionError::ResourcesExhausted(format!(
+        "GpuSortExec needs at least {} more {what} and cannot spill its way below that \
+         (raise the memory limit): {refused}",
+        human_readable_size(needed)
+    ))
+}
+
+/// Memory a merge of `runs` needs besides what the runs hold: for each spilled run its
+/// current batch, the batch read ahead and the batch's encoded keys; for each in-memory run
+/// the encoded keys of its current batch; and one output batch.
+fn merge_bytes(runs: &[SortedRun]) -> usize {
+    let inputs: usize = runs
+        .iter()
+        .map(|r| {
+            if r.is_spilled() {
+                3 * r.max_batch_bytes()
+            } else {
+                r.max_batch_bytes()
+            }
+        })
+        .sum();
+    inputs + runs.iter().map(|r| r.max_batch_bytes()).max().unwrap_or(0)
 }
 
 /// Runs `request` on `path`; a GPU failure (out of memory, a driver error) reruns it on the

@@ -89,6 +89,35 @@ impl CudaBackend {
         self.run(request, memory_limit)
     }
 
+    /// The most rows of batches like `request.batch` (same columns, same sort) that one sort
+    /// can take within `memory_limit` bytes of device memory (or the memory the device has
+    /// free): what an external sort sizes its runs by.
+    ///
+    /// The estimate is conservative: it counts every key word of the sample's layout plus one
+    /// more per sort key (other batches may span wider ranges), every fixed-width column as
+    /// nullable, and the larger of the direct and indirect footprints.
+    pub fn max_rows_within(&self, request: &SortRequest<'_>, memory_limit: Option<usize>) -> Result<usize> {
+        let encoder = KeyEncoder::try_new(request.batch, request.spec, &request.encoder)?;
+        let words = encoder.layout().num_words() + request.spec.len();
+        let widths: Vec<usize> = request
+            .batch
+            .columns()
+            .iter()
+            .filter_map(|c| fixed_width(c.data_type()).filter(|w| *w <= 16))
+            .collect();
+        let bytes = |n: usize| {
+            let direct = Self::device_bytes_needed(n, words, &widths, widths.len(), true);
+            let indirect = Self::device_bytes_needed(n, words, &widths, widths.len(), false);
+            direct.max(indirect)
+        };
+        const SAMPLE: usize = 1 << 20;
+        let fixed = bytes(0);
+        let per_row = (bytes(SAMPLE) - fixed).div_ceil(SAMPLE).max(1);
+        let free = self.gpu.free_memory()?;
+        let available = memory_limit.map_or(free, |l| l.min(free));
+        Ok(available.saturating_sub(fixed) / per_row)
+    }
+
     /// Device bytes a sort of `n` rows holds at its peak: both buffers of the varying key
     /// words, and either both buffers of every moved column (direct) or the columns, both
     /// buffers of the row index and the widest gathered column (indirect), plus scratch.

@@ -1,0 +1,357 @@
+//! The external sort on the CPU path: memory-limited sorts that must spill and merge, checked
+//! against stock DataFusion (row for row) and for stability; memory accounting, temp files,
+//! cancellation, a full disk and a pool too small to make progress.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow::array::{Float64Array, Int64Array, RecordBatch, StringArray};
+use arrow::compute::SortOptions;
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::util::pretty::pretty_format_batches;
+use datafusion::datasource::MemTable;
+use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
+use datafusion::execution::memory_pool::{FairSpillPool, MemoryPool};
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::execution::{SendableRecordBatchStream, SessionStateBuilder, TaskContext};
+use datafusion::physical_expr::expressions::col;
+use datafusion::physical_expr::{LexOrdering, PhysicalSortExpr};
+use datafusion::physical_plan::metrics::MetricsSet;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
+use datafusion::physical_plan::{ExecutionPlan, collect, execute_stream};
+use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_gpusort::{GpuSortConfig, GpuSortExec, SessionStateBuilderExt};
+use futures::StreamExt;
+
+const ROWS: usize = 200_000;
+const BATCH: usize = 4096;
+
+fn schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("k", DataType::Int64, true),
+        Field::new("s", DataType::Utf8, true),
+        Field::new("f", DataType::Float64, true),
+    ]))
+}
+
+/// Rows `range` of the test table: `id` is the row number (so `ORDER BY x, id` is the stable
+/// order of `ORDER BY x`), `k` has ~1000 distinct values and nulls, `s` ~100 strings and nulls.
+fn batch(range: std::ops::Range<usize>) -> RecordBatch {
+    let id: Int64Array = range.clone().map(|i| i as i64).collect();
+    let k: Int64Array = range
+        .clone()
+        .map(|i| (i % 211 != 7).then_some(((i * 7919) % 1009) as i64 - 500))
+        .collect();
+    let s: StringArray = range
+        .clone()
+        .map(|i| (i % 13 != 4).then(|| format!("value-{:03}", (i * 31) % 97)))
+        .collect();
+    let f: Float64Array = range.map(|i| Some(((i * 37) % 101) as f64 / 4.0 - 10.0)).collect();
+    RecordBatch::try_new(schema(), vec![Arc::new(id), Arc::new(k), Arc::new(s), Arc::new(f)]).unwrap()
+}
+
+fn batches() -> Vec<RecordBatch> {
+    (0..ROWS)
+        .step_by(BATCH)
+        .map(|s| batch(s..(s + BATCH).min(ROWS)))
+        .collect()
+}
+
+/// A session over table `t` (one partition, so the input order is fixed): gpusort or stock,
+/// with a memory pool of `pool` bytes (none: unlimited), temp files in `tmp`, and `options`.
+fn session(gpusort: bool, pool: Option<usize>, disk: DiskManagerBuilder, options: &[(&str, &str)]) -> SessionContext {
+    let mut runtime = RuntimeEnvBuilder::new().with_disk_manager_builder(disk);
+    if let Some(limit) = pool {
+        runtime = runtime.with_memory_pool(Arc::new(FairSpillPool::new(limit)));
+    }
+    let mut config = SessionConfig::new().with_target_partitions(1).with_batch_size(1000);
+    for (k, v) in options.iter().filter(|(k, _)| k.starts_with("datafusion.")) {
+        config = config.set_str(k, v);
+    }
+    let mut builder = SessionStateBuilder::new()
+        .with_config(config)
+        .with_runtime_env(Arc::new(runtime.build().unwrap()))
+        .with_default_features();
+    if gpusort {
+        builder = builder.with_gpusort();
+    }
+    let ctx = SessionContext::new_with_state(builder.build());
+    for (k, v) in options.iter().filter(|(k, _)| k.starts_with("gpusort.")) {
+        // gpusort.* options exist once the extension is registered.
+        ctx.state_ref().write().config_mut().options_mut().set(k, v).unwrap();
+    }
+    let table = MemTable::try_new(schema(), vec![batches()]).unwrap();
+    ctx.register_table("t", Arc::new(table)).unwrap();
+    ctx
+}
+
+fn disk_in(dir: &Path) -> DiskManagerBuilder {
+    DiskManagerBuilder::default().with_mode(DiskManagerMode::Directories(vec![dir.to_path_buf()]))
+}
+
+/// Runs `sql`; its output and the metrics of its `GpuSortExec`.
+async fn run(ctx: &SessionContext, sql: &str) -> datafusion::error::Result<(Vec<RecordBatch>, MetricsSet)> {
+    let plan = ctx.sql(sql).await?.create_physical_plan().await?;
+    let out = collect(Arc::clone(&plan), ctx.task_ctx()).await?;
+    Ok((out, sort_metrics(&plan)))
+}
+
+fn sort_metrics(plan: &Arc<dyn ExecutionPlan>) -> MetricsSet {
+    if plan.name() == "GpuSortExec" {
+        return plan.metrics().unwrap().aggregate_by_name();
+    }
+    plan.children()
+        .into_iter()
+        .map(sort_metrics)
+        .find(|m| m.iter().next().is_some())
+        .unwrap_or_default()
+}
+
+fn metric(m: &MetricsSet, name: &str) -> usize {
+    match name {
+        "output_rows" => m.output_rows(),
+        "spill_count" => m.spill_count(),
+        "spilled_rows" => m.spilled_rows(),
+        _ => m.sum_by_name(name).map(|v| v.as_usize()),
+    }
+    .unwrap_or(0)
+}
+
+fn render(batches: &[RecordBatch]) -> String {
+    pretty_format_batches(batches).unwrap().to_string()
+}
+
+/// Regular files left under `dir` (spill files live in a subdirectory the disk manager makes).
+fn files_under(dir: &Path) -> usize {
+    walk(dir).len()
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = vec![];
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Each query, and the stock query whose order is the stable order of the first.
+const QUERIES: &[(&str, &str)] = &[
+    ("SELECT * FROM t ORDER BY k, id", "SELECT * FROM t ORDER BY k, id"),
+    ("SELECT * FROM t ORDER BY k DESC", "SELECT * FROM t ORDER BY k DESC, id"),
+    (
+        "SELECT * FROM t ORDER BY s NULLS FIRST, f DESC",
+        "SELECT * FROM t ORDER BY s NULLS FIRST, f DESC, id",
+    ),
+    (
+        "SELECT id, s FROM t ORDER BY k + 1, f",
+        "SELECT id, s FROM t ORDER BY k + 1, f, id",
+    ),
+];
+
+#[tokio::test]
+async fn spilling_sorts_match_stock_and_keep_input_order_of_ties() {
+    let tmp = tempfile::tempdir().unwrap();
+    let stock = session(false, None, disk_in(tmp.path()), &[]);
+    for (pool, compression) in [(3 << 20, "uncompressed"), (6 << 20, "lz4_frame")] {
+        let pool_impl;
+        let ours = {
+            let ctx = session(
+                true,
+                Some(pool),
+                disk_in(tmp.path()),
+                &[
+                    ("gpusort.device", "cpu"),
+                    ("datafusion.execution.spill_compression", compression),
+                ],
+            );
+            pool_impl = Arc::clone(&ctx.runtime_env().memory_pool);
+            ctx
+        };
+        for (q, stable) in QUERIES {
+            let (expected, _) = run(&stock, stable).await.unwrap();
+            let (actual, m) = run(&ours, q).await.unwrap();
+            assert_eq!(render(&actual), render(&expected), "{q}, pool {pool}, {compression}");
+            let (spills, runs) = (metric(&m, "spill_count"), metric(&m, "runs"));
+            // ~9 MB of input through a 3 or 6 MB pool: a handful of runs, each one file.
+            assert!((2..=40).contains(&spills), "{q}: {spills} spill files");
+            assert!(runs >= 2, "{q}: {runs} runs");
+            // Every run but the last is spilled, once.
+            let spilled = metric(&m, "spilled_rows");
+            assert!((ROWS / 2..=ROWS).contains(&spilled), "{q}: {spilled} rows spilled");
+            assert_eq!(pool_impl.reserved(), 0, "{q}: the pool is back to 0");
+            assert_eq!(files_under(tmp.path()), 0, "{q}: spill files removed");
+        }
+    }
+}
+
+#[tokio::test]
+async fn runs_sized_by_max_run_rows_stay_in_memory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let stock = session(false, None, disk_in(tmp.path()), &[]);
+    let ours = session(
+        true,
+        None,
+        disk_in(tmp.path()),
+        &[("gpusort.device", "cpu"), ("gpusort.max_run_rows", "20000")],
+    );
+    for (q, stable) in QUERIES {
+        let (expected, _) = run(&stock, stable).await.unwrap();
+        let (actual, m) = run(&ours, q).await.unwrap();
+        assert_eq!(render(&actual), render(&expected), "{q}");
+        assert!(metric(&m, "runs") >= 8, "{q}: {} runs", metric(&m, "runs"));
+        assert!(metric(&m, "budget_runs") >= 8, "{q}");
+        assert_eq!(metric(&m, "spill_count"), 0, "{q}: nothing spilled");
+        assert_eq!(metric(&m, "output_rows"), ROWS, "{q}");
+    }
+}
+
+#[tokio::test]
+async fn more_runs_than_the_fan_in_merge_in_levels() {
+    let tmp = tempfile::tempdir().unwrap();
+    let stock = session(false, None, disk_in(tmp.path()), &[]);
+    let ours = session(
+        true,
+        Some(3 << 20),
+        disk_in(tmp.path()).with_max_spill_merge_fan_in(2),
+        &[("gpusort.device", "cpu"), ("gpusort.max_run_rows", "15000")],
+    );
+    for (q, stable) in &QUERIES[..2] {
+        let (expected, _) = run(&stock, stable).await.unwrap();
+        let (actual, m) = run(&ours, q).await.unwrap();
+        assert_eq!(render(&actual), render(&expected), "{q}");
+        assert!(metric(&m, "intermediate_merges") >= 5, "{q}: {m}");
+        assert_eq!(ours.runtime_env().memory_pool.reserved(), 0);
+        assert_eq!(files_under(tmp.path()), 0);
+    }
+}
+
+#[tokio::test]
+async fn limit_under_a_small_pool_keeps_only_its_rows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let stock = session(false, None, disk_in(tmp.path()), &[]);
+    let ours = session(true, Some(2 << 20), disk_in(tmp.path()), &[("gpusort.device", "cpu")]);
+    for q in [
+        "SELECT * FROM t ORDER BY k DESC, id LIMIT 50",
+        "SELECT * FROM t ORDER BY s, id LIMIT 5000 OFFSET 10",
+    ] {
+        let (expected, _) = run(&stock, q).await.unwrap();
+        let (actual, m) = run(&ours, q).await.unwrap();
+        assert_eq!(render(&actual), render(&expected), "{q}");
+        assert_eq!(metric(&m, "spill_count"), 0, "{q}");
+        assert_eq!(ours.runtime_env().memory_pool.reserved(), 0);
+    }
+}
+
+#[tokio::test]
+async fn a_full_disk_is_a_clear_error_and_leaves_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ours = session(
+        true,
+        Some(3 << 20),
+        disk_in(tmp.path()).with_max_temp_directory_size(256 << 10),
+        &[("gpusort.device", "cpu")],
+    );
+    let err = run(&ours, "SELECT * FROM t ORDER BY k").await.unwrap_err().to_string();
+    assert!(err.contains("GpuSortExec could not spill a sorted run"), "{err}");
+    assert!(err.contains("exceeded") || err.contains("limit"), "{err}");
+    assert_eq!(ours.runtime_env().memory_pool.reserved(), 0);
+    assert_eq!(files_under(tmp.path()), 0);
+
+    let no_disk = session(
+        true,
+        Some(3 << 20),
+        DiskManagerBuilder::default().with_mode(DiskManagerMode::Disabled),
+        &[("gpusort.device", "cpu")],
+    );
+    let err = run(&no_disk, "SELECT * FROM t ORDER BY k")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("GpuSortExec could not spill a sorted run"), "{err}");
+    assert!(err.to_lowercase().contains("disk"), "{err}");
+    assert_eq!(no_disk.runtime_env().memory_pool.reserved(), 0);
+}
+
+#[tokio::test]
+async fn a_pool_too_small_to_progress_says_what_it_needs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ours = session(true, Some(64 << 10), disk_in(tmp.path()), &[("gpusort.device", "cpu")]);
+    let err = run(&ours, "SELECT * FROM t ORDER BY k").await.unwrap_err().to_string();
+    assert!(err.contains("GpuSortExec needs at least"), "{err}");
+    assert!(err.contains("raise the memory limit"), "{err}");
+    assert_eq!(ours.runtime_env().memory_pool.reserved(), 0);
+    assert_eq!(files_under(tmp.path()), 0);
+}
+
+/// A partition that yields `batches` and then waits forever: a query over it never finishes.
+#[derive(Debug)]
+struct Stalling(Vec<RecordBatch>);
+
+impl PartitionStream for Stalling {
+    fn schema(&self) -> &SchemaRef {
+        self.0[0].schema_ref()
+    }
+
+    fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
+        let batches = self.0.clone();
+        Box::pin(RecordBatchStreamAdapter::new(
+            self.0[0].schema(),
+            futures::stream::iter(batches.into_iter().map(Ok)).chain(futures::stream::pending()),
+        ))
+    }
+}
+
+#[tokio::test]
+async fn a_query_cancelled_after_spilling_leaves_no_files_and_no_reservation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pool: Arc<dyn MemoryPool> = Arc::new(FairSpillPool::new(3 << 20));
+    let runtime = RuntimeEnvBuilder::new()
+        .with_memory_pool(Arc::clone(&pool))
+        .with_disk_manager_builder(disk_in(tmp.path()))
+        .build_arc()
+        .unwrap();
+    let ctx = Arc::new(TaskContext::default().with_runtime(runtime));
+    let input =
+        StreamingTableExec::try_new(schema(), vec![Arc::new(Stalling(batches()))], None, vec![], false, None).unwrap();
+    let order = LexOrdering::new([PhysicalSortExpr::new(
+        col("k", &schema()).unwrap(),
+        SortOptions::default(),
+    )])
+    .unwrap();
+    let mut options = GpuSortConfig::default();
+    options.device = "cpu".parse().unwrap();
+    let sort = Arc::new(
+        GpuSortExec::try_new(order, Arc::new(input))
+            .unwrap()
+            .with_options(options),
+    );
+    let mut stream = execute_stream(Arc::clone(&sort) as _, ctx).unwrap();
+    // The whole input is read and spilled, then the sort waits for more that never comes.
+    let waited = tokio::time::timeout(Duration::from_secs(5), stream.next()).await;
+    assert!(
+        waited.is_err(),
+        "the query cannot finish: {:?}",
+        waited.map(|b| b.map(|b| b.map(|b| b.num_rows())))
+    );
+    let spilled = sort_metrics(&(sort as Arc<dyn ExecutionPlan>));
+    assert!(metric(&spilled, "spill_count") >= 2, "{spilled}");
+    assert!(files_under(tmp.path()) >= 2, "spill files exist while it runs");
+    drop(stream);
+    // Spill writes run on blocking threads; give one that was in flight time to end.
+    for _ in 0..50 {
+        if files_under(tmp.path()) == 0 && pool.reserved() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(files_under(tmp.path()), 0, "spill files removed on cancel");
+    assert_eq!(pool.reserved(), 0, "reservation freed on cancel");
+}
