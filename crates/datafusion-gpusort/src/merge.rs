@@ -22,7 +22,7 @@ use datafusion::error::Result;
 use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream};
 use datafusion::physical_expr::LexOrdering;
-use datafusion::physical_plan::metrics::{BaselineMetrics, RecordOutput};
+use datafusion::physical_plan::metrics::{BaselineMetrics, RecordOutput, Time};
 use futures::{Stream, StreamExt};
 
 /// One run's current batch and position in it.
@@ -50,6 +50,8 @@ pub struct RunMergeStream {
     /// Rows still to produce (`usize::MAX`: all).
     remaining: usize,
     metrics: Option<BaselineMetrics>,
+    /// Time spent merging (besides `elapsed_compute`).
+    merge_time: Option<Time>,
     /// Memory the merge holds until it is dropped.
     _reservation: Option<MemoryReservation>,
     done: bool,
@@ -84,6 +86,7 @@ impl RunMergeStream {
             batch_size: batch_size.max(1),
             remaining: fetch.unwrap_or(usize::MAX),
             metrics: None,
+            merge_time: None,
             _reservation: None,
             done: false,
         })
@@ -92,6 +95,12 @@ impl RunMergeStream {
     /// Records output rows and compute time in `metrics`.
     pub fn with_metrics(mut self, metrics: BaselineMetrics) -> Self {
         self.metrics = Some(metrics);
+        self
+    }
+
+    /// Also records the time spent merging in `time`.
+    pub fn with_merge_time(mut self, time: Time) -> Self {
+        self.merge_time = Some(time);
         self
     }
 
@@ -198,6 +207,8 @@ impl RunMergeStream {
             }
             let elapsed = self.metrics.as_ref().map(|m| m.elapsed_compute().clone());
             let _timer = elapsed.as_ref().map(|t| t.timer());
+            let merge_time = self.merge_time.clone();
+            let _merge_timer = merge_time.as_ref().map(|t| t.timer());
             while let Some(&run) = self.heap.first() {
                 if self.indices.len() >= self.batch_size || self.remaining == 0 {
                     break;

@@ -111,6 +111,9 @@ pub struct GpuSortMetrics {
     /// Merges of some runs into one spilled run, when there were more runs than the merge
     /// could read at once.
     pub intermediate_merges: Count,
+    /// Steps of the final merge by key ranges (each a sort of one key range of all runs); 0
+    /// when the row-by-row heap merge ran instead (too little memory for a step).
+    pub range_merge_steps: Count,
     /// Time spent writing runs to disk (sorting them is in `sort_time`).
     pub spill_time: Time,
     /// Time spent merging runs (the final merge is also in `elapsed_compute`).
@@ -151,6 +154,7 @@ impl GpuSortMetrics {
             runs: summary().counter("runs", partition),
             budget_runs: dev().counter("budget_runs", partition),
             intermediate_merges: dev().counter("intermediate_merges", partition),
+            range_merge_steps: dev().counter("range_merge_steps", partition),
             spill_time: dev().subset_time("spill_time", partition),
             merge_time: summary().subset_time("merge_time", partition),
             spill: SpillMetrics::new(set, partition),

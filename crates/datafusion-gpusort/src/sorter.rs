@@ -44,7 +44,7 @@ use datafusion::physical_plan::SendableRecordBatchStream;
 use datafusion::physical_plan::metrics::RecordOutput;
 use datafusion::physical_plan::spill::SpillManager;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use gpusort::{SortKey, SortOutput, SortRequest, SortSpec};
 use gpusort_cuda::{CudaBackend, CudaSortError};
 use rayon::prelude::*;
@@ -497,6 +497,12 @@ impl GpuSorter {
                 return Err(too_small(need, "to merge two sorted runs", e));
             }
             let need = merge_bytes(&self.runs[..k]);
+            if k == n
+                && let Some(chunk_rows) = self.range_merge_chunk()
+            {
+                // The final merge, by sorting key ranges of all runs at once.
+                return self.range_merge(need, chunk_rows);
+            }
             let group: Vec<SortedRun> = self.runs.drain(..k).collect();
             let held: usize = group.iter().map(|r| r.memory_bytes()).sum();
             let streams = group
@@ -516,13 +522,13 @@ impl GpuSorter {
                 return Ok(Box::pin(
                     merge
                         .with_metrics(self.metrics.baseline.clone())
+                        .with_merge_time(merge_time)
                         .with_reservation(reservation),
                 ));
             }
             // More runs than one merge can read: merge the leading ones into one spilled run.
             let merged = {
-                let _timer = merge_time.timer();
-                let mut merge = merge;
+                let mut merge = merge.with_merge_time(merge_time.clone());
                 let mut file = self.spill.create_in_progress_file("GpuSortExec merged run")?;
                 let (mut rows, mut max_batch_bytes) = (0, 0);
                 while let Some(batch) = merge.next().await {
@@ -544,6 +550,68 @@ impl GpuSorter {
                 self.runs.insert(0, run);
             }
         }
+    }
+
+    /// Rows of one step of the range merge of `runs`, with their memory reserved: the run size
+    /// (what one GPU sort holds, or `gpusort.max_run_rows`; 4M rows on the CPU), halved until
+    /// the pool grants it (down to 64K rows). `None` when it does not: the heap merge then runs,
+    /// in less memory.
+    fn range_merge_chunk(&mut self) -> Option<usize> {
+        let bytes_per_row = self
+            .runs
+            .iter()
+            .map(|r| match r {
+                SortedRun::Memory { bytes, .. } => bytes.div_ceil(r.rows().max(1)),
+                SortedRun::Spilled { max_batch_bytes, .. } => max_batch_bytes.div_ceil(self.batch_size),
+            })
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        let mut rows = self.run_rows.flatten().unwrap_or(RANGE_MERGE_CPU_ROWS);
+        loop {
+            if self
+                .reservation
+                .try_grow(range_merge_bytes(rows, bytes_per_row, self.expr.len()))
+                .is_ok()
+            {
+                return Some(rows);
+            }
+            if rows / 2 < RANGE_MERGE_MIN_ROWS {
+                return None;
+            }
+            rows /= 2;
+        }
+    }
+
+    /// The final merge by key ranges: each step takes, from every run, its rows below one
+    /// splitter key, sorts their keys (on the GPU when there is one) and gathers the rows
+    /// through the permutation (see [`RangeMerge`]). The step's memory is reserved, and `need`
+    /// (the heap merge's), which it gives back.
+    fn range_merge(mut self, need: usize, chunk_rows: usize) -> Result<SendableRecordBatchStream> {
+        self.reservation.shrink(need);
+        let runs = std::mem::take(&mut self.runs);
+        let readers = runs
+            .into_iter()
+            .map(|r| Ok(RunReader::new(r.into_stream(&self.spill)?)))
+            .collect::<Result<Vec<_>>>()?;
+        let schema = Arc::clone(&self.schema);
+        let state = RangeMerge {
+            remaining: self.fetch.unwrap_or(usize::MAX),
+            sorter: self,
+            readers,
+            chunk_rows,
+        };
+        let stream = futures::stream::unfold(Some(state), |state| async move {
+            let mut state = state?;
+            match state.next_step().await {
+                Ok(Some(batches)) => Some((Ok(batches), Some(state))),
+                Ok(None) => None,
+                Err(e) => Some((Err(e), None)),
+            }
+        })
+        .map_ok(|batches| futures::stream::iter(batches.into_iter().map(Ok)))
+        .try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
     }
 
     /// Sorts `batches` in one piece and returns the sorted rows (at most `limit`). The caller
@@ -662,6 +730,289 @@ fn gather(batches: &[RecordBatch], indices: &[u32]) -> Result<RecordBatch> {
         .collect();
     let refs: Vec<&RecordBatch> = batches.iter().collect();
     Ok(interleave_record_batch(&refs, &pairs)?)
+}
+
+/// Rows a range-merge step takes when sorts run on the CPU.
+const RANGE_MERGE_CPU_ROWS: usize = 4 << 20;
+
+/// Fewest rows a range-merge step takes; with less memory the heap merge runs.
+const RANGE_MERGE_MIN_ROWS: usize = 1 << 16;
+
+/// Memory one range-merge step of `rows` rows holds: the rows read, their gathered copy, and
+/// the sort of their keys.
+fn range_merge_bytes(rows: usize, bytes_per_row: usize, keys: usize) -> usize {
+    rows * (2 * bytes_per_row + KEY_BYTES_PER_ROW_AND_KEY * keys.max(1) + 16 + 4)
+}
+
+/// A run being read by the range merge: the batches read and not yet taken (with their sort
+/// key columns), rows taken from the first one, and the rest of the run.
+struct RunReader {
+    stream: SendableRecordBatchStream,
+    loaded: std::collections::VecDeque<(RecordBatch, Vec<ArrayRef>)>,
+    /// Rows of the first loaded batch already taken.
+    offset: usize,
+    /// Rows loaded and not taken.
+    rows: usize,
+    done: bool,
+}
+
+/// A row of a loaded batch: its sort key columns and its index.
+#[derive(Clone)]
+struct KeyRef {
+    keys: Vec<ArrayRef>,
+    row: usize,
+}
+
+impl RunReader {
+    fn new(stream: SendableRecordBatchStream) -> Self {
+        Self {
+            stream,
+            loaded: Default::default(),
+            offset: 0,
+            rows: 0,
+            done: false,
+        }
+    }
+
+    /// Reads batches until `rows` rows are loaded or the run ends.
+    async fn load(&mut self, rows: usize, expr: &LexOrdering) -> Result<()> {
+        while !self.done && self.rows < rows {
+            match self.stream.next().await {
+                Some(batch) => {
+                    let batch = batch?;
+                    if batch.num_rows() == 0 {
+                        continue;
+                    }
+                    let keys = expr
+                        .iter()
+                        .map(|e| e.expr.evaluate(&batch)?.into_array(batch.num_rows()))
+                        .collect::<Result<Vec<_>>>()?;
+                    self.rows += batch.num_rows();
+                    self.loaded.push_back((batch, keys));
+                }
+                None => self.done = true,
+            }
+        }
+        Ok(())
+    }
+
+    /// The last loaded row.
+    fn last(&self) -> Option<KeyRef> {
+        self.loaded.back().map(|(b, keys)| KeyRef {
+            keys: keys.clone(),
+            row: b.num_rows() - 1,
+        })
+    }
+
+    /// Loaded rows before the first that `before` does not place ahead of `bound` (binary
+    /// search: the loaded rows are sorted).
+    fn count(&self, cmp: &KeyCmp, bound: &KeyRef, before: impl Fn(std::cmp::Ordering) -> bool) -> Result<usize> {
+        let mut n = 0;
+        for (i, (batch, keys)) in self.loaded.iter().enumerate() {
+            let start = if i == 0 { self.offset } else { 0 };
+            let c = cmp.comparator(keys, &bound.keys)?;
+            let len = batch.num_rows();
+            if before(c(len - 1, bound.row)) {
+                n += len - start;
+                continue;
+            }
+            let (mut lo, mut hi) = (start, len - 1);
+            while lo < hi {
+                let mid = (lo + hi) / 2;
+                if before(c(mid, bound.row)) {
+                    lo = mid + 1;
+                } else {
+                    hi = mid;
+                }
+            }
+            return Ok(n + lo - start);
+        }
+        Ok(n)
+    }
+
+    /// Takes the next `n` loaded rows, as slices.
+    fn take(&mut self, mut n: usize, out: &mut Vec<RecordBatch>) {
+        self.rows -= n;
+        while n > 0 {
+            let (batch, _) = self.loaded.front().expect("rows loaded");
+            let len = batch.num_rows() - self.offset;
+            if n < len {
+                out.push(batch.slice(self.offset, n));
+                self.offset += n;
+                return;
+            }
+            out.push(batch.slice(self.offset, len));
+            self.loaded.pop_front();
+            self.offset = 0;
+            n -= len;
+        }
+    }
+}
+
+/// Compares rows of two batches' sort key columns in the sort's order.
+struct KeyCmp {
+    options: Vec<arrow::compute::SortOptions>,
+}
+
+impl KeyCmp {
+    fn comparator(
+        &self,
+        left: &[ArrayRef],
+        right: &[ArrayRef],
+    ) -> Result<impl Fn(usize, usize) -> std::cmp::Ordering + use<>> {
+        let cmps = left
+            .iter()
+            .zip(right)
+            .zip(&self.options)
+            .map(|((l, r), o)| arrow::array::make_comparator(l.as_ref(), r.as_ref(), *o))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(move |i: usize, j: usize| {
+            for c in &cmps {
+                match c(i, j) {
+                    std::cmp::Ordering::Equal => continue,
+                    o => return o,
+                }
+            }
+            std::cmp::Ordering::Equal
+        })
+    }
+
+    fn compare(&self, a: &KeyRef, b: &KeyRef) -> Result<std::cmp::Ordering> {
+        Ok(self.comparator(&a.keys, &b.keys)?(a.row, b.row))
+    }
+}
+
+/// The final merge by key ranges ([`GpuSorter::range_merge`]).
+///
+/// Each step reads about `chunk_rows / runs` more rows of every run, takes as splitter the
+/// smallest of the runs' last loaded rows (runs read to the end do not count), and takes from
+/// every run its loaded rows below the splitter: all rows of the whole input below it, since
+/// each run is sorted and loaded at least that far. Those rows, concatenated in run order,
+/// are sorted by their keys alone — stably, so ties keep their run order, which is input order
+/// — and gathered in parallel. When no loaded row is below the splitter, the rows equal to it
+/// come first in the output: they leave run by run, unsorted (they are all equal).
+///
+/// The steps replace a row-by-row heap merge (one core) with sorts that use the GPU or every
+/// core; each step's memory is reserved once for the whole merge.
+struct RangeMerge {
+    sorter: GpuSorter,
+    readers: Vec<RunReader>,
+    chunk_rows: usize,
+    remaining: usize,
+}
+
+impl RangeMerge {
+    async fn next_step(&mut self) -> Result<Option<Vec<RecordBatch>>> {
+        if self.remaining == 0 {
+            self.finish();
+            return Ok(None);
+        }
+        let merge_time = self.sorter.metrics.merge_time.clone();
+        let expr = self.sorter.expr.clone();
+        let cmp = KeyCmp {
+            options: expr.iter().map(|e| e.options).collect(),
+        };
+        let open = self.readers.iter().filter(|r| !r.done).count().max(1);
+        let per_run = (self.chunk_rows / open).max(1);
+        for r in self.readers.iter_mut() {
+            r.load(per_run, &expr).await?;
+        }
+        let _timer = merge_time.timer();
+        // The splitter: the smallest last loaded row of the runs that go on.
+        let mut splitter: Option<KeyRef> = None;
+        for r in self.readers.iter().filter(|r| !r.done) {
+            if let Some(last) = r.last()
+                && match &splitter {
+                    None => true,
+                    Some(s) => cmp.compare(&last, s)?.is_lt(),
+                }
+            {
+                splitter = Some(last);
+            }
+        }
+        let mut parts = vec![];
+        match splitter {
+            None => {
+                // Every run is loaded to its end: all that is left.
+                for r in self.readers.iter_mut() {
+                    let n = r.rows;
+                    r.take(n, &mut parts);
+                }
+            }
+            Some(s) => {
+                let counts = self
+                    .readers
+                    .iter()
+                    .map(|r| r.count(&cmp, &s, |o| o.is_lt()))
+                    .collect::<Result<Vec<_>>>()?;
+                if counts.iter().all(|c| *c == 0) {
+                    // Nothing below the splitter: the rows equal to it are the smallest left.
+                    drop(_timer);
+                    let mut equal = vec![];
+                    for i in 0..self.readers.len() {
+                        loop {
+                            let r = &mut self.readers[i];
+                            let n = r.count(&cmp, &s, |o| o.is_le())?;
+                            let all = n == r.rows;
+                            r.take(n, &mut equal);
+                            if !all || r.done {
+                                break;
+                            }
+                            r.load(r.rows + self.sorter.batch_size, &expr).await?;
+                        }
+                    }
+                    self.sorter.metrics.range_merge_steps.add(1);
+                    return Ok(Some(self.emit(equal)));
+                }
+                for (r, n) in self.readers.iter_mut().zip(counts) {
+                    r.take(n, &mut parts);
+                }
+            }
+        }
+        drop(_timer);
+        if parts.is_empty() {
+            self.finish();
+            return Ok(None);
+        }
+        self.sorter.metrics.range_merge_steps.add(1);
+        let limit = (self.remaining != usize::MAX).then_some(self.remaining);
+        let permutation = self.sorter.sort_keys(&parts, limit).await?;
+        let batch_size = self.sorter.batch_size;
+        let gathered = blocking(move || {
+            permutation
+                .values()
+                .par_chunks(batch_size)
+                .map(|chunk| gather(&parts, chunk))
+                .collect::<Result<Vec<_>>>()
+        })
+        .await?;
+        Ok(Some(self.emit(gathered)))
+    }
+
+    /// Counts `batches` as output (cut to what the `LIMIT` has left).
+    fn emit(&mut self, batches: Vec<RecordBatch>) -> Vec<RecordBatch> {
+        let mut out = Vec::with_capacity(batches.len());
+        for b in batches {
+            if self.remaining == 0 {
+                break;
+            }
+            let b = if b.num_rows() > self.remaining {
+                b.slice(0, self.remaining)
+            } else {
+                b
+            };
+            self.remaining = self.remaining.saturating_sub(b.num_rows());
+            (&b).record_output(&self.sorter.metrics.baseline);
+            out.push(b);
+        }
+        out
+    }
+
+    /// Closes the runs (spill files are deleted when their readers go) and frees the memory.
+    fn finish(&mut self) {
+        self.readers.clear();
+        self.sorter.reservation.free();
+    }
 }
 
 /// Runs `f` on tokio's blocking threads (sorts, gathers and spill writes are CPU or I/O

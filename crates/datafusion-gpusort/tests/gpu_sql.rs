@@ -17,6 +17,9 @@ use tables::{compare_with_stock, context, rows};
 #[path = "support/sql_fuzz.rs"]
 mod sql_fuzz;
 
+#[path = "support/external.rs"]
+mod external;
+
 mod common;
 use common::slt::{SORT_SLT_FILES, TIE_ORDER_DIFFERENCES, run_slt_suite, with_options};
 
@@ -144,4 +147,53 @@ async fn gpu_sql_fuzz_matches_stock_datafusion() {
     assert!(report.gpu_sorts > 0, "no sort ran on the GPU: {report:?}");
     // A mismatch panics inside run_sql_fuzz; failure_samples lists queries both engines reject.
     assert_eq!(report.cases, cases, "{report:?}");
+}
+
+/// The external sort on the GPU: a GPU memory budget far below the input cuts it into runs
+/// (at least 8), each sorted on the GPU; with a small memory pool too, runs spill and their keys
+/// sort on the GPU. Results equal stock DataFusion's stable order, the pool returns to zero and
+/// no spill file is left.
+#[tokio::test]
+async fn gpu_external_sort_in_budget_sized_runs() {
+    if !gpu_present() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let stock = external::session(false, None, external::disk_in(tmp.path()), &[]);
+    // ~72 bytes of device memory per row plus 16 MiB of scratch: runs of about 14K rows.
+    let budget = [
+        ("gpusort.device", "0"),
+        ("gpusort.min_rows", "0"),
+        ("gpusort.gpu_memory_limit", "17M"),
+    ];
+    for pool in [None, Some(3 << 20)] {
+        let ours = external::session(true, pool, external::disk_in(tmp.path()), &budget);
+        for (q, stable) in external::QUERIES {
+            let (expected, _) = external::run(&stock, stable).await.unwrap();
+            let (actual, m) = external::run(&ours, q).await.unwrap();
+            assert_eq!(
+                external::render(&actual),
+                external::render(&expected),
+                "{q}, pool {pool:?}"
+            );
+            let (runs, gpu_sorts) = (external::metric(&m, "runs"), external::metric(&m, "gpu_sorts"));
+            println!(
+                "{q}, pool {pool:?}: {runs} runs ({} for the GPU budget), {gpu_sorts} GPU sorts, {} spill files, path {}",
+                external::metric(&m, "budget_runs"),
+                external::metric(&m, "spill_count"),
+                m.iter()
+                    .filter(|x| x.value().name() == "path")
+                    .map(|x| x.value().to_string())
+                    .collect::<Vec<_>>()
+                    .join(" / ")
+            );
+            assert!(runs >= 8, "{q}: {runs} runs");
+            assert!(gpu_sorts >= runs, "{q}: {gpu_sorts} GPU sorts for {runs} runs: {m}");
+            if pool.is_some() {
+                assert!(external::metric(&m, "spill_count") >= 2, "{q}: {m}");
+            }
+            assert_eq!(ours.runtime_env().memory_pool.reserved(), 0, "{q}");
+            assert_eq!(external::files_under(tmp.path()), 0, "{q}");
+        }
+    }
 }

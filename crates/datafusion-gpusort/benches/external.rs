@@ -1,0 +1,330 @@
+//! The external sort, end to end: `SELECT * FROM t ORDER BY k` over a table of a random u64
+//! key and 4 u64 columns (400M rows, ~16 GB, by default), with a host memory pool that forces
+//! spilling and a GPU memory budget far below the table, against stock DataFusion under the
+//! same memory pool, and against gpusort's in-memory sort of the same table (no limits) — all
+//! in one run. Every output is streamed (not collected) and checked: sorted by `k`, the same
+//! row count, and the same wrapping sums of every column as the input.
+//!
+//! ```text
+//! cargo bench -p datafusion-gpusort --bench external --no-run    # the binary for a GPU machine
+//! EXT_ROWS=2000000 EXT_POOL=64M EXT_GPU_LIMIT=32M cargo bench -p datafusion-gpusort --bench external
+//! ```
+//!
+//! Environment: `EXT_ROWS` (default 400,000,000), `EXT_POOL` (the memory pool of the limited
+//! contenders, default `4G`), `EXT_GPU_LIMIT` (`gpusort.gpu_memory_limit`, default `2G`),
+//! `EXT_PARTITIONS` (table partitions and `target_partitions`, default 16), `EXT_SPILL_DIR`
+//! (default the system temp dir), `EXT_CONTENDERS` (comma-separated labels to run, default
+//! all: `stock`, `gpusort`, `gpusort-cpu`, `in-memory`), `EXT_CSV` (also write the table there).
+
+use std::error::Error;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow::array::{ArrayRef, AsArray, RecordBatch, UInt64Array};
+use arrow::datatypes::{DataType, Field, Schema, UInt64Type};
+use datafusion::datasource::MemTable;
+use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
+use datafusion::execution::memory_pool::FairSpillPool;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::physical_plan::metrics::MetricsSet;
+use datafusion::physical_plan::{ExecutionPlan, execute_stream};
+use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_gpusort::{ByteSize, SessionStateBuilderExt};
+use futures::StreamExt;
+use rand::prelude::*;
+use rand::rngs::SmallRng;
+use rayon::prelude::*;
+
+mod common;
+use common::{SEED, env_usize};
+
+type Result<T> = std::result::Result<T, Box<dyn Error>>;
+
+const COLUMNS: usize = 5;
+const BATCH: usize = 8192;
+
+/// The table, split into `partitions`, and the wrapping sum of every column.
+fn table(rows: usize, partitions: usize) -> (Vec<Vec<RecordBatch>>, [u64; COLUMNS]) {
+    let schema = schema();
+    let batches: Vec<RecordBatch> = (0..rows.div_ceil(BATCH))
+        .into_par_iter()
+        .map(|b| {
+            let mut rng = SmallRng::seed_from_u64(SEED ^ (b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let n = BATCH.min(rows - b * BATCH);
+            let columns: Vec<ArrayRef> = (0..COLUMNS)
+                .map(|_| Arc::new(UInt64Array::from_iter_values((0..n).map(|_| rng.random::<u64>()))) as ArrayRef)
+                .collect();
+            RecordBatch::try_new(Arc::clone(&schema), columns).unwrap()
+        })
+        .collect();
+    let sums = batches.par_iter().map(sums_of).reduce(|| [0; COLUMNS], add_sums);
+    let mut parts = vec![vec![]; partitions.max(1)];
+    let n = parts.len();
+    for (i, b) in batches.into_iter().enumerate() {
+        parts[i % n].push(b);
+    }
+    (parts, sums)
+}
+
+fn schema() -> Arc<Schema> {
+    let mut fields = vec![Field::new("k", DataType::UInt64, false)];
+    fields.extend((1..COLUMNS).map(|i| Field::new(format!("c{i}"), DataType::UInt64, false)));
+    Arc::new(Schema::new(fields))
+}
+
+fn sums_of(b: &RecordBatch) -> [u64; COLUMNS] {
+    let mut s = [0u64; COLUMNS];
+    for (c, sum) in s.iter_mut().enumerate() {
+        *sum = b
+            .column(c)
+            .as_primitive::<UInt64Type>()
+            .values()
+            .iter()
+            .fold(0u64, |a, v| a.wrapping_add(*v));
+    }
+    s
+}
+
+fn add_sums(a: [u64; COLUMNS], b: [u64; COLUMNS]) -> [u64; COLUMNS] {
+    std::array::from_fn(|i| a[i].wrapping_add(b[i]))
+}
+
+/// One way of running the query.
+struct Contender {
+    label: &'static str,
+    gpusort: bool,
+    /// The memory pool is limited.
+    limited: bool,
+    /// `gpusort.*` options.
+    options: &'static [(&'static str, &'static str)],
+}
+
+const CONTENDERS: &[Contender] = &[
+    Contender {
+        label: "stock",
+        gpusort: false,
+        limited: true,
+        options: &[],
+    },
+    Contender {
+        label: "gpusort",
+        gpusort: true,
+        limited: true,
+        options: &[],
+    },
+    Contender {
+        label: "gpusort-cpu",
+        gpusort: true,
+        limited: true,
+        options: &[("gpusort.device", "cpu")],
+    },
+    Contender {
+        label: "in-memory",
+        gpusort: true,
+        limited: false,
+        options: &[],
+    },
+];
+
+struct Outcome {
+    time: Duration,
+    rows: usize,
+    ok: bool,
+    metrics: MetricsSet,
+}
+
+async fn run(
+    c: &Contender,
+    parts: &[Vec<RecordBatch>],
+    sums: [u64; COLUMNS],
+    pool: usize,
+    gpu_limit: &str,
+) -> Result<Outcome> {
+    let partitions = parts.len();
+    let spill_dir = std::env::var("EXT_SPILL_DIR").unwrap_or_else(|_| std::env::temp_dir().display().to_string());
+    let mut runtime = RuntimeEnvBuilder::new().with_disk_manager_builder(
+        DiskManagerBuilder::default().with_mode(DiskManagerMode::Directories(vec![spill_dir.into()])),
+    );
+    if c.limited {
+        runtime = runtime.with_memory_pool(Arc::new(FairSpillPool::new(pool)));
+    }
+    let config = SessionConfig::new().with_target_partitions(partitions);
+    let mut builder = SessionStateBuilder::new()
+        .with_config(config)
+        .with_runtime_env(runtime.build_arc()?)
+        .with_default_features();
+    if c.gpusort {
+        builder = builder.with_gpusort();
+    }
+    let ctx = SessionContext::new_with_state(builder.build());
+    if c.gpusort {
+        ctx.sql(&format!(
+            "SET gpusort.gpu_memory_limit = '{}'",
+            if c.limited { gpu_limit } else { "0" }
+        ))
+        .await?;
+        for (k, v) in c.options {
+            ctx.sql(&format!("SET {k} = '{v}'")).await?;
+        }
+    }
+    ctx.register_table("t", Arc::new(MemTable::try_new(schema(), parts.to_vec())?))?;
+    let start = Instant::now();
+    let plan = ctx
+        .sql("SELECT * FROM t ORDER BY k")
+        .await?
+        .create_physical_plan()
+        .await?;
+    let mut stream = execute_stream(Arc::clone(&plan), ctx.task_ctx())?;
+    let (mut rows, mut last, mut sorted, mut got) = (0usize, 0u64, true, [0u64; COLUMNS]);
+    while let Some(batch) = stream.next().await {
+        let batch = batch?;
+        let k = batch.column(0).as_primitive::<UInt64Type>().values();
+        if let Some(first) = k.first() {
+            sorted &= *first >= last && k.windows(2).all(|w| w[0] <= w[1]);
+            last = *k.last().unwrap();
+        }
+        rows += batch.num_rows();
+        got = add_sums(got, sums_of(&batch));
+    }
+    let time = start.elapsed();
+    drop(stream);
+    let reserved = ctx.runtime_env().memory_pool.reserved();
+    if reserved != 0 {
+        return Err(format!("{}: {reserved} bytes still reserved", c.label).into());
+    }
+    Ok(Outcome {
+        time,
+        rows,
+        ok: sorted && got == sums,
+        metrics: metrics_of(&plan),
+    })
+}
+
+/// The metrics of the plan's sort operators, summed.
+fn metrics_of(plan: &Arc<dyn ExecutionPlan>) -> MetricsSet {
+    let mut out = MetricsSet::new();
+    if plan.name().contains("Sort")
+        && let Some(m) = plan.metrics()
+    {
+        for metric in m.iter() {
+            out.push(Arc::clone(metric));
+        }
+    }
+    for child in plan.children() {
+        for metric in metrics_of(child).iter() {
+            out.push(Arc::clone(metric));
+        }
+    }
+    out
+}
+
+fn count(m: &MetricsSet, name: &str) -> usize {
+    m.sum_by_name(name).map(|v| v.as_usize()).unwrap_or(0)
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn text(m: &MetricsSet, name: &str) -> String {
+    m.iter()
+        .filter(|x| x.value().name() == name)
+        .map(|x| x.value().to_string())
+        .find(|v| v != "none")
+        .unwrap_or_else(|| "-".into())
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let rows = env_usize("EXT_ROWS", 400_000_000);
+    let partitions = env_usize("EXT_PARTITIONS", 16);
+    let pool: ByteSize = std::env::var("EXT_POOL").unwrap_or_else(|_| "4G".into()).parse()?;
+    let gpu_limit = std::env::var("EXT_GPU_LIMIT").unwrap_or_else(|_| "2G".into());
+    let wanted = std::env::var("EXT_CONTENDERS").ok();
+    let start = Instant::now();
+    let (parts, sums) = table(rows, partitions);
+    let bytes = rows * COLUMNS * 8;
+    println!(
+        "external sort: {rows} rows x {COLUMNS} u64 ({:.1} GB), {partitions} partitions, pool {} ({} GB), gpusort.gpu_memory_limit {gpu_limit}; table made in {:.1} s",
+        bytes as f64 / 1e9,
+        pool,
+        pool.0 as f64 / 1e9,
+        start.elapsed().as_secs_f64()
+    );
+    let mut table = String::new();
+    writeln!(
+        table,
+        "| contender | pool | time ms | Mrows/s | vs stock | of in-memory | runs | spill files | spilled GB | merges | merge ms | path | cpu_fallback | ok |"
+    )?;
+    writeln!(table, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")?;
+    let mut results = vec![];
+    for c in CONTENDERS {
+        if let Some(w) = &wanted
+            && !w.split(',').any(|x| x.trim() == c.label)
+        {
+            continue;
+        }
+        eprintln!("running {} ...", c.label);
+        let out = run(c, &parts, sums, pool.0, &gpu_limit).await;
+        match &out {
+            Ok(o) => eprintln!("  {} in {:.0} ms", c.label, ms(o.time)),
+            Err(e) => eprintln!("  {} failed: {e}", c.label),
+        }
+        results.push((c, out));
+    }
+    let time_of = |label: &str| {
+        results
+            .iter()
+            .find(|(c, o)| c.label == label && o.is_ok())
+            .map(|(_, o)| o.as_ref().unwrap().time)
+    };
+    let (stock, memory) = (time_of("stock"), time_of("in-memory"));
+    for (c, out) in &results {
+        let Ok(o) = out else {
+            writeln!(table, "| {} | failed: {} |", c.label, out.as_ref().err().unwrap())?;
+            continue;
+        };
+        let ratio = |base: Option<Duration>| {
+            base.map_or("-".into(), |b| {
+                format!("{:.2}x", b.as_secs_f64() / o.time.as_secs_f64())
+            })
+        };
+        let share = |base: Option<Duration>| {
+            base.map_or("-".into(), |b| {
+                format!("{:.0}%", 100.0 * b.as_secs_f64() / o.time.as_secs_f64())
+            })
+        };
+        let m = &o.metrics;
+        writeln!(
+            table,
+            "| {} | {} | {:.0} | {:.1} | {} | {} | {} | {} | {:.2} | {} | {:.0} | {} | {} | {} |",
+            c.label,
+            if c.limited { pool.to_string() } else { "none".into() },
+            ms(o.time),
+            o.rows as f64 / o.time.as_secs_f64() / 1e6,
+            ratio(stock),
+            share(memory),
+            count(m, "runs"),
+            m.spill_count().unwrap_or(0),
+            m.spilled_bytes().unwrap_or(0) as f64 / 1e9,
+            count(m, "intermediate_merges"),
+            count(m, "merge_time") as f64 / 1e6,
+            text(m, "path"),
+            text(m, "cpu_fallback"),
+            if o.ok && o.rows == rows { "yes" } else { "NO" },
+        )?;
+    }
+    println!("{table}");
+    if let Ok(path) = std::env::var("EXT_CSV") {
+        std::fs::write(path, &table)?;
+    }
+    if results
+        .iter()
+        .any(|(_, o)| !matches!(o, Ok(o) if o.ok && o.rows == rows))
+    {
+        return Err("a contender failed or gave a wrong result".into());
+    }
+    Ok(())
+}
