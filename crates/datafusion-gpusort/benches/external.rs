@@ -317,6 +317,11 @@ async fn main() -> Result<()> {
         )?;
     }
     println!("{table}");
+    for (c, out) in &results {
+        if let (Ok(o), true) = (out, c.gpusort) {
+            println!("{} GpuSortExec metrics: {}", c.label, o.metrics.aggregate_by_name());
+        }
+    }
     if let Ok(path) = std::env::var("EXT_CSV") {
         std::fs::write(path, &table)?;
     }

@@ -10,17 +10,21 @@
 //!   what one GPU sort can hold within `gpusort.gpu_memory_limit` (or the device's free memory;
 //!   [`CudaBackend::max_rows_within`]), or when the memory pool refuses the next batch. Runs cut
 //!   for the GPU budget stay in memory while the pool allows; runs cut for memory are spilled.
-//! - **Sorting a run.** With room for a second copy of the run, it sorts like the in-memory
-//!   sort (payload moved on the GPU). Without it, only the key columns are sorted (on the GPU
-//!   or the CPU) and the rows are gathered through the permutation straight into the spill
-//!   file, `batch_size` rows at a time: the peak is the input plus its keys.
+//! - **Sorting a run.** A run sorts like the in-memory sort (the payload moved by the GPU's
+//!   record sort or the CPU's radix passes). The memory that needs — the sorted copy, the keys,
+//!   the permutation — is reserved with every buffered batch, so runs are at most about half
+//!   the pool and a run can always be sorted and then spilled, however full the pool is.
 //! - **Spill.** Runs are written as Arrow IPC through DataFusion's `SpillManager` (disk
 //!   manager, `datafusion.execution.spill_compression`, spill metrics); in-memory runs are
 //!   spilled first when the pool runs short.
-//! - **Merge.** A stable k-way merge on the rows' encoded keys ([`RunMergeStream`]) streams the
-//!   output. When the pool cannot hold a read buffer for every run, or there are more runs than
-//!   the disk manager's `max_spill_merge_fan_in`, the leading runs are merged into one spilled
-//!   run first (adjacent runs only, so ties keep their input order).
+//! - **Merge.** The final merge goes by key ranges ([`RangeMerge`]): each step takes from
+//!   every run its rows below a splitter key (the smallest of the runs' last rows read), sorts
+//!   their keys alone (on the GPU when there is one, else on every core) and gathers the rows
+//!   in parallel. With too little memory for a step, a stable row-by-row heap merge on the
+//!   rows' encoded keys ([`RunMergeStream`]) runs instead. When the pool cannot hold a read
+//!   buffer for every run, or there are more runs than the disk manager's
+//!   `max_spill_merge_fan_in`, the leading runs are first merged into one spilled run (adjacent
+//!   runs only, so ties keep their input order).
 //!
 //! Every byte held is reserved; the reservation returns to zero and spill files are deleted
 //! when the output stream ends or is dropped.
@@ -78,11 +82,11 @@ pub struct GpuSorter {
     options: GpuSortConfig,
     batch_size: usize,
     /// Input not yet sorted, its rows, its bytes, and the bytes reserved besides them for
-    /// sorting its keys (so a run can always be cut, however full the pool is).
+    /// sorting it ([`Self::work_bytes_of`]).
     batches: Vec<RecordBatch>,
     rows: usize,
     input_bytes: usize,
-    key_bytes: usize,
+    work_bytes: usize,
     /// Sorted runs, in input order.
     runs: Vec<SortedRun>,
     /// Most rows of one run (`Some(None)`: no limit; `None`: not known yet).
@@ -90,7 +94,7 @@ pub struct GpuSorter {
     /// Most runs one merge reads (0: no limit).
     fan_in: usize,
     spill: SpillManager,
-    /// Holds `input_bytes + key_bytes` plus the in-memory runs' bytes (and the working memory
+    /// Holds `input_bytes + work_bytes` plus the in-memory runs' bytes (and the working memory
     /// of a sort while one runs).
     reservation: MemoryReservation,
     metrics: GpuSortMetrics,
@@ -120,7 +124,7 @@ impl GpuSorter {
             batches: vec![],
             rows: 0,
             input_bytes: 0,
-            key_bytes: 0,
+            work_bytes: 0,
             runs: vec![],
             run_rows: None,
             fan_in,
@@ -151,7 +155,7 @@ impl GpuSorter {
             }
         }
         let input = get_record_batch_memory_size(&batch);
-        let keys = self.key_bytes_of(&batch);
+        let keys = self.work_bytes_of(&batch);
         let size = input + keys;
         while let Err(refused) = self.reservation.try_grow(size) {
             if self.spill_memory_runs().await? {
@@ -168,7 +172,7 @@ impl GpuSorter {
         }
         self.rows += n;
         self.input_bytes += input;
-        self.key_bytes += keys;
+        self.work_bytes += keys;
         self.batches.push(batch);
         if let Some(fetch) = self.fetch
             && self.rows >= TOPK_MIN_BUFFER_ROWS.max(fetch.saturating_mul(4))
@@ -197,16 +201,11 @@ impl GpuSorter {
             return self.stream_sorted(sorted);
         }
         if self.runs.is_empty() {
-            let headroom = self.headroom();
-            if self.reservation.try_grow(headroom).is_ok() {
-                // In memory, in one piece.
-                let batches = self.take_batches();
-                let sorted = self.sort_batches(batches, self.fetch).await?;
-                self.reservation.try_resize(get_record_batch_memory_size(&sorted))?;
-                return self.stream_sorted(sorted);
-            }
-            // No room for a second copy: sort it as a run (spilled if need be) and stream it
-            // back.
+            // In memory, in one piece (its working memory is reserved with the rows).
+            let batches = self.take_batches();
+            let sorted = self.sort_batches(batches, self.fetch).await?;
+            self.reservation.try_resize(get_record_batch_memory_size(&sorted))?;
+            return self.stream_sorted(sorted);
         }
         if self.rows > 0 {
             self.make_run(false).await?;
@@ -230,20 +229,16 @@ impl GpuSorter {
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
     }
 
-    /// Working memory a sort of the buffered rows in one piece needs besides what is reserved
-    /// for them: the sorted copy.
-    fn headroom(&self) -> usize {
-        self.input_bytes
-    }
-
     /// Bytes reserved for the buffered rows.
     fn held(&self) -> usize {
-        self.input_bytes + self.key_bytes
+        self.input_bytes + self.work_bytes
     }
 
-    /// Memory a sort of `batch`'s keys alone needs: the key columns (a copy of them, or their
-    /// values when they are expressions), the key words and the permutation.
-    fn key_bytes_of(&self, batch: &RecordBatch) -> usize {
+    /// Memory a sort of `batch`'s rows needs besides the rows: their sorted copy, the key
+    /// columns (their values when they are expressions), the key words and the permutation.
+    /// It is reserved with the rows, so a run can always be sorted the fast way (the payload
+    /// moved by the GPU or the CPU radix passes) and then spilled, however full the pool is.
+    fn work_bytes_of(&self, batch: &RecordBatch) -> usize {
         let rows = batch.num_rows();
         let columns: usize = self
             .expr
@@ -253,14 +248,14 @@ impl GpuSorter {
                 _ => 2 * 16 * rows,
             })
             .sum();
-        columns + rows * (KEY_BYTES_PER_ROW_AND_KEY * self.expr.len().max(1) + 4)
+        get_record_batch_memory_size(batch) + columns + rows * (KEY_BYTES_PER_ROW_AND_KEY * self.expr.len().max(1) + 4)
     }
 
     /// The buffered batches (the reservation still holds their bytes).
     fn take_batches(&mut self) -> Vec<RecordBatch> {
         self.rows = 0;
         self.input_bytes = 0;
-        self.key_bytes = 0;
+        self.work_bytes = 0;
         std::mem::take(&mut self.batches)
     }
 
@@ -273,29 +268,19 @@ impl GpuSorter {
             .collect()
     }
 
-    /// Cuts the buffered rows of a TopK sort down to their best `fetch`: in one piece when
-    /// the pool has room for a sorted copy, else by sorting the keys alone and gathering the
-    /// best rows.
+    /// Cuts the buffered rows of a TopK sort down to their best `fetch`.
     async fn compact_topk(&mut self, fetch: usize) -> Result<()> {
         let held = self.held();
-        let headroom = self.headroom();
         let batches = self.take_batches();
-        let best = if self.reservation.try_grow(headroom).is_ok() {
-            let best = self.sort_batches(batches, Some(fetch)).await?;
-            self.reservation.shrink(headroom);
-            best
-        } else {
-            let permutation = self.sort_keys(&batches, Some(fetch)).await?;
-            gather(&batches, permutation.values())?
-        };
+        let best = self.sort_batches(batches, Some(fetch)).await?;
         self.reservation.shrink(held);
         let size = get_record_batch_memory_size(&best);
-        let keys = self.key_bytes_of(&best);
-        self.reservation.try_grow(size + keys)?;
+        let work = self.work_bytes_of(&best);
+        self.reservation.try_grow(size + work)?;
         self.metrics.topk_compactions.add(1);
         self.rows = best.num_rows();
         self.input_bytes = size;
-        self.key_bytes = keys;
+        self.work_bytes = work;
         self.batches.push(best);
         Ok(())
     }
@@ -327,24 +312,17 @@ impl GpuSorter {
     /// cannot hold it), else kept in memory.
     async fn make_run(&mut self, spill: bool) -> Result<()> {
         let held = self.held();
-        let headroom = self.headroom();
         let batches = self.take_batches();
         self.metrics.runs.add(1);
-        let run = if self.reservation.try_grow(headroom).is_ok() {
-            let sorted = self.sort_batches(batches, self.fetch).await?;
-            let size = get_record_batch_memory_size(&sorted);
-            let slices = self.slices(&sorted)?;
-            drop(sorted);
-            if !spill && size <= held + headroom {
-                self.reservation.shrink(held + headroom - size);
-                Some(SortedRun::in_memory(slices, size))
-            } else {
-                let run = self.spill_batches(slices, "GpuSortExec sorted run").await?;
-                self.reservation.shrink(held + headroom);
-                run
-            }
+        let sorted = self.sort_batches(batches, self.fetch).await?;
+        let size = get_record_batch_memory_size(&sorted);
+        let slices = self.slices(&sorted)?;
+        drop(sorted);
+        let run = if !spill && size <= held {
+            self.reservation.shrink(held - size);
+            Some(SortedRun::in_memory(slices, size))
         } else {
-            let run = self.sort_into_spill(batches).await?;
+            let run = self.spill_batches(slices, "GpuSortExec sorted run").await?;
             self.reservation.shrink(held);
             run
         };
@@ -391,8 +369,7 @@ impl GpuSorter {
     }
 
     /// Sorts `batches` by their key columns alone and returns the permutation (its first
-    /// `limit` rows): a sort with the memory of the keys rather than a second copy of the rows
-    /// (reserved with the rows, [`Self::key_bytes_of`]).
+    /// `limit` rows).
     async fn sort_keys(&mut self, batches: &[RecordBatch], limit: Option<usize>) -> Result<UInt32Array> {
         let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
         let mut key_parts = Vec::with_capacity(batches.len());
@@ -421,40 +398,6 @@ impl GpuSorter {
             Ok(indices.slice(0, n))
         })
         .await
-    }
-
-    /// Sorts `batches` by their keys alone ([`Self::sort_keys`]) and gathers the rows through
-    /// the permutation straight into a spill file, `batch_size` rows at a time.
-    async fn sort_into_spill(&mut self, batches: Vec<RecordBatch>) -> Result<Option<SortedRun>> {
-        let permutation = self.sort_keys(&batches, self.fetch).await?;
-        let spill = self.spill.clone();
-        let batch_size = self.batch_size;
-        let time = self.metrics.spill_time.clone();
-        blocking(move || {
-            let _timer = time.timer();
-            // A few batches per core at a time: gathered in parallel, written in order.
-            let group = batch_size * rayon::current_num_threads().max(1);
-            let parts = permutation.values().chunks(group).map(|g| {
-                g.par_chunks(batch_size)
-                    .map(|chunk| gather(&batches, chunk))
-                    .collect::<Result<Vec<_>>>()
-            });
-            let mut file = spill.create_in_progress_file("GpuSortExec sorted run")?;
-            let (mut rows, mut max_batch_bytes) = (0, 0);
-            for part in parts {
-                for b in part? {
-                    max_batch_bytes = max_batch_bytes.max(file.append_batch(&b)?);
-                    rows += b.num_rows();
-                }
-            }
-            Ok(file.finish()?.map(|file| SortedRun::Spilled {
-                file,
-                rows,
-                max_batch_bytes,
-            }))
-        })
-        .await
-        .map_err(|e| e.context("GpuSortExec could not spill a sorted run"))
     }
 
     /// Merges the runs into the output stream (see the module docs).
@@ -615,7 +558,7 @@ impl GpuSorter {
     }
 
     /// Sorts `batches` in one piece and returns the sorted rows (at most `limit`). The caller
-    /// has reserved the working memory ([`Self::headroom`]).
+    /// has reserved the working memory ([`Self::work_bytes_of`]).
     async fn sort_batches(&mut self, batches: Vec<RecordBatch>, limit: Option<usize>) -> Result<RecordBatch> {
         let input = if batches.len() == 1 {
             batches.into_iter().next().unwrap()

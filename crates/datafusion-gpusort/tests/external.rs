@@ -51,13 +51,16 @@ async fn spilling_sorts_match_stock_and_keep_input_order_of_ties() {
             assert_eq!(render(&actual), render(&expected), "{q}, pool {pool}, {compression}");
             let (spills, runs) = (metric(&m, "spill_count"), metric(&m, "runs"));
             // ~9 MB of input through a 3 or 6 MB pool: a handful of runs, each one file.
-            assert!((2..=40).contains(&spills), "{q}: {spills} spill files");
+            assert!((2..=80).contains(&spills), "{q}: {spills} spill files");
             assert!(runs >= 2, "{q}: {runs} runs");
             // No room for a range-merge step: the heap merge.
             assert_eq!(metric(&m, "range_merge_steps"), 0, "{q}: {m}");
-            // Every run but the last is spilled, once.
+            // Every run but the last is spilled, once, and again by each merge of some runs
+            // into one (when a read buffer for every run does not fit the pool).
             let spilled = metric(&m, "spilled_rows");
-            assert!((ROWS / 2..=ROWS).contains(&spilled), "{q}: {spilled} rows spilled");
+            let merges = metric(&m, "intermediate_merges");
+            assert!(spilled >= ROWS / 2, "{q}: {spilled} rows spilled");
+            assert!(merges > 0 || spilled <= ROWS, "{q}: {spilled} rows spilled");
             assert_eq!(pool_impl.reserved(), 0, "{q}: the pool is back to 0");
             assert_eq!(files_under(tmp.path()), 0, "{q}: spill files removed");
         }
@@ -110,7 +113,7 @@ async fn more_runs_than_the_fan_in_merge_in_levels() {
 async fn limit_under_a_small_pool_keeps_only_its_rows() {
     let tmp = tempfile::tempdir().unwrap();
     let stock = session(false, None, disk_in(tmp.path()), &[]);
-    let ours = session(true, Some(2 << 20), disk_in(tmp.path()), &[("gpusort.device", "cpu")]);
+    let ours = session(true, Some(3 << 20), disk_in(tmp.path()), &[("gpusort.device", "cpu")]);
     for q in [
         "SELECT * FROM t ORDER BY k DESC, id LIMIT 50",
         "SELECT * FROM t ORDER BY s, id LIMIT 5000 OFFSET 10",
