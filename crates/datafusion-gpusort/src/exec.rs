@@ -6,7 +6,7 @@ use std::sync::Arc;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::Result;
 use datafusion::execution::TaskContext;
-use datafusion::execution::memory_pool::MemoryConsumer;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{LexOrdering, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, CardinalityEffect, EmissionType, ReplaceChildrenOptions};
@@ -253,6 +253,10 @@ impl ExecutionPlan for GpuSortExec {
             reservation,
             spill,
             context.runtime_env().disk_manager.max_spill_merge_fan_in(),
+            match context.memory_pool().memory_limit() {
+                MemoryLimit::Finite(limit) => Some(limit),
+                _ => None,
+            },
             metrics,
         );
         Ok(Box::pin(RecordBatchStreamAdapter::new(

@@ -89,6 +89,11 @@ pub struct GpuSorter {
     work_bytes: usize,
     /// Sorted runs, in input order.
     runs: Vec<SortedRun>,
+    /// Runs being written to disk in the background: their place in `runs` (an empty
+    /// placeholder until the write ends), the task, and the bytes held until then.
+    spilling: Vec<(usize, tokio::task::JoinHandle<Result<Option<SortedRun>>>, usize)>,
+    /// The memory pool's limit, when it has one.
+    memory_limit: Option<usize>,
     /// Most rows of one run (`Some(None)`: no limit; `None`: not known yet).
     run_rows: Option<Option<usize>>,
     /// Most runs one merge reads (0: no limit).
@@ -102,7 +107,8 @@ pub struct GpuSorter {
 
 impl GpuSorter {
     /// A sorter of rows of `schema` by `expr`, keeping the first `fetch` rows, spilling
-    /// through `spill` and merging at most `fan_in` runs at once (0: no limit).
+    /// through `spill`, merging at most `fan_in` runs at once (0: no limit), in a memory pool
+    /// of `memory_limit` bytes (`None`: no limit known).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         schema: SchemaRef,
@@ -113,6 +119,7 @@ impl GpuSorter {
         reservation: MemoryReservation,
         spill: SpillManager,
         fan_in: usize,
+        memory_limit: Option<usize>,
         metrics: GpuSortMetrics,
     ) -> Self {
         Self {
@@ -126,6 +133,8 @@ impl GpuSorter {
             input_bytes: 0,
             work_bytes: 0,
             runs: vec![],
+            spilling: vec![],
+            memory_limit,
             run_rows: None,
             fan_in,
             spill,
@@ -158,7 +167,7 @@ impl GpuSorter {
         let keys = self.work_bytes_of(&batch);
         let size = input + keys;
         while let Err(refused) = self.reservation.try_grow(size) {
-            if self.spill_memory_runs().await? {
+            if self.finish_spills().await? || self.spill_memory_runs().await? {
                 continue;
             }
             match self.fetch {
@@ -320,7 +329,15 @@ impl GpuSorter {
         drop(sorted);
         let run = if !spill && size <= held {
             self.reservation.shrink(held - size);
-            Some(SortedRun::in_memory(slices, size))
+            self.runs.push(SortedRun::in_memory(slices, size));
+            // When the next run could not be buffered beside this one, write this one to disk
+            // now, while the next one is read and sorted.
+            if let Some(limit) = self.memory_limit
+                && self.reservation.size() + held > limit
+            {
+                self.start_spill(self.runs.len() - 1);
+            }
+            return Ok(());
         } else {
             let run = self.spill_batches(slices, "GpuSortExec sorted run").await?;
             self.reservation.shrink(held);
@@ -342,30 +359,57 @@ impl GpuSorter {
         .map_err(|e| e.context("GpuSortExec could not spill a sorted run"))
     }
 
-    /// Spills every in-memory run; whether there was one.
-    async fn spill_memory_runs(&mut self) -> Result<bool> {
-        let mut spilled = false;
-        for i in 0..self.runs.len() {
-            if let SortedRun::Memory { .. } = &self.runs[i] {
-                let SortedRun::Memory { batches, bytes } = std::mem::replace(
-                    &mut self.runs[i],
-                    SortedRun::Memory {
-                        batches: vec![],
-                        bytes: 0,
-                    },
-                ) else {
-                    unreachable!()
-                };
-                if let Some(run) = self.spill_batches(batches, "GpuSortExec sorted run").await? {
-                    self.runs[i] = run;
-                }
-                self.reservation.shrink(bytes);
-                spilled = true;
-            }
+    /// Starts writing in-memory run `i` to disk on a blocking thread; its bytes stay reserved
+    /// until [`Self::finish_spills`] sees the write end.
+    fn start_spill(&mut self, i: usize) {
+        let SortedRun::Memory { batches, bytes } = std::mem::replace(
+            &mut self.runs[i],
+            SortedRun::Memory {
+                batches: vec![],
+                bytes: 0,
+            },
+        ) else {
+            return;
+        };
+        let spill = self.spill.clone();
+        let time = self.metrics.spill_time.clone();
+        let task = tokio::task::spawn_blocking(move || {
+            let _timer = time.timer();
+            spill_batches(&spill, batches.iter().map(Ok), "GpuSortExec sorted run")
+        });
+        self.spilling.push((i, task, bytes));
+    }
+
+    /// Waits for the runs being written to disk and releases their memory; whether there
+    /// were any.
+    async fn finish_spills(&mut self) -> Result<bool> {
+        if self.spilling.is_empty() {
+            return Ok(false);
         }
-        // Empty in-memory runs left behind by empty spills.
+        for (i, task, bytes) in std::mem::take(&mut self.spilling) {
+            let run = task
+                .await
+                .map_err(|e| GpuSortExecError::Task(e.to_string()))?
+                .map_err(|e| e.context("GpuSortExec could not spill a sorted run"))?;
+            if let Some(run) = run {
+                self.runs[i] = run;
+            }
+            self.reservation.shrink(bytes);
+        }
+        // Placeholders of runs that had no rows.
         self.runs.retain(|r| r.rows() > 0);
-        Ok(spilled)
+        Ok(true)
+    }
+
+    /// Spills every in-memory run, writing them in parallel; whether there was one.
+    async fn spill_memory_runs(&mut self) -> Result<bool> {
+        self.finish_spills().await?;
+        let memory: Vec<usize> = (0..self.runs.len()).filter(|&i| !self.runs[i].is_spilled()).collect();
+        for &i in &memory {
+            self.start_spill(i);
+        }
+        self.finish_spills().await?;
+        Ok(!memory.is_empty())
     }
 
     /// Sorts `batches` by their key columns alone and returns the permutation (its first
@@ -402,6 +446,7 @@ impl GpuSorter {
 
     /// Merges the runs into the output stream (see the module docs).
     async fn merge(mut self) -> Result<SendableRecordBatchStream> {
+        self.finish_spills().await?;
         let merge_time = self.metrics.merge_time.clone();
         loop {
             if self.runs.len() == 1 {
@@ -512,11 +557,8 @@ impl GpuSorter {
             .max(1);
         let mut rows = self.run_rows.flatten().unwrap_or(RANGE_MERGE_CPU_ROWS);
         loop {
-            if self
-                .reservation
-                .try_grow(range_merge_bytes(rows, bytes_per_row, self.expr.len()))
-                .is_ok()
-            {
+            let bytes = range_merge_bytes(rows, bytes_per_row, self.expr.len(), self.runs.len(), self.batch_size);
+            if self.reservation.try_grow(bytes).is_ok() {
                 return Some(rows);
             }
             if rows / 2 < RANGE_MERGE_MIN_ROWS {
@@ -533,9 +575,14 @@ impl GpuSorter {
     fn range_merge(mut self, need: usize, chunk_rows: usize) -> Result<SendableRecordBatchStream> {
         self.reservation.shrink(need);
         let runs = std::mem::take(&mut self.runs);
+        // Spilled runs read a few batches ahead, on their own tasks, while a step sorts.
+        let spill = self
+            .spill
+            .clone()
+            .with_batch_read_buffer_capacity(RANGE_MERGE_READ_AHEAD);
         let readers = runs
             .into_iter()
-            .map(|r| Ok(RunReader::new(r.into_stream(&self.spill)?)))
+            .map(|r| Ok(RunReader::new(r.into_stream(&spill)?)))
             .collect::<Result<Vec<_>>>()?;
         let schema = Arc::clone(&self.schema);
         let state = RangeMerge {
@@ -678,13 +725,18 @@ fn gather(batches: &[RecordBatch], indices: &[u32]) -> Result<RecordBatch> {
 /// Rows a range-merge step takes when sorts run on the CPU.
 const RANGE_MERGE_CPU_ROWS: usize = 4 << 20;
 
+/// Batches each spilled run reads ahead during the range merge.
+const RANGE_MERGE_READ_AHEAD: usize = 8;
+
 /// Fewest rows a range-merge step takes; with less memory the heap merge runs.
 const RANGE_MERGE_MIN_ROWS: usize = 1 << 16;
 
-/// Memory one range-merge step of `rows` rows holds: the rows read, their gathered copy, and
-/// the sort of their keys.
-fn range_merge_bytes(rows: usize, bytes_per_row: usize, keys: usize) -> usize {
+/// Memory one range-merge step of `rows` rows over `runs` runs of batches of `batch_size`
+/// rows holds: the rows read, their gathered copy, the sort of their keys, and the batches
+/// each run reads ahead.
+fn range_merge_bytes(rows: usize, bytes_per_row: usize, keys: usize, runs: usize, batch_size: usize) -> usize {
     rows * (2 * bytes_per_row + KEY_BYTES_PER_ROW_AND_KEY * keys.max(1) + 16 + 4)
+        + runs * (RANGE_MERGE_READ_AHEAD + 1) * batch_size * bytes_per_row
 }
 
 /// A run being read by the range merge: the batches read and not yet taken (with their sort
@@ -857,9 +909,8 @@ impl RangeMerge {
         };
         let open = self.readers.iter().filter(|r| !r.done).count().max(1);
         let per_run = (self.chunk_rows / open).max(1);
-        for r in self.readers.iter_mut() {
-            r.load(per_run, &expr).await?;
-        }
+        // All runs at once: spilled runs decode on their own tasks, in parallel.
+        futures::future::try_join_all(self.readers.iter_mut().map(|r| r.load(per_run, &expr))).await?;
         let _timer = merge_time.timer();
         // The splitter: the smallest last loaded row of the runs that go on.
         let mut splitter: Option<KeyRef> = None;
