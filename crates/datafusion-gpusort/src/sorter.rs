@@ -68,6 +68,9 @@ const TOPK_MIN_BUFFER_ROWS: usize = 1 << 20;
 /// words, double buffered, and the permutation).
 const KEY_BYTES_PER_ROW_AND_KEY: usize = 24;
 
+/// A run being written to disk on a blocking thread.
+type SpillTask = tokio::task::JoinHandle<Result<Option<SortedRun>>>;
+
 /// Where a sort runs.
 enum SortPath {
     Gpu(Arc<CudaBackend>),
@@ -91,7 +94,7 @@ pub struct GpuSorter {
     runs: Vec<SortedRun>,
     /// Runs being written to disk in the background: their place in `runs` (an empty
     /// placeholder until the write ends), the task, and the bytes held until then.
-    spilling: Vec<(usize, tokio::task::JoinHandle<Result<Option<SortedRun>>>, usize)>,
+    spilling: Vec<(usize, SpillTask, usize)>,
     /// The memory pool's limit, when it has one.
     memory_limit: Option<usize>,
     /// Most rows of one run (`Some(None)`: no limit; `None`: not known yet).
