@@ -28,10 +28,17 @@ pub fn install() -> Result<()> {
     .map_err(|e| CliError::Usage(format!("cannot install the Ctrl-C handler: {e}")))
 }
 
-/// Keeps `path` on the list of files Ctrl-C removes until the guard is dropped.
-pub fn remove_on_interrupt(path: &Path) -> PendingGuard {
-    pending().push(path.to_path_buf());
-    PendingGuard(path.to_path_buf())
+/// Creates a temporary file with `create` and keeps it on the list of files Ctrl-C removes
+/// until the guard is dropped. (A Ctrl-C while it is being created waits for it to be on the
+/// list.)
+pub fn create_removed_on_interrupt(
+    create: impl FnOnce() -> Result<NamedTempFile>,
+) -> Result<(NamedTempFile, PendingGuard)> {
+    let mut list = pending();
+    let temp = create()?;
+    list.push(temp.path().to_path_buf());
+    let guard = PendingGuard(temp.path().to_path_buf());
+    Ok((temp, guard))
 }
 
 /// Takes a path off the Ctrl-C list when dropped.

@@ -38,7 +38,7 @@ pub use sort::SortArgs;
     about = "Sort Parquet files by an SQL ORDER BY list, on the GPU",
     after_help = "Examples:\n  \
         gpusort sort data/*.parquet -o sorted.parquet --order-by \"ts DESC NULLS LAST, id\"\n  \
-        gpusort sort big.parquet -o out.parquet -k \"customer, amount DESC\" --memory-limit 8g --compression zstd(3)\n  \
+        gpusort sort big.parquet -o out.parquet -k \"customer, amount DESC\" --memory-limit 8g --compression 'zstd(3)'\n  \
         gpusort explain data/ --order-by \"id\"\n  \
         gpusort info"
 )]

@@ -49,7 +49,8 @@ pub struct PlanArgs {
     #[arg(long, value_name = "NAME", default_value = "auto", value_parser = parse_strategy)]
     pub strategy: StrategyChoice,
 
-    /// Sorts of fewer rows run on the CPU (a GPU round trip costs more than it saves)
+    /// Sorts of fewer rows run on the CPU (a GPU round trip costs more than it saves);
+    /// default: 100000
     #[arg(long, value_name = "ROWS")]
     pub min_rows: Option<usize>,
 

@@ -1,12 +1,12 @@
 //! Progress while a sort runs: a bar (indicatif) with the phase, rows, rows/s and time when
 //! stderr is a terminal; plain lines now and then when it is not; nothing with `--quiet`.
 //!
-//! A monitor thread reads the running plan's metrics (rows the scans produced, spills) a few
-//! times a second; the sort loop tells it when the first sorted batch arrives and how many
-//! rows it has written.
+//! A monitor thread reads the running plan's metrics (rows the scans produced, spills) and the
+//! writer's progress (rows encoded) a few times a second; the sort loop tells it when the
+//! first sorted batch arrives.
 
 use std::io::IsTerminal;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -15,6 +15,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::report::{PlanMetrics, group_digits, rate};
+use crate::writer::WriteProgress;
 
 /// How often the monitor reads the metrics.
 const TICK: Duration = Duration::from_millis(50);
@@ -86,7 +87,6 @@ impl ProgressMode {
 #[derive(Debug, Default)]
 struct Shared {
     phase: AtomicU8,
-    written: AtomicU64,
     stop: AtomicBool,
     /// When the monitor saw the last input row read.
     read_done: Mutex<Option<Instant>>,
@@ -100,13 +100,20 @@ pub struct Monitor {
 }
 
 impl Monitor {
-    /// Starts watching `plan`, which reads `total_rows` rows; `start` is when it started.
-    pub fn start(plan: Arc<dyn ExecutionPlan>, total_rows: u64, start: Instant, mode: ProgressMode) -> Self {
+    /// Starts watching `plan`, which reads `total_rows` rows, and the writer of its output;
+    /// `start` is when the plan started.
+    pub fn start(
+        plan: Arc<dyn ExecutionPlan>,
+        writer: WriteProgress,
+        total_rows: u64,
+        start: Instant,
+        mode: ProgressMode,
+    ) -> Self {
         let shared = Arc::new(Shared::default());
         let thread_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name("gpusort-progress".into())
-            .spawn(move || watch(plan, total_rows, start, mode, thread_shared))
+            .spawn(move || watch(plan, writer, total_rows, start, mode, thread_shared))
             .ok();
         Self { shared, thread }
     }
@@ -114,11 +121,6 @@ impl Monitor {
     /// The first sorted batch came out: the writing phase begins.
     pub fn writing(&self) {
         self.shared.phase.store(Phase::Writing as u8, Ordering::Relaxed);
-    }
-
-    /// `rows` sorted rows were handed to the writer so far.
-    pub fn written(&self, rows: u64) {
-        self.shared.written.store(rows, Ordering::Relaxed);
     }
 
     /// The current phase.
@@ -148,7 +150,14 @@ impl Drop for Monitor {
 }
 
 /// The monitor thread.
-fn watch(plan: Arc<dyn ExecutionPlan>, total: u64, start: Instant, mode: ProgressMode, shared: Arc<Shared>) {
+fn watch(
+    plan: Arc<dyn ExecutionPlan>,
+    writer: WriteProgress,
+    total: u64,
+    start: Instant,
+    mode: ProgressMode,
+    shared: Arc<Shared>,
+) {
     let bar = (mode == ProgressMode::Bar).then(|| {
         let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
         bar.set_style(
@@ -191,7 +200,7 @@ fn watch(plan: Arc<dyn ExecutionPlan>, total: u64, start: Instant, mode: Progres
             phase = Phase::from_u8(shared.phase.load(Ordering::Relaxed));
         }
         let rows = match phase {
-            Phase::Writing => shared.written.load(Ordering::Relaxed),
+            Phase::Writing => writer.rows(),
             _ => metrics.rows_read.min(total),
         };
         if shown_phase != Some(phase) {
@@ -201,8 +210,11 @@ fn watch(plan: Arc<dyn ExecutionPlan>, total: u64, start: Instant, mode: Progres
         while window.len() > 2 && now.duration_since(window[0].0) > Duration::from_secs(1) {
             window.pop_front();
         }
-        let speed = match (window.front(), window.back()) {
-            (Some(a), Some(b)) if b.0 > a.0 => format!("{} rows/s", rate(b.1 - a.1, b.0 - a.0)),
+        // Rows move while reading and writing; sorting and merging show time only.
+        let speed = match (phase, window.front(), window.back()) {
+            (Phase::Reading | Phase::Writing, Some(a), Some(b)) if b.0 > a.0 => {
+                format!("{} rows/s", rate(b.1.saturating_sub(a.1), b.0 - a.0))
+            }
             _ => String::new(),
         };
         let what = match phase {
@@ -216,25 +228,26 @@ fn watch(plan: Arc<dyn ExecutionPlan>, total: u64, start: Instant, mode: Progres
         } else {
             String::new()
         };
-        let message = format!(
-            "{}/{} rows {what}  {speed}  {:.1} s{spilled}",
-            group_digits(rows),
-            group_digits(total),
-            elapsed.as_secs_f64()
-        );
+        let message = [
+            format!("{}/{} rows {what}", group_digits(rows), group_digits(total)),
+            speed,
+            format!("{:.1} s{spilled}", elapsed.as_secs_f64()),
+        ]
+        .into_iter()
+        .filter(|part| !part.is_empty())
+        .collect::<Vec<_>>()
+        .join("  ");
         match (&bar, mode) {
             (Some(bar), _) => {
                 bar.set_prefix(phase.name());
                 bar.set_position(rows);
                 bar.set_message(message);
             }
-            (None, ProgressMode::Lines) => {
-                if shown_phase != Some(phase) || now.duration_since(last_line) >= LINE_EVERY {
-                    if !stopping || shown_phase != Some(phase) {
-                        eprintln!("gpusort: {:<8} {message}", phase.name());
-                    }
-                    last_line = now;
-                }
+            (None, ProgressMode::Lines)
+                if shown_phase != Some(phase) || (!stopping && now.duration_since(last_line) >= LINE_EVERY) =>
+            {
+                eprintln!("gpusort: {:<8} {message}", phase.name());
+                last_line = now;
             }
             _ => {}
         }

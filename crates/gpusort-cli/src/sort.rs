@@ -16,7 +16,7 @@ use crate::interrupt;
 use crate::plan::{PlanArgs, SortPlan};
 use crate::progress::{Monitor, ProgressMode};
 use crate::report::{PhaseTimes, PlanMetrics, SortReport};
-use crate::writer::{Codec, DEFAULT_ROW_GROUP_SIZE, SortedParquetWriter, WriteOptions};
+use crate::writer::{Codec, DEFAULT_ROW_GROUP_SIZE, ORDER_BY_METADATA_KEY, SortedParquetWriter, WriteOptions};
 
 /// `gpusort sort`'s arguments.
 #[derive(Debug, Clone, clap::Args)]
@@ -79,8 +79,7 @@ fn parse_row_group_size(s: &str) -> std::result::Result<usize, String> {
 pub async fn sort(args: &SortArgs, mode: ProgressMode) -> Result<SortReport> {
     let start = Instant::now();
     let output = &args.output;
-    let temp = create_temp_file(output, args.force)?;
-    let _cleanup = interrupt::remove_on_interrupt(temp.path());
+    let (temp, _cleanup) = interrupt::create_removed_on_interrupt(|| create_temp_file(output, args.force))?;
 
     let planned = SortPlan::try_new(&args.plan).await?;
     let memory_limit = planned.memory_limit.clone();
@@ -89,7 +88,11 @@ pub async fn sort(args: &SortArgs, mode: ProgressMode) -> Result<SortReport> {
         path: output.clone(),
         cause: e.to_string(),
     };
-    let schema = Arc::clone(&planned.inputs.schema);
+    // The inputs' schema, less a sort order recorded by an earlier gpusort (the writer records
+    // this one).
+    let mut schema = planned.inputs.schema.as_ref().clone();
+    schema.metadata.remove(ORDER_BY_METADATA_KEY);
+    let schema = Arc::new(schema);
     check_plan_columns(&planned)?;
     let file = temp
         .reopen()
@@ -100,7 +103,13 @@ pub async fn sort(args: &SortArgs, mode: ProgressMode) -> Result<SortReport> {
     let total_rows = planned.inputs.rows();
     let run_start = Instant::now();
     let run_start_ns = unix_ns(SystemTime::now());
-    let monitor = Monitor::start(Arc::clone(&planned.plan), total_rows, run_start, mode);
+    let monitor = Monitor::start(
+        Arc::clone(&planned.plan),
+        writer.progress(),
+        total_rows,
+        run_start,
+        mode,
+    );
     let mut stream = execute_stream(Arc::clone(&planned.plan), planned.ctx.task_ctx()).map_err(df_err)?;
     let mut first_output = None;
     while let Some(batch) = stream.next().await {
@@ -110,7 +119,6 @@ pub async fn sort(args: &SortArgs, mode: ProgressMode) -> Result<SortReport> {
             monitor.writing();
         }
         writer.write(batch).await.map_err(write_err)?;
-        monitor.written(writer.rows());
     }
     drop(stream);
     let stats = writer.finish().await.map_err(write_err)?;

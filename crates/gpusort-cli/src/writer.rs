@@ -7,6 +7,7 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::str::FromStr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::thread::JoinHandle;
 
@@ -53,7 +54,7 @@ impl FromStr for Codec {
         }
         let compression = Compression::from_str(&t).map_err(|e| {
             let e = e.to_string();
-            format!("{}", e.strip_prefix("Parquet error: ").unwrap_or(&e))
+            e.strip_prefix("Parquet error: ").unwrap_or(&e).to_string()
         })?;
         match compression {
             Compression::UNCOMPRESSED | Compression::SNAPPY | Compression::ZSTD(_) => Ok(Self(compression)),
@@ -103,6 +104,22 @@ pub struct WriteStats {
     pub sorting_columns: bool,
 }
 
+/// How far a writer's encoding is, readable from another thread (the progress display).
+#[derive(Debug, Clone)]
+pub struct WriteProgress {
+    /// Rows times top-level columns encoded.
+    units: Arc<AtomicU64>,
+    columns: u64,
+}
+
+impl WriteProgress {
+    /// Rows encoded (each column's share counted: half the columns of a row group done is
+    /// half its rows).
+    pub fn rows(&self) -> u64 {
+        self.units.load(Ordering::Relaxed) / self.columns
+    }
+}
+
 /// Writes batches, in order, to a Parquet file; see the module doc.
 pub struct SortedParquetWriter {
     schema: SchemaRef,
@@ -113,6 +130,7 @@ pub struct SortedParquetWriter {
     sender: Option<mpsc::Sender<Vec<RecordBatch>>>,
     thread: Option<JoinHandle<Result<usize, ParquetError>>>,
     sorting_columns: bool,
+    progress: WriteProgress,
 }
 
 impl SortedParquetWriter {
@@ -143,9 +161,14 @@ impl SortedParquetWriter {
             ArrowWriter::try_new(file, Arc::clone(&schema), Some(props))?.into_serialized_writer()?;
         let (sender, receiver) = mpsc::channel::<Vec<RecordBatch>>(1);
         let thread_schema = Arc::clone(&schema);
+        let progress = WriteProgress {
+            units: Arc::default(),
+            columns: schema.fields().len().max(1) as u64,
+        };
+        let units = Arc::clone(&progress.units);
         let thread = std::thread::Builder::new()
             .name("gpusort-writer".into())
-            .spawn(move || write_row_groups(file_writer, factory, thread_schema, receiver))
+            .spawn(move || write_row_groups(file_writer, factory, thread_schema, receiver, units))
             .map_err(|e| ParquetError::External(Box::new(e)))?;
         Ok(Self {
             schema,
@@ -156,6 +179,7 @@ impl SortedParquetWriter {
             sender: Some(sender),
             thread: Some(thread),
             sorting_columns: sorting.is_some(),
+            progress,
         })
     }
 
@@ -176,9 +200,14 @@ impl SortedParquetWriter {
         Ok(())
     }
 
-    /// Rows written so far (including those not encoded yet).
+    /// Rows handed to the writer so far (encoded or not yet).
     pub fn rows(&self) -> u64 {
         self.rows
+    }
+
+    /// A handle on how many rows are encoded.
+    pub fn progress(&self) -> WriteProgress {
+        self.progress.clone()
     }
 
     /// Writes the last row group and the footer.
@@ -229,6 +258,7 @@ fn write_row_groups(
     factory: ArrowRowGroupWriterFactory,
     schema: SchemaRef,
     mut receiver: mpsc::Receiver<Vec<RecordBatch>>,
+    units: Arc<AtomicU64>,
 ) -> Result<usize, ParquetError> {
     // Which top-level field each leaf column belongs to.
     let descr = file_writer.schema_descr();
@@ -253,9 +283,9 @@ fn write_row_groups(
         let writers = factory.create_column_writers(index)?;
         index += 1;
         let (done, result) = std_mpsc::channel();
-        let (schema, roots) = (Arc::clone(&schema), roots.clone());
+        let (schema, roots, units) = (Arc::clone(&schema), roots.clone(), Arc::clone(&units));
         rayon::spawn(move || {
-            let _ = done.send(encode_row_group(writers, &roots, &schema, &group));
+            let _ = done.send(encode_row_group(writers, &roots, &schema, &group, &units));
         });
         in_flight.push_back(result);
         while in_flight.len() >= ROW_GROUPS_IN_FLIGHT {
@@ -276,6 +306,7 @@ fn encode_row_group(
     roots: &[usize],
     schema: &Schema,
     batches: &[RecordBatch],
+    units: &AtomicU64,
 ) -> Result<Vec<ArrowColumnChunk>, ParquetError> {
     let mut by_field: Vec<Vec<ArrowColumnWriter>> = (0..schema.fields().len()).map(|_| vec![]).collect();
     for (writer, &root) in writers.into_iter().zip(roots) {
@@ -291,6 +322,7 @@ fn encode_row_group(
                 for (writer, leaf) in writers.iter_mut().zip(compute_leaves(field, &column)?) {
                     writer.write(&leaf)?;
                 }
+                units.fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
             }
             writers.into_iter().map(ArrowColumnWriter::close).collect()
         })
@@ -408,11 +440,13 @@ mod tests {
         let mut w =
             SortedParquetWriter::try_new(File::create(&path).unwrap(), Arc::clone(&schema), &order_by, &options)
                 .unwrap();
+        let progress = w.progress();
         w.write(batch(0, 10)).await.unwrap();
         w.write(batch(10, 3)).await.unwrap();
         w.write(batch(13, 20)).await.unwrap();
         let stats = w.finish().await.unwrap();
         assert_eq!((stats.rows, stats.row_groups, stats.sorting_columns), (33, 5, true));
+        assert_eq!(progress.rows(), 33);
 
         let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(&path).unwrap()).unwrap();
         let meta = reader.metadata().clone();

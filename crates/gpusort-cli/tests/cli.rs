@@ -372,6 +372,26 @@ fn sorts_a_file_onto_itself_and_an_empty_file() {
     let (output, _) = read_parquet(&path);
     assert_sorted_permutation(&input, &output, &[("score", false, false), ("id", false, false)]);
     assert_eq!(listing(dir.path()), ["t.parquet"]);
+    // Sorted again another way: the file's metadata tells the new order only.
+    gpusort()
+        .args(["sort", s(&path), "-o", s(&path), "-k", "id DESC", "--force", "-q"])
+        .assert()
+        .success();
+    let (output, meta) = read_parquet(&path);
+    assert_sorted_permutation(&input, &output, &[("id", true, true)]);
+    let recorded: Vec<_> = meta
+        .file_metadata()
+        .key_value_metadata()
+        .unwrap()
+        .iter()
+        .filter(|kv| kv.key == "gpusort.order_by")
+        .map(|kv| kv.value.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(recorded, ["id DESC NULLS FIRST"]);
+    assert_eq!(
+        output.schema().metadata().get("gpusort.order_by").map(String::as_str),
+        Some("id DESC NULLS FIRST")
+    );
 
     let empty = dir.path().join("empty.parquet");
     write_parquet(&empty, &people(0, 4));
@@ -484,6 +504,7 @@ fn inputs_that_are_not_parquet_truncated_damaged_missing_or_mismatched() {
     run(&[&empty_dir], "the directory holds no .parquet file");
 }
 
+#[cfg(unix)]
 #[test]
 fn outputs_that_exist_or_cannot_be_written() {
     let dir = tempfile::tempdir().unwrap();
@@ -517,11 +538,10 @@ fn outputs_that_exist_or_cannot_be_written() {
 
     // A directory that cannot be written: read-only, or (as root, who may write there
     // anyway) a "directory" that is a file.
+    use std::os::unix::fs::PermissionsExt;
     let locked = out_dir.path().join("locked");
     std::fs::create_dir(&locked).unwrap();
-    let mut perms = std::fs::metadata(&locked).unwrap().permissions();
-    perms.set_readonly(true);
-    std::fs::set_permissions(&locked, perms.clone()).unwrap();
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o555)).unwrap();
     let root_writes_anyway = File::create(locked.join("probe")).is_ok();
     let (target, message) = if root_writes_anyway {
         std::fs::remove_file(locked.join("probe")).unwrap();
@@ -536,8 +556,7 @@ fn outputs_that_exist_or_cannot_be_written() {
         )
     };
     assert_fails(&["sort", s(&input), "-o", s(&target), "-k", "id"], message, &locked);
-    perms.set_readonly(false);
-    std::fs::set_permissions(&locked, perms).unwrap();
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o755)).unwrap();
     assert_eq!(listing(dir.path()), ["in.parquet"]);
 }
 
@@ -741,4 +760,41 @@ fn take_rows(batch: &RecordBatch, indices: &UInt32Array) -> RecordBatch {
         .map(|c| take(c.as_ref(), indices, None).unwrap())
         .collect();
     RecordBatch::try_new(batch.schema(), columns).unwrap()
+}
+
+#[cfg(unix)]
+#[test]
+fn ctrl_c_removes_the_temporary_file_and_exits_130() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.parquet");
+    write_parquet(&input, &people(300_000, 11));
+    let out_dir = tempfile::tempdir().unwrap();
+    let out = out_dir.path().join("out.parquet");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_gpusort"))
+        .args(["sort", s(&input), "-o", s(&out), "-k", "name, id", "-q"])
+        .env("GPUSORT_KERNEL_CACHE", "off")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The temporary file is made before anything is read: interrupt as soon as it is there.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while listing(out_dir.path()).is_empty() {
+        assert!(std::time::Instant::now() < deadline, "no temporary file appeared");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "gpusort ended before it was interrupted"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let temp = listing(out_dir.path());
+    assert!(
+        temp[0].starts_with(".out.parquet.") && temp[0].ends_with(".gpusort-tmp"),
+        "{temp:?}"
+    );
+    // SAFETY: sends a signal to our own child process.
+    assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) }, 0);
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(130));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("gpusort: interrupted"));
+    assert_eq!(listing(out_dir.path()), Vec::<String>::new());
 }
