@@ -85,7 +85,11 @@ fn parse_args(default_path: String) -> Result<(usize, String), String> {
         match arg.as_str() {
             "--rows" => rows = value()?.parse().map_err(|e| format!("--rows: {e}"))?,
             "--out" => path = value()?,
-            other => return Err(format!("unknown argument {other}; usage: make_testdata [--rows N] [--out PATH]")),
+            other => {
+                return Err(format!(
+                    "unknown argument {other}; usage: make_testdata [--rows N] [--out PATH]"
+                ));
+            }
         }
     }
     Ok((rows, path))
@@ -122,7 +126,13 @@ fn modulus(rows: usize) -> i64 {
 }
 
 /// Rows `start..start + rows` of the table.
-fn orders(schema: &SchemaRef, rng: &mut SmallRng, start: usize, rows: usize, prime: i64) -> Result<RecordBatch, arrow::error::ArrowError> {
+fn orders(
+    schema: &SchemaRef,
+    rng: &mut SmallRng,
+    start: usize,
+    rows: usize,
+    prime: i64,
+) -> Result<RecordBatch, arrow::error::ArrowError> {
     let statuses = ["open", "shipped", "returned", "cancelled", "pending"];
     let cities = [
         "Lisbon", "Oslo", "Nairobi", "Lima", "Osaka", "Quito", "Perth", "Hanoi", "Accra", "Bern",
