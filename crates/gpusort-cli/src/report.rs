@@ -122,7 +122,7 @@ impl PlanMetrics {
         let why = if self.cpu_fallbacks.is_empty() {
             "gpusort.device or gpusort.strategy says so".into()
         } else {
-            self.cpu_fallbacks.join("; ")
+            summarize_reasons(&self.cpu_fallbacks)
         };
         match (self.gpu_sorts, self.cpu_sorts) {
             (0, 0) => "nowhere: there were no rows".into(),
@@ -131,6 +131,34 @@ impl PlanMetrics {
             (g, c) => format!("{g} sorts on the GPU and {c} on the CPU ({paths}); the CPU because {why}"),
         }
     }
+}
+
+/// The CPU fallback reasons, short: the per-run `N rows < gpusort.min_rows = M` of an
+/// external sort become one `runs of A to B rows < ...`, and past three reasons the rest are
+/// counted.
+fn summarize_reasons(reasons: &[String]) -> String {
+    const MIN_ROWS: &str = " rows < gpusort.min_rows = ";
+    let mut small: Vec<(u64, String)> = vec![];
+    let mut other: Vec<String> = vec![];
+    for r in reasons {
+        match r.split_once(MIN_ROWS).map(|(n, m)| (n.parse::<u64>(), m)) {
+            Some((Ok(n), m)) => small.push((n, m.to_string())),
+            _ => other.push(r.clone()),
+        }
+    }
+    let mut out = vec![];
+    if let [(n, m)] = &small[..] {
+        out.push(format!("{n}{MIN_ROWS}{m}"));
+    } else if let (Some(lo), Some(hi)) = (small.iter().map(|s| s.0).min(), small.iter().map(|s| s.0).max()) {
+        out.push(format!("runs of {lo} to {hi}{MIN_ROWS}{}", small[0].1));
+    }
+    out.extend(other);
+    if out.len() > 3 {
+        let more = out.len() - 3;
+        out.truncate(3);
+        out.push(format!("and {more} more"));
+    }
+    out.join("; ")
 }
 
 /// A `TextMetric`'s value (`a; b`, or `none`) as its texts.
@@ -339,6 +367,18 @@ mod tests {
         };
         assert!(stock.where_sorted().contains("DataFusion's SortExec"));
         assert_eq!(texts("none"), Vec::<String>::new());
+        let runs: Vec<String> = ["11584", "16384", "8192"]
+            .iter()
+            .map(|n| format!("{n} rows < gpusort.min_rows = 100000"))
+            .chain(["GPU failed: out of memory".to_string()])
+            .collect();
+        assert_eq!(
+            summarize_reasons(&runs),
+            "runs of 8192 to 16384 rows < gpusort.min_rows = 100000; GPU failed: out of memory"
+        );
+        assert_eq!(summarize_reasons(&runs[..1]), "11584 rows < gpusort.min_rows = 100000");
+        let many: Vec<String> = (0..5).map(|i| format!("reason {i}")).collect();
+        assert_eq!(summarize_reasons(&many), "reason 0; reason 1; reason 2; and 2 more");
         assert_eq!(texts("a; b"), ["a", "b"]);
     }
 }

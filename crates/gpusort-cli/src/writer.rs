@@ -1,7 +1,7 @@
 //! The output file: sorted batches in, a Parquet file out, with the sort recorded in each row
 //! group's `sorting_columns`. Row groups are cut at `--row-group-size` rows and their columns
-//! encoded and compressed in parallel (rayon), two row groups at a time, on a thread of their
-//! own, so encoding overlaps with the sort producing the next rows.
+//! encoded and compressed in parallel (rayon), a few row groups at a time, driven by a thread
+//! of their own, so encoding overlaps with the sort producing the next rows.
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -28,8 +28,12 @@ use crate::order_by::OrderBy;
 /// Rows per row group unless `--row-group-size` says otherwise (the Parquet writer's default).
 pub const DEFAULT_ROW_GROUP_SIZE: usize = 1024 * 1024;
 
-/// Row groups being encoded at once.
-const ROW_GROUPS_IN_FLIGHT: usize = 2;
+/// Row groups encoded at once: enough that every thread has a column to encode (columns take
+/// unequal time, so twice that), at least two, and at most eight (each holds its rows in
+/// memory).
+fn row_groups_in_flight(columns: usize) -> usize {
+    (2 * rayon::current_num_threads() / columns.max(1)).clamp(2, 8)
+}
 
 /// The key under which the output's file metadata records the ORDER BY list in SQL.
 pub const ORDER_BY_METADATA_KEY: &str = "gpusort.order_by";
@@ -183,8 +187,8 @@ impl SortedParquetWriter {
         })
     }
 
-    /// Adds `batch` to the file; full row groups go to the encoder (waiting while two are
-    /// being encoded and one is queued).
+    /// Adds `batch` to the file; full row groups go to the encoder (waiting while it has as
+    /// many as it encodes at once, and one more queued).
     pub async fn write(&mut self, batch: RecordBatch) -> Result<(), ParquetError> {
         let mut batch = batch;
         while batch.num_rows() > 0 {
@@ -251,7 +255,7 @@ impl SortedParquetWriter {
 }
 
 /// The writer thread: encodes each row group received (its columns in parallel, up to
-/// [`ROW_GROUPS_IN_FLIGHT`] row groups at once) and appends them in order. Returns the number
+/// [`row_groups_in_flight`] row groups at once) and appends them in order. Returns the number
 /// of row groups.
 fn write_row_groups(
     mut file_writer: parquet::file::writer::SerializedFileWriter<File>,
@@ -265,6 +269,7 @@ fn write_row_groups(
     let roots: Vec<usize> = (0..descr.num_columns()).map(|i| descr.get_column_root_idx(i)).collect();
     let mut in_flight: VecDeque<std_mpsc::Receiver<Result<Vec<ArrowColumnChunk>, ParquetError>>> = VecDeque::new();
     let mut index = 0;
+    let in_flight_max = row_groups_in_flight(schema.fields().len());
     let append = |file_writer: &mut parquet::file::writer::SerializedFileWriter<File>,
                   chunks: Vec<ArrowColumnChunk>|
      -> Result<(), ParquetError> {
@@ -288,7 +293,7 @@ fn write_row_groups(
             let _ = done.send(encode_row_group(writers, &roots, &schema, &group, &units));
         });
         in_flight.push_back(result);
-        while in_flight.len() >= ROW_GROUPS_IN_FLIGHT {
+        while in_flight.len() >= in_flight_max {
             let chunks = wait(in_flight.pop_front().expect("not empty"))?;
             append(&mut file_writer, chunks)?;
         }
