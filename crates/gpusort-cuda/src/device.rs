@@ -112,6 +112,23 @@ pub(crate) fn nvrtc_version() -> (i32, i32) {
     (major, minor)
 }
 
+/// The CUDA driver's version (e.g. 13000 for 13.0), or `None` when the driver is not
+/// installed. Needs no device.
+pub fn driver_version() -> Option<i32> {
+    if !driver_present() {
+        return None;
+    }
+    let mut version = 0;
+    // SAFETY: the driver is loaded; cuDriverGetVersion needs no cuInit and writes one int.
+    let result = unsafe { sys::cuDriverGetVersion(&mut version) };
+    (result == sys::cudaError_enum::CUDA_SUCCESS).then_some(version)
+}
+
+/// NVRTC's version (major, minor), or `None` when NVRTC is not installed.
+pub fn installed_nvrtc_version() -> Option<(i32, i32)> {
+    nvrtc_present().then(nvrtc_version)
+}
+
 /// The libraries are there, or why not.
 pub fn check_libraries() -> Result<(), GpuUnavailable> {
     if !driver_present() {
@@ -210,6 +227,9 @@ mod tests {
             Ok(info) => assert!(!info.name.is_empty()),
             Err(reason) => assert!(!reason.to_string().is_empty()),
         }
+        // Versions are there exactly when the libraries are.
+        assert_eq!(driver_version().is_some(), driver_present());
+        assert_eq!(installed_nvrtc_version().is_some(), nvrtc_present());
         match probe(1000) {
             Ok(_) => panic!("no machine has 1001 GPUs"),
             Err(reason) => assert!(!reason.to_string().is_empty()),

@@ -1,0 +1,169 @@
+//! `gpusort info` and `gpusort explain`: what the tool would sort on, and the plan it would
+//! run.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use datafusion::physical_plan::displayable;
+use datafusion_gpusort::{DeviceChoice, StrategyChoice};
+use gpusort_cuda::KernelCache;
+use gpusort_cuda::device::{self, GpuUnavailable};
+
+use crate::error::Result;
+use crate::plan::{PlanArgs, SortPlan, format_size};
+use crate::report::group_digits;
+use crate::writer::{Codec, DEFAULT_ROW_GROUP_SIZE};
+
+/// `gpusort info`: the GPUs found (or why none), the driver's and NVRTC's versions, where
+/// compiled kernels are cached. Never fails: what is missing is said.
+pub fn info() -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "gpusort {}", env!("CARGO_PKG_VERSION"));
+    match device::device_count() {
+        Ok(0) => gpu_none(&mut s, &GpuUnavailable::NoDevice),
+        Ok(count) => {
+            for ordinal in 0..count {
+                match device::probe(ordinal) {
+                    Ok(info) => {
+                        let _ = writeln!(s, "GPU          {info}");
+                    }
+                    Err(why) => {
+                        let _ = writeln!(s, "GPU          cuda:{ordinal} is not usable: {why}");
+                    }
+                }
+            }
+        }
+        Err(why) => gpu_none(&mut s, &why),
+    }
+    let _ = writeln!(
+        s,
+        "CUDA driver  {}",
+        match device::driver_version() {
+            Some(v) => format!("{}.{}", v / 1000, v % 1000 / 10),
+            None => "not installed (libcuda)".into(),
+        }
+    );
+    let _ = writeln!(
+        s,
+        "NVRTC        {}",
+        match device::installed_nvrtc_version() {
+            Some((major, minor)) => format!("{major}.{minor}"),
+            None => "not installed (libnvrtc, which compiles the kernels)".into(),
+        }
+    );
+    let _ = writeln!(s, "kernel cache {}", kernel_cache(KernelCache::from_env().dir()));
+    let _ = writeln!(
+        s,
+        "CPU          {} threads for the CPU backend",
+        rayon::current_num_threads()
+    );
+    s
+}
+
+fn gpu_none(s: &mut String, why: &GpuUnavailable) {
+    let _ = writeln!(s, "GPU          none: {why}; sorts run on gpusort's CPU backend");
+}
+
+/// Where the kernel cache is and what it holds.
+fn kernel_cache(dir: Option<&Path>) -> String {
+    let Some(dir) = dir else {
+        return "off (GPUSORT_KERNEL_CACHE=off): kernels are compiled by every process".into();
+    };
+    let source = if std::env::var_os("GPUSORT_KERNEL_CACHE").is_some() {
+        "from GPUSORT_KERNEL_CACHE"
+    } else {
+        "set GPUSORT_KERNEL_CACHE to move it, or to off"
+    };
+    match std::fs::read_dir(dir) {
+        Ok(entries) => {
+            let (mut files, mut bytes) = (0, 0);
+            for entry in entries.flatten() {
+                if let Ok(meta) = entry.metadata()
+                    && meta.is_file()
+                {
+                    files += 1;
+                    bytes += meta.len();
+                }
+            }
+            format!(
+                "{} ({files} compiled kernel file{}, {}; {source})",
+                dir.display(),
+                if files == 1 { "" } else { "s" },
+                format_size(bytes)
+            )
+        }
+        Err(_) => format!("{} (not created yet; {source})", dir.display()),
+    }
+}
+
+/// `gpusort explain`: the inputs, the ORDER BY in full, where the sort would run, the
+/// physical plan, and how the output would be written.
+pub async fn explain(args: &PlanArgs) -> Result<String> {
+    let planned = SortPlan::try_new(args).await?;
+    let mut s = String::new();
+    let inputs = &planned.inputs;
+    let _ = writeln!(
+        s,
+        "inputs    {}, {} rows, {}",
+        inputs.describe_count(),
+        group_digits(inputs.rows()),
+        format_size(inputs.bytes())
+    );
+    let _ = writeln!(s, "order by  {}", planned.order_by.to_sql());
+    let _ = writeln!(s, "sort on   {}", predicted_device(args, inputs.rows()));
+    let _ = writeln!(
+        s,
+        "memory    {}",
+        match &planned.memory_limit {
+            Some(limit) => format!(
+                "{limit}; beyond it the sort spills to {}",
+                args.temp_dir
+                    .as_deref()
+                    .map(|d| d.display().to_string())
+                    .unwrap_or_else(|| "the system's temporary directory".into())
+            ),
+            None => "no limit (--memory-limit)".into(),
+        }
+    );
+    let _ = writeln!(
+        s,
+        "\nphysical plan:\n{}",
+        displayable(planned.plan.as_ref()).indent(true)
+    );
+    let _ = writeln!(
+        s,
+        "then the sorted stream is written to a Parquet file (by default {} rows per row group, {}), \
+         with sorting_columns, through a temporary file renamed at the end",
+        group_digits(DEFAULT_ROW_GROUP_SIZE as u64),
+        Codec::default()
+    );
+    Ok(s)
+}
+
+/// Where a sort of `rows` rows would run with these arguments, and why.
+fn predicted_device(args: &PlanArgs, rows: u64) -> String {
+    let config = args.gpusort_config();
+    if !config.enabled {
+        return "the CPU, with DataFusion's SortExec (--no-gpusort)".into();
+    }
+    if config.strategy == StrategyChoice::Cpu {
+        return "gpusort's CPU backend (--strategy cpu)".into();
+    }
+    let ordinal = match config.device {
+        DeviceChoice::Cpu => return "gpusort's CPU backend (--device cpu)".into(),
+        DeviceChoice::Auto => 0,
+        DeviceChoice::Gpu(n) => n,
+    };
+    if rows < config.min_rows as u64 {
+        return format!(
+            "gpusort's CPU backend: {} rows < gpusort.min_rows = {} (--min-rows)",
+            group_digits(rows),
+            group_digits(config.min_rows as u64)
+        );
+    }
+    match (device::probe(ordinal), config.device) {
+        (Ok(info), _) => format!("the GPU, {info}"),
+        (Err(why), DeviceChoice::Auto) => format!("gpusort's CPU backend: no usable GPU ({why})"),
+        (Err(why), _) => format!("GPU {ordinal}, which is not usable ({why}): the sort would fail"),
+    }
+}

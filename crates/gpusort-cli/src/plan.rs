@@ -1,0 +1,251 @@
+//! From the arguments to a DataFusion physical plan: the session (memory pool, spill
+//! directory, `gpusort.*` options), the inputs as one listing table, the ORDER BY, and the plan
+//! `Parquet scan -> GpuSortExec` that `gpusort sort` streams into the writer and `gpusort
+//! explain` prints.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use datafusion::datasource::file_format::options::ReadOptions;
+use datafusion::datasource::listing::{ListingTable, ListingTableConfig, ListingTableUrl};
+use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
+use datafusion_gpusort::{ByteSize, DeviceChoice, GpuSortConfig, SessionStateBuilderExt, StrategyChoice};
+
+use crate::error::{CliError, Result};
+use crate::inputs::Inputs;
+use crate::order_by::OrderBy;
+
+/// How to sort: what `gpusort sort` and `gpusort explain` share.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PlanArgs {
+    /// Parquet files, directories (their .parquet files, at any depth) or glob patterns
+    #[arg(required = true, value_name = "INPUT")]
+    pub inputs: Vec<String>,
+
+    /// The ORDER BY list, in SQL: columns with ASC/DESC and NULLS FIRST/LAST, e.g.
+    /// "a DESC NULLS LAST, b"
+    #[arg(short = 'k', long, value_name = "LIST")]
+    pub order_by: String,
+
+    /// Memory the sort may use, e.g. 8g (more spills to disk); default: no limit
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub memory_limit: Option<ByteSize>,
+
+    /// Device memory one GPU sort may use, e.g. 20g; larger sorts run on the CPU. Default:
+    /// the GPU's free memory
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub gpu_memory_limit: Option<ByteSize>,
+
+    /// Where to sort: auto (GPU 0 if usable, else the CPU), cpu, or a GPU number (the sort
+    /// fails if it is not usable)
+    #[arg(long, value_name = "N|cpu|auto", default_value = "auto", value_parser = parse_device)]
+    pub device: DeviceChoice,
+
+    /// The sort strategy: auto (the paper's cost rule), grs-direct, grs-indirect, srts-direct,
+    /// srts-indirect, or cpu
+    #[arg(long, value_name = "NAME", default_value = "auto", value_parser = parse_strategy)]
+    pub strategy: StrategyChoice,
+
+    /// Sorts of fewer rows run on the CPU (a GPU round trip costs more than it saves);
+    /// default: 100000
+    #[arg(long, value_name = "ROWS")]
+    pub min_rows: Option<usize>,
+
+    /// Directory for spill files; default: the system's temporary directory
+    #[arg(long, value_name = "DIR")]
+    pub temp_dir: Option<PathBuf>,
+
+    /// Sort with DataFusion's own SortExec instead of gpusort (to compare)
+    #[arg(long)]
+    pub no_gpusort: bool,
+}
+
+impl PlanArgs {
+    /// Arguments for sorting `inputs` by `order_by` with every option at its default.
+    pub fn new(inputs: Vec<String>, order_by: impl Into<String>) -> Self {
+        Self {
+            inputs,
+            order_by: order_by.into(),
+            memory_limit: None,
+            gpu_memory_limit: None,
+            device: DeviceChoice::Auto,
+            strategy: StrategyChoice::Auto,
+            min_rows: None,
+            temp_dir: None,
+            no_gpusort: false,
+        }
+    }
+
+    /// The `gpusort.*` options these arguments ask for.
+    pub fn gpusort_config(&self) -> GpuSortConfig {
+        let mut config = GpuSortConfig::default();
+        config.enabled = !self.no_gpusort;
+        config.device = self.device;
+        config.strategy = self.strategy;
+        if let Some(limit) = self.gpu_memory_limit {
+            config.gpu_memory_limit = limit;
+        }
+        if let Some(rows) = self.min_rows {
+            config.min_rows = rows;
+        }
+        config
+    }
+}
+
+fn parse_size(s: &str) -> std::result::Result<ByteSize, String> {
+    s.parse::<ByteSize>()
+        .map_err(|_| format!("expected a size like 512m, 8g or 1073741824, got '{s}'"))
+}
+
+fn parse_device(s: &str) -> std::result::Result<DeviceChoice, String> {
+    s.parse::<DeviceChoice>()
+        .map_err(|_| format!("expected auto, cpu or a GPU number, got '{s}'"))
+}
+
+fn parse_strategy(s: &str) -> std::result::Result<StrategyChoice, String> {
+    s.parse::<StrategyChoice>()
+        .map_err(|_| format!("expected auto, grs-direct, grs-indirect, srts-direct, srts-indirect or cpu, got '{s}'"))
+}
+
+/// A planned sort: the session, the checked inputs, the ORDER BY and the physical plan.
+pub struct SortPlan {
+    /// The session the plan runs in.
+    pub ctx: SessionContext,
+    /// The inputs.
+    pub inputs: Inputs,
+    /// The ORDER BY list.
+    pub order_by: OrderBy,
+    /// `scan -> sort`, one output partition.
+    pub plan: Arc<dyn ExecutionPlan>,
+    /// `--memory-limit` as given, for messages.
+    pub memory_limit: Option<String>,
+}
+
+impl SortPlan {
+    /// Checks the inputs, parses the ORDER BY list, and plans the sort.
+    pub async fn try_new(args: &PlanArgs) -> Result<Self> {
+        let inputs = Inputs::try_new(&args.inputs)?;
+        let order_by = OrderBy::try_new(&args.order_by, &inputs.schema)?;
+        let ctx = session(args)?;
+        let memory_limit = args.memory_limit.map(|b| format_size(b.0 as u64));
+        let df_err = |e| CliError::from_datafusion(e, memory_limit.as_deref());
+
+        let urls = inputs
+            .files
+            .iter()
+            .map(|f| file_url(&f.path))
+            .collect::<Result<Vec<_>>>()?;
+        // The files were listed and checked already: no extension filter.
+        let options = ParquetReadOptions::default()
+            .file_extension("")
+            .to_listing_options(&ctx.copied_config(), ctx.copied_table_options());
+        let config = ListingTableConfig::new_with_multi_paths(urls)
+            .with_listing_options(options)
+            .infer_schema(&ctx.state())
+            .await
+            .map_err(df_err)?;
+        let table = ListingTable::try_new(config).map_err(df_err)?;
+        let plan = ctx
+            .read_table(Arc::new(table))
+            .and_then(|df| df.sort(order_by.sort_exprs()))
+            .map_err(df_err)?
+            .create_physical_plan()
+            .await
+            .map_err(df_err)?;
+        Ok(Self {
+            ctx,
+            inputs,
+            order_by,
+            plan,
+            memory_limit,
+        })
+    }
+}
+
+/// The session: DataFusion's defaults, gpusort's rule and options, a memory pool of
+/// `--memory-limit` (DataFusion's greedy pool, which names the largest consumers when it runs
+/// out) and spill files in `--temp-dir`.
+pub fn session(args: &PlanArgs) -> Result<SessionContext> {
+    let config = SessionConfig::new().with_option_extension(args.gpusort_config());
+    let mut runtime = RuntimeEnvBuilder::new();
+    if let Some(limit) = args.memory_limit {
+        runtime = runtime.with_memory_limit(limit.0, 1.0);
+    }
+    if let Some(dir) = &args.temp_dir {
+        if !dir.is_dir() {
+            return Err(CliError::Usage(format!(
+                "--temp-dir {}: not a directory",
+                dir.display()
+            )));
+        }
+        runtime = runtime.with_temp_file_path(dir);
+    }
+    let runtime = runtime.build_arc().map_err(|e| CliError::from_datafusion(e, None))?;
+    let state = SessionStateBuilder::new()
+        .with_default_features()
+        .with_config(config)
+        .with_runtime_env(runtime)
+        .with_gpusort()
+        .build();
+    Ok(SessionContext::new_with_state(state))
+}
+
+/// A local file as a listing URL (made from the canonical path, so that characters such as
+/// `*` or `[` in a file name are not read as a glob, and `..` is gone).
+fn file_url(path: &Path) -> Result<ListingTableUrl> {
+    let absolute = path
+        .canonicalize()
+        .map_err(|e| CliError::io(format!("resolving {}", path.display()), e))?;
+    let url = url::Url::from_file_path(&absolute)
+        .map_err(|_| CliError::Usage(format!("{}: cannot be made a file URL", absolute.display())))?;
+    ListingTableUrl::try_new(url, None).map_err(|e| CliError::from_datafusion(e, None))
+}
+
+/// `bytes` for people: `512 B`, `4.1 MiB`, `1.02 GiB`.
+pub fn format_size(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    match unit {
+        0 => format!("{bytes} B"),
+        _ if value < 10.0 => format!("{value:.2} {}", UNITS[unit]),
+        _ => format!("{value:.1} {}", UNITS[unit]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_well() {
+        assert_eq!(format_size(512), "512 B");
+        assert_eq!(format_size(4_288_168), "4.09 MiB");
+        assert_eq!(format_size(20 << 30), "20.0 GiB");
+    }
+
+    #[test]
+    fn flags_become_gpusort_options() {
+        let mut args = PlanArgs::new(vec!["x".into()], "a");
+        args.device = "cpu".parse().unwrap();
+        args.gpu_memory_limit = Some("2g".parse().unwrap());
+        args.min_rows = Some(5);
+        let c = args.gpusort_config();
+        assert_eq!(
+            (c.device, c.gpu_memory_limit.0, c.min_rows, c.enabled),
+            (DeviceChoice::Cpu, 2 << 30, 5, true)
+        );
+        args.no_gpusort = true;
+        assert!(!args.gpusort_config().enabled);
+        assert!(parse_device("gpu").unwrap_err().contains("a GPU number"));
+        assert!(parse_size("lots").unwrap_err().contains("8g"));
+        assert!(parse_strategy("quick").unwrap_err().contains("srts-direct"));
+    }
+}
