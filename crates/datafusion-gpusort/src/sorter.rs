@@ -558,7 +558,13 @@ impl GpuSorter {
             .max()
             .unwrap_or(0)
             .max(1);
-        let mut rows = self.run_rows.flatten().unwrap_or(RANGE_MERGE_CPU_ROWS);
+        // Each run reads whole batches: a step takes up to one batch per run more than asked.
+        let slack = self.runs.len() * self.batch_size;
+        let mut rows = match self.run_rows.flatten() {
+            Some(gpu) if slack < gpu / 2 => gpu - slack,
+            Some(gpu) => gpu / 2,
+            None => RANGE_MERGE_CPU_ROWS,
+        };
         loop {
             let bytes = range_merge_bytes(rows, bytes_per_row, self.expr.len(), self.runs.len(), self.batch_size);
             if self.reservation.try_grow(bytes).is_ok() {
