@@ -6,18 +6,7 @@
 #
 #   ROWS=50000000 ORDER_BY="customer, amount DESC, order_id" bash scripts/device-cli.sh
 set -u
-OUT=${OUT:-/tmp/gpusort-out}
-mkdir -p "$OUT"
-python3 - <<'PY'
-import glob, lzma, os, shutil
-for f in glob.glob(".gpu/*.xz"):
-    with lzma.open(f) as src, open(f[:-3], "wb") as dst:
-        shutil.copyfileobj(src, dst, 1 << 24)
-    os.chmod(f[:-3], 0o755)
-    os.remove(f)
-PY
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export GPUSORT_KERNEL_CACHE=/tmp/gpusort-kernels
+. "$(dirname "$0")/device-unpack.sh"
 input=/tmp/orders-${ROWS:-50000000}.parquet
 [ -f "$input" ] || /usr/bin/time -f "make_testdata: %e s" .gpu/make_testdata --rows "${ROWS:-50000000}" --out "$input"
 ls -la "$input"

@@ -6,19 +6,8 @@
 #
 #   STEPS="tests bench" EXT_ROWS=400000000 bash scripts/device-external.sh
 set -u
-OUT=${OUT:-/tmp/gpusort-out}
-mkdir -p "$OUT"
-python3 - <<'PY'
-import glob, lzma, os, shutil
-for f in glob.glob(".gpu/*.xz"):
-    with lzma.open(f) as src, open(f[:-3], "wb") as dst:
-        shutil.copyfileobj(src, dst, 1 << 24)
-    os.chmod(f[:-3], 0o755)
-    os.remove(f)
-PY
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+. "$(dirname "$0")/device-unpack.sh"
 export GPUSORT_REQUIRE_GPU=1 GPUSORT_SLT_REQUIRED=1 GPUSORT_SLT_DIR=$PWD/.gpu/datafusion-slt
-export GPUSORT_KERNEL_CACHE=/tmp/gpusort-kernels
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 nproc; free -g | head -2; df -h /tmp | tail -1
 for step in ${STEPS:-tests bench}; do
