@@ -419,17 +419,19 @@ impl GpuSorter {
     /// `limit` rows).
     async fn sort_keys(&mut self, batches: &[RecordBatch], limit: Option<usize>) -> Result<UInt32Array> {
         let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
-        let mut key_parts = Vec::with_capacity(batches.len());
-        let mut spec = SortSpec::new([]);
-        for b in batches {
-            let (extended, full) = self.sort_input(b)?;
-            let columns: Vec<usize> = full.keys().iter().map(|k| k.column).collect();
-            key_parts.push(extended.project(&columns)?);
-            spec = SortSpec::new(full.keys().iter().enumerate().map(|(i, k)| SortKey {
-                column: i,
-                options: k.options,
-            }));
-        }
+        // The key columns alone; the spec over them is the same for every batch.
+        let spec = SortSpec::new(self.expr.iter().enumerate().map(|(column, e)| SortKey {
+            column,
+            options: e.options,
+        }));
+        let key_parts = batches
+            .iter()
+            .map(|b| {
+                let (extended, full) = self.sort_input(b)?;
+                let columns: Vec<usize> = full.keys().iter().map(|k| k.column).collect();
+                Ok(extended.project(&columns)?)
+            })
+            .collect::<Result<Vec<_>>>()?;
         let keys = concat_in_parallel(&key_parts[0].schema(), &key_parts)?;
         drop(key_parts);
         let path = self.choose_path(rows)?;

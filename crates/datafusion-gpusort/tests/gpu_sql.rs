@@ -21,24 +21,11 @@ mod sql_fuzz;
 mod external;
 
 mod common;
+use common::gpu_present;
 use common::slt::{SORT_SLT_FILES, TIE_ORDER_DIFFERENCES, run_slt_suite, with_options};
 
 /// gpusort on GPU 0 for every sort, whatever its size.
 const ON_GPU: &[(&str, &str)] = &[("gpusort.min_rows", "0"), ("gpusort.device", "0")];
-
-/// Whether the GPU is there; panics when it must be and is not.
-fn gpu_present() -> bool {
-    match datafusion_gpusort::gpu_backend(0) {
-        Ok(_) => true,
-        Err(reason) => {
-            if std::env::var("GPUSORT_REQUIRE_GPU").as_deref() == Ok("1") {
-                panic!("GPUSORT_REQUIRE_GPU=1 but the GPU backend is unavailable: {reason}");
-            }
-            eprintln!("GPU TEST NOT RUN: {reason} (set GPUSORT_REQUIRE_GPU=1 to make this a failure)");
-            false
-        }
-    }
-}
 
 async fn set(ctx: &SessionContext, settings: &[(&str, &str)]) {
     for (k, v) in settings {

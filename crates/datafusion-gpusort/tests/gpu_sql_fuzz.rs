@@ -16,19 +16,8 @@ use datafusion::prelude::SessionConfig;
 #[path = "support/sql_fuzz.rs"]
 mod sql_fuzz;
 
-/// Whether the GPU is there; panics when it must be and is not.
-fn gpu_present() -> bool {
-    match datafusion_gpusort::gpu_backend(0) {
-        Ok(_) => true,
-        Err(reason) => {
-            if std::env::var("GPUSORT_REQUIRE_GPU").as_deref() == Ok("1") {
-                panic!("GPUSORT_REQUIRE_GPU=1 but the GPU backend is unavailable: {reason}");
-            }
-            eprintln!("GPU TEST NOT RUN: {reason} (set GPUSORT_REQUIRE_GPU=1 to make this a failure)");
-            false
-        }
-    }
-}
+mod common;
+use common::gpu_present;
 
 fn env_u64(name: &str) -> Option<u64> {
     let v = std::env::var(name).ok()?;

@@ -3,3 +3,18 @@
 #![allow(dead_code)]
 
 pub mod slt;
+
+/// Whether GPU 0 is usable; panics when `GPUSORT_REQUIRE_GPU=1` and it is not, else says the
+/// test did not run and why.
+pub fn gpu_present() -> bool {
+    match datafusion_gpusort::gpu_backend(0) {
+        Ok(_) => true,
+        Err(reason) => {
+            if std::env::var("GPUSORT_REQUIRE_GPU").as_deref() == Ok("1") {
+                panic!("GPUSORT_REQUIRE_GPU=1 but the GPU backend is unavailable: {reason}");
+            }
+            eprintln!("GPU TEST NOT RUN: {reason} (set GPUSORT_REQUIRE_GPU=1 to make this a failure)");
+            false
+        }
+    }
+}
