@@ -2,10 +2,7 @@
 # Runs on the GPU machine: per-kernel times of the radix sorts (GPUSORT_PROFILE=1) and an
 # Nsight Compute speed-of-light report of the main kernels. Logs under $OUT.
 set -u
-OUT=${OUT:-/tmp/gpusort-out}
-mkdir -p "$OUT"
-(cd .gpu && for f in *.zst; do [ -e "$f" ] && zstd -d -q -f "$f" && chmod +x "${f%.zst}"; done; true)
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} GPUSORT_KERNEL_CACHE=/tmp/gpusort-kernels
+. "$(dirname "$0")/device-unpack.sh"
 GPUSORT_PROFILE=1 .gpu/paper --only keys --key-rows ${KEY_ROWS:-100000000} --reps 1 --bits 8 2>&1 | grep -E "profile|^\| u" | tee "$OUT/profile_keys.txt"
 GPUSORT_PROFILE=1 .gpu/paper --only records --fields ${FIELDS:-2,20} --reps 1 --bits 8 2>&1 | grep -E "profile|^\| [BH]" | tee "$OUT/profile_records.txt"
 timeout ${NCU_TIMEOUT:-240} ncu --section SpeedOfLight --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \

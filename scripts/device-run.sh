@@ -1,18 +1,13 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine (the `device` tool), from the repository root, after
-#   ../shared/tools/pack-for-device target/release/deps/gpu-* target/release/deps/paper-* ...
-# has put the binaries in .gpu/. Unpacks them, then runs the steps named in $STEPS (default:
+# Runs on the GPU machine (the `device` tool), from the repository root, with the binaries
+# xz-compressed in .gpu/ (scripts/pack-gpu.sh). Unpacks them, then runs the steps named in $STEPS (default:
 # all) with their logs under $OUT:
 #   tests     GPU tests with GPUSORT_REQUIRE_GPU=1
 #   sanitize  compute-sanitizer memcheck and racecheck on the small-input test
 #   bench     CUB's baseline, then the paper's evaluation with ratios to CUB
 set -u
-OUT=${OUT:-/tmp/gpusort-out}
-mkdir -p "$OUT"
-# Packed binaries: plain (stripped) or zstd-compressed where the machine has zstd.
-(cd .gpu && for f in *.zst; do [ -e "$f" ] && zstd -d -q -f "$f" && chmod +x "${f%.zst}"; done; true)
-export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export GPUSORT_REQUIRE_GPU=1 GPUSORT_KERNEL_CACHE=/tmp/gpusort-kernels PYTHONUNBUFFERED=1
+. "$(dirname "$0")/device-unpack.sh"
+export GPUSORT_REQUIRE_GPU=1 PYTHONUNBUFFERED=1
 STEPS=${STEPS:-"tests sanitize bench"}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
 for step in $STEPS; do
