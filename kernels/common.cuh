@@ -59,9 +59,12 @@ __device__ __forceinline__ u32 tile_elem(u32 j) {
     return (threadIdx.x / 32) * (IPT * 32) + j * 32 + (threadIdx.x % 32);
 }
 
-// Exclusive scan of one value per thread over the block (thread order); every thread gets the
-// block total in *total. All threads of the block must call it.
+// Exclusive scan of one value per thread over a block of THREADS threads (thread order); every
+// thread gets the block total in *total. All threads of the block must call it; `s_warp` holds
+// THREADS / 32 words.
+template <int THREADS = BLOCK>
 __device__ __forceinline__ u32 block_exclusive_scan(u32 v, u32* s_warp, u32* total) {
+    constexpr u32 NW = THREADS / 32;
     const u32 lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     u32 x = v;
 #pragma unroll
@@ -72,17 +75,17 @@ __device__ __forceinline__ u32 block_exclusive_scan(u32 v, u32* s_warp, u32* tot
     if (lane == 31) s_warp[warp] = x;
     __syncthreads();
     if (warp == 0) {
-        u32 w = lane < WARPS ? s_warp[lane] : 0;
+        u32 w = lane < NW ? s_warp[lane] : 0;
 #pragma unroll
         for (u32 o = 1; o < 32; o <<= 1) {
             u32 y = __shfl_up_sync(FULL_MASK, w, o);
             if (lane >= o) w += y;
         }
-        if (lane < WARPS) s_warp[lane] = w;
+        if (lane < NW) s_warp[lane] = w;
     }
     __syncthreads();
     const u32 prefix = (warp > 0 ? s_warp[warp - 1] : 0) + x - v;
-    *total = s_warp[WARPS - 1];
+    *total = s_warp[NW - 1];
     __syncthreads();
     return prefix;
 }
@@ -112,64 +115,104 @@ struct Log2<1> {
     static const int value = 0;
 };
 
-// Shared memory of the tile rank for digits of up to BINS values.
-template <int BINS>
-struct RankSmem {
-    u32 warp_counts[WARPS][BINS + 1];  // per warp and digit; the extra bin takes invalid items
-    u32 tile_counts[BINS];             // elements of the tile per digit
-    u32 tile_start[BINS];              // exclusive prefix of tile_counts
-    u32 base[BINS];                    // where the tile's elements of each digit go globally
-    u32 scan[WARPS];
-};
-
-// Exclusive scan of s.tile_counts into s.tile_start (BINS <= BLOCK).
-template <int BINS>
-__device__ __forceinline__ void scan_tile_counts(RankSmem<BINS>& s) {
+// Exclusive scan of `count[0..BINS)` into `start[0..BINS)` by a block of THREADS threads, each
+// taking consecutive bins. Ends with a barrier.
+template <int BINS, int THREADS>
+__device__ __forceinline__ void scan_bins(const u32* count, u32* start, u32* s_warp) {
+    constexpr int PER = (BINS + THREADS - 1) / THREADS;
+    u32 v[PER];
+    u32 sum = 0;
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const u32 b = threadIdx.x * PER + i;
+        v[i] = b < BINS ? count[b] : 0;
+        sum += v[i];
+    }
     u32 total;
-    const u32 v = threadIdx.x < BINS ? s.tile_counts[threadIdx.x] : 0;
-    const u32 p = block_exclusive_scan(v, s.scan, &total);
-    if (threadIdx.x < BINS) s.tile_start[threadIdx.x] = p;
+    u32 run = block_exclusive_scan<THREADS>(sum, s_warp, &total);
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const u32 b = threadIdx.x * PER + i;
+        if (b < BINS) start[b] = run;
+        run += v[i];
+    }
     __syncthreads();
 }
 
-// The tile rank. `d[j]` is the digit of item j (BINS for items past the end of the input).
-// On return pos[j] is the item's slot in the tile's stable order by digit, s.tile_counts and
-// s.tile_start hold the tile's digit counts and their exclusive prefix.
-template <int BINS>
-__device__ __forceinline__ void tile_rank(const u32 (&d)[IPT], u32 (&pos)[IPT], RankSmem<BINS>& s) {
-    for (u32 i = threadIdx.x; i < WARPS * (BINS + 1); i += BLOCK) (&s.warp_counts[0][0])[i] = 0;
+// What the block rank keeps in shared memory: per-warp counters (type C: u16 where counts stay
+// below 65536), the block's count and first position of each digit, and scan scratch.
+template <int BINS, int THREADS, typename C>
+struct RankShared {
+    C warp_counts[THREADS / 32][BINS + 1];  // the extra bin takes invalid items
+    u32 bin_count[BINS];
+    u32 bin_start[BINS];
+    u32 scan[32];
+};
+
+// The block rank (GRS phase 1, SRTS phase 3, and the block-local sorts of msd.cu). Item j of a
+// thread is element (warp, j, lane) of the block: warp w owns elements [w * ITEMS * 32,
+// (w + 1) * ITEMS * 32), taken 32 at a time. On entry dp[j] is the item's digit (BINS for items
+// past the end); on return it is the item's position in the block's stable order by digit, and
+// s.bin_count / s.bin_start hold the digit counts and their exclusive prefix. (One register per
+// item: the rank within the warp waits in the high 16 bits beside the digit.)
+//
+// Per warp, the lanes holding the same digit are found by one ballot per digit bit; the first
+// of them adds their number to the warp's counter of the digit. Counters are then combined
+// across warps (per digit) and across digits (a block scan).
+template <int BINS, int THREADS, int ITEMS, typename C>
+__device__ __forceinline__ void rank_items(u32 (&dp)[ITEMS], RankShared<BINS, THREADS, C>& s) {
+    static_assert(BINS < 65536 && 32 * ITEMS < 65536, "digit and warp rank share a word");
+    constexpr u32 NW = THREADS / 32;
+    for (u32 i = threadIdx.x; i < NW * (BINS + 1); i += THREADS) (&s.warp_counts[0][0])[i] = 0;
     __syncthreads();
-    const u32 warp = threadIdx.x / 32;
-    u32* wc = s.warp_counts[warp];
+    C* wc = s.warp_counts[threadIdx.x / 32];
     const u32 lt = lanemask_lt();
 #pragma unroll
-    for (u32 j = 0; j < IPT; j++) {
-        const u32 peers = match_peers<Log2<BINS>::value>(d[j], d[j] < BINS);
+    for (u32 j = 0; j < ITEMS; j++) {
+        const u32 d = dp[j];
+        const u32 peers = match_peers<Log2<BINS>::value>(d, d < BINS);
         const u32 before = __popc(peers & lt);
-        const u32 seen = wc[d[j]];
+        const u32 seen = wc[d];
         __syncwarp();
-        if (before == 0) wc[d[j]] = seen + __popc(peers);
+        if (before == 0) wc[d] = (C)(seen + __popc(peers));
         __syncwarp();
-        pos[j] = seen + before;
+        dp[j] = d | (seen + before) << 16;
     }
     __syncthreads();
-    // Per digit: exclusive prefix over warps, and the tile's count.
-    for (u32 b = threadIdx.x; b < BINS; b += BLOCK) {
+    // Per digit: exclusive prefix over warps, and the block's count.
+    for (u32 b = threadIdx.x; b < BINS; b += THREADS) {
         u32 sum = 0;
 #pragma unroll
-        for (u32 w = 0; w < WARPS; w++) {
+        for (u32 w = 0; w < NW; w++) {
             const u32 c = s.warp_counts[w][b];
-            s.warp_counts[w][b] = sum;
+            s.warp_counts[w][b] = (C)sum;
             sum += c;
         }
-        s.tile_counts[b] = sum;
+        s.bin_count[b] = sum;
     }
     __syncthreads();
-    scan_tile_counts<BINS>(s);
+    scan_bins<BINS, THREADS>(s.bin_count, s.bin_start, s.scan);
 #pragma unroll
-    for (u32 j = 0; j < IPT; j++) {
-        if (d[j] < BINS) pos[j] += s.tile_start[d[j]] + wc[d[j]];
+    for (u32 j = 0; j < ITEMS; j++) {
+        const u32 d = dp[j] & 0xffff, r = dp[j] >> 16;
+        dp[j] = d < BINS ? r + s.bin_start[d] + wc[d] : r;
     }
+}
+
+// Shared memory of the tile rank and scatter for digits of up to BINS values: the rank's, and
+// where the tile's elements of each digit go globally.
+template <int BINS, typename C = u32>
+struct RankSmem {
+    RankShared<BINS, BLOCK, C> r;
+    u32 base[BINS];
+};
+
+// The tile rank of GRS and SRTS: rank_items over a tile of BLOCK threads x IPT items.
+template <int BINS, typename C>
+__device__ __forceinline__ void tile_rank(const u32 (&d)[IPT], u32 (&pos)[IPT], RankSmem<BINS, C>& s) {
+#pragma unroll
+    for (u32 j = 0; j < IPT; j++) pos[j] = d[j];
+    rank_items<BINS, BLOCK, IPT, C>(pos, s.r);
 }
 
 // Loads the digits of the tile at `base` (`valid` elements) in item order.
@@ -227,11 +270,11 @@ __device__ __forceinline__ void stage_iota(const Lane& lane, size_t base, u32 va
 }
 
 // The tile scatter. Needs s.base (global position of the tile's first element of each digit),
-// s.tile_start, and each item's slot pos[j]. `smem` is dynamic shared memory: TILE u32 for the
+// s.r.bin_start, and each item's slot pos[j]. `smem` is dynamic shared memory: TILE u32 for the
 // slots' global positions, then TILE * (widest lane up to 8 bytes, at least 4) bytes of staging.
-template <int BINS>
+template <int BINS, typename C>
 __device__ __forceinline__ void scatter_tile(size_t base, u32 valid, const u32* digit_word, u32 shift, u32 mask,
-                                             const u32 (&pos)[IPT], RankSmem<BINS>& s, const Lane* lanes,
+                                             const u32 (&pos)[IPT], RankSmem<BINS, C>& s, const Lane* lanes,
                                              u32 num_lanes, Records recs, u8* smem) {
     u32* gdst = reinterpret_cast<u32*>(smem);
     u8* stage = smem + TILE * sizeof(u32);
@@ -254,7 +297,7 @@ __device__ __forceinline__ void scatter_tile(size_t base, u32 valid, const u32* 
         if (k < valid) {
             const u32 word = sw[k];
             const u32 dk = (word >> shift) & mask;
-            const u32 g = s.base[dk] + k - s.tile_start[dk];
+            const u32 g = s.base[dk] + k - s.r.bin_start[dk];
             gdst[k] = g;
             if (digit_dst) digit_dst[g] = word;
         }

@@ -27,9 +27,9 @@ __device__ __forceinline__ void grs_rank_impl(u32 n, const u32* digit_word, u32 
 #pragma unroll
     for (u32 j = 0; j < IPT; j++) {
         const u32 e = tile_elem(j);
-        if (e < valid) ranks[base + e] = (u16)(pos[j] - s.tile_start[d[j]]);
+        if (e < valid) ranks[base + e] = (u16)(pos[j] - s.r.bin_start[d[j]]);
     }
-    for (u32 b = threadIdx.x; b < BINS; b += BLOCK) hist[(size_t)b * num_tiles + tile] = s.tile_counts[b];
+    for (u32 b = threadIdx.x; b < BINS; b += BLOCK) hist[(size_t)b * num_tiles + tile] = s.r.bin_count[b];
 }
 
 template <int BINS>
@@ -42,16 +42,16 @@ __device__ __forceinline__ void grs_scatter_impl(u32 n, const u32* digit_word, u
     const size_t base = (size_t)tile * TILE;
     const u32 valid = (u32)min((size_t)TILE, (size_t)n - base);
     for (u32 b = threadIdx.x; b < BINS; b += BLOCK) {
-        s.tile_counts[b] = hist[(size_t)b * num_tiles + tile];
+        s.r.bin_count[b] = hist[(size_t)b * num_tiles + tile];
         s.base[b] = offsets[(size_t)b * num_tiles + tile];
     }
     __syncthreads();
-    scan_tile_counts<BINS>(s);
+    scan_bins<BINS, BLOCK>(s.r.bin_count, s.r.bin_start, s.r.scan);
     u32 pos[IPT];
 #pragma unroll
     for (u32 j = 0; j < IPT; j++) {
         const u32 e = tile_elem(j);
-        pos[j] = e < valid ? s.tile_start[(digit_word[base + e] >> shift) & mask] + ranks[base + e] : 0;
+        pos[j] = e < valid ? s.r.bin_start[(digit_word[base + e] >> shift) & mask] + ranks[base + e] : 0;
     }
     scatter_tile<BINS>(base, valid, digit_word, shift, mask, pos, s, lanes, num_lanes, recs, stage);
 }

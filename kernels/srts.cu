@@ -63,7 +63,7 @@ __device__ __forceinline__ void srts_downsweep_impl(u32 n, const u32* digit_word
         load_digits<BINS>(digit_word, base, valid, shift, mask, d);
         tile_rank<BINS>(d, pos, s);
         scatter_tile<BINS>(base, valid, digit_word, shift, mask, pos, s, lanes, num_lanes, recs, stage);
-        for (u32 b = threadIdx.x; b < BINS; b += BLOCK) s.base[b] += s.tile_counts[b];
+        for (u32 b = threadIdx.x; b < BINS; b += BLOCK) s.base[b] += s.r.bin_count[b];
         __syncthreads();
     }
 }
