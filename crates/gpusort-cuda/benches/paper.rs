@@ -1,6 +1,7 @@
 //! The evaluation of Bandyopadhyay & Sahni (Figs. 7-14) on this GPU: 10M records of a u32 key
-//! and m u32 fields (m = 2..20), ByField and Hybrid, GRS and SRTS, direct and indirect, with
-//! the data already in GPU memory; and keys-only sorts of 10M and 100M u32 and u64 keys.
+//! and m u32 fields (m = 2..20), ByField and Hybrid, GRS and SRTS (and gpusort's MSD hybrid),
+//! direct and indirect, with the data already in GPU memory; and keys-only sorts of 10M and
+//! 100M u32 and u64 keys.
 //! Prints tables (and the ratio to CUB when `--cub` names the JSON of
 //! `../shared/bench/cub_baseline.py --json`), writes every timing as CSV and draws the
 //! record figures as an SVG.
@@ -123,6 +124,7 @@ fn label(s: Strategy) -> String {
     let a = match s.algorithm {
         Algorithm::Grs => "GRS",
         Algorithm::Srts => "SRTS",
+        Algorithm::Msd => "MSD",
     };
     let m = match s.record_move {
         RecordMove::Direct => "direct",
@@ -175,7 +177,7 @@ fn svg(results: &[(String, u32, String, usize, f64)], fields: &[usize]) -> Strin
         2.0 * w,
         h + 30.0
     );
-    let colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"];
+    let colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"];
     for (panel, layout) in ["ByField", "Hybrid"].iter().enumerate() {
         let x0 = panel as f64 * w;
         let rows: Vec<_> = results.iter().filter(|r| r.2 == *layout && r.1 == bits).collect();
@@ -283,9 +285,9 @@ fn main() {
     };
     println!("\nrecords: {n} rows, u32 key + m u32 fields; minimum (median) ms");
     println!(
-        "| layout | m | bits | GRS-direct | GRS-indirect | SRTS-direct | SRTS-indirect | best | CUB argsort+gather | CUB / best |"
+        "| layout | m | bits | GRS-direct | GRS-indirect | SRTS-direct | SRTS-indirect | MSD-direct | MSD-indirect | best | CUB argsort+gather | CUB / best |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|");
     for &m in &fields_list {
         for layout in ["ByField", "Hybrid"] {
             let pristine = DeviceTable {
@@ -347,11 +349,13 @@ fn main() {
                 let cub_ms = cub.as_ref().and_then(|c| c.0.get(&(layout.to_string(), m)).copied());
                 let times: Vec<String> = cells.iter().map(|c| format!("{:.3} ({:.3})", c.0, c.1)).collect();
                 println!(
-                    "| {layout} | {m} | {bits} | {} | {} | {} | {} | {} | {} | {} |",
+                    "| {layout} | {m} | {bits} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                     times[0],
                     times[1],
                     times[2],
                     times[3],
+                    times[4],
+                    times[5],
                     b.2,
                     cub_ms.map_or("-".into(), |c| format!("{c:.3}")),
                     cub_ms.map_or("-".into(), |c| format!("{:.2}x", c / b.0)),
@@ -363,8 +367,8 @@ fn main() {
 
     // Keys only.
     println!("\nkeys only: minimum (median) ms");
-    println!("| keys | n | bits | GRS | SRTS | CUB sort | CUB / best |");
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    println!("| keys | n | bits | GRS | SRTS | MSD | CUB sort | CUB / best |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     let key_rows = if a.only.as_deref() == Some("records") {
         vec![]
     } else {
@@ -386,7 +390,7 @@ fn main() {
             for &bits in &a.bits {
                 let passes = radix_passes(&varying, bits);
                 let mut cells = vec![];
-                for strategy in [Strategy::GRS_DIRECT, Strategy::SRTS_DIRECT] {
+                for strategy in [Strategy::GRS_DIRECT, Strategy::SRTS_DIRECT, Strategy::MSD_DIRECT] {
                     let plan = GpuSortPlan {
                         strategy,
                         passes: passes.clone(),
@@ -400,11 +404,13 @@ fn main() {
                 let b = cells.iter().map(|c| c.0).fold(f64::MAX, f64::min);
                 let cub_ms = cub.as_ref().and_then(|c| c.1.get(&(kn, ty.to_string())).copied());
                 println!(
-                    "| {ty} | {kn} | {bits} | {:.3} ({:.3}) | {:.3} ({:.3}) | {} | {} |",
+                    "| {ty} | {kn} | {bits} | {:.3} ({:.3}) | {:.3} ({:.3}) | {:.3} ({:.3}) | {} | {} |",
                     cells[0].0,
                     cells[0].1,
                     cells[1].0,
                     cells[1].1,
+                    cells[2].0,
+                    cells[2].1,
                     cub_ms.map_or("-".into(), |c| format!("{c:.3}")),
                     cub_ms.map_or("-".into(), |c| format!("{:.2}x", c / b)),
                 );
@@ -429,6 +435,22 @@ fn main() {
                 .copied()
                 .find(|&m| at("GRS-indirect", m).min(at("SRTS-indirect", m))
                     < at("GRS-direct", m).min(at("SRTS-direct", m)))
+        );
+        let lsd_best = |m: usize| {
+            ["GRS-direct", "GRS-indirect", "SRTS-direct", "SRTS-indirect"]
+                .iter()
+                .map(|l| at(l, m))
+                .fold(f64::MAX, f64::min)
+        };
+        let msd_best = |m: usize| at("MSD-direct", m).min(at("MSD-indirect", m));
+        println!(
+            "  {layout}: MSD (best move) beats the best of the paper's four at m = {:?}; MSD-indirect beats MSD-direct from m = {:?}",
+            a.fields
+                .iter()
+                .copied()
+                .filter(|&m| msd_best(m) < lsd_best(m))
+                .collect::<Vec<_>>(),
+            cross("MSD-indirect", "MSD-direct"),
         );
     }
     println!("\nbest strategy per m:");

@@ -13,6 +13,7 @@
 //! device in one copy and the passes are launched back to back on one stream.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
@@ -22,7 +23,8 @@ use gpusort::plan::{Algorithm, RadixPass, RecordMove, Strategy};
 
 use crate::device::{self, DeviceInfo};
 use crate::error::{CudaSortError, Result};
-use crate::kernels::{CacheOutcome, KernelCache, Kernels, program_source};
+use crate::kernels::{CacheOutcome, KernelCache, Kernels, MSD_LOCAL_CAP, MSD_LOCAL_MAX_WORDS, program_source};
+use crate::msd::MSD_MAX_DIGIT_BITS;
 
 /// The program with `IPT` rows per thread (the define comes first, so it is part of the
 /// source hash and the cache key).
@@ -47,6 +49,10 @@ pub struct Gpu {
     info: DeviceInfo,
     compile: CacheOutcome,
     tile: usize,
+    /// Segments of at most this many rows go to the MSD sort's block-local sort.
+    msd_local_rows: AtomicUsize,
+    /// Widest MSD partition digit.
+    msd_max_bits: AtomicU32,
 }
 
 /// A fixed-width ByField column on the device: `width` bytes (1, 2, 4, 8 or 16) per row.
@@ -104,12 +110,12 @@ pub struct GpuSortResult {
 
 /// Per-kernel device times, when `GPUSORT_PROFILE=1`: an event after every launch, summed by
 /// kernel name at the end of a sort and printed to stderr.
-struct Profile {
+pub(crate) struct Profile {
     marks: Option<std::cell::RefCell<Vec<(&'static str, CudaEvent)>>>,
 }
 
 impl Profile {
-    fn new(gpu: &Gpu) -> Result<Self> {
+    pub(crate) fn new(gpu: &Gpu) -> Result<Self> {
         let on = std::env::var("GPUSORT_PROFILE").as_deref() == Ok("1");
         let marks = if on {
             let e = gpu.event()?;
@@ -121,7 +127,7 @@ impl Profile {
         Ok(Self { marks })
     }
 
-    fn mark(&self, gpu: &Gpu, name: &'static str) -> Result<()> {
+    pub(crate) fn mark(&self, gpu: &Gpu, name: &'static str) -> Result<()> {
         if let Some(m) = &self.marks {
             let e = gpu.event()?;
             e.record(&gpu.stream)?;
@@ -130,7 +136,7 @@ impl Profile {
         Ok(())
     }
 
-    fn report(&self) -> Result<()> {
+    pub(crate) fn report(&self) -> Result<()> {
         if let Some(m) = &self.marks {
             let m = m.borrow();
             if let Some((_, last)) = m.last() {
@@ -157,14 +163,30 @@ impl Profile {
 /// A lane of the kernels' lane table (`struct Lane` in `kernels/common.cuh`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-struct Lane {
-    src: u64,
-    dst: u64,
-    width: u32,
-    flags: u32,
+pub(crate) struct Lane {
+    pub(crate) src: u64,
+    pub(crate) dst: u64,
+    pub(crate) width: u32,
+    pub(crate) flags: u32,
 }
-const LANE_IOTA: u32 = 1;
-const LANE_DIGIT: u32 = 2;
+/// The lane's values are the row indices themselves (no source).
+pub(crate) const LANE_IOTA: u32 = 1;
+/// The lane is the key word of the pass's digit.
+pub(crate) const LANE_DIGIT: u32 = 2;
+
+impl Lane {
+    /// The lane as the six u32 words of the CUDA struct.
+    pub(crate) fn as_words(&self) -> [u32; 6] {
+        [
+            self.src as u32,
+            (self.src >> 32) as u32,
+            self.dst as u32,
+            (self.dst >> 32) as u32,
+            self.width,
+            self.flags,
+        ]
+    }
+}
 
 /// Hybrid records to move in a pass (`struct Records` in `kernels/common.cuh`).
 #[repr(C)]
@@ -199,13 +221,13 @@ impl PassInputs<'_> {
 }
 
 /// A device buffer of either element type.
-enum Buf {
+pub(crate) enum Buf {
     Words(CudaSlice<u32>),
     Bytes(CudaSlice<u8>),
 }
 
 impl Buf {
-    fn ptr(&self, stream: &CudaStream) -> u64 {
+    pub(crate) fn ptr(&self, stream: &CudaStream) -> u64 {
         match self {
             Buf::Words(s) => s.device_ptr(stream).0,
             Buf::Bytes(s) => s.device_ptr(stream).0,
@@ -243,6 +265,16 @@ impl Gpu {
         let source = program_source_with_ipt(ipt);
         let (cubin, compile) = cache.load_or_compile(&source, &info.arch(), info.nvrtc_version)?;
         let kernels = Kernels::load(&ctx, cubin)?;
+        let msd_max_bits = match std::env::var("GPUSORT_MSD_BITS") {
+            Ok(v) => v
+                .parse::<u32>()
+                .ok()
+                .filter(|b| (1..=MSD_MAX_DIGIT_BITS).contains(b))
+                .ok_or_else(|| {
+                    CudaSortError::Unsupported(format!("GPUSORT_MSD_BITS={v} (1 to {MSD_MAX_DIGIT_BITS} bits)"))
+                })?,
+            Err(_) => MSD_MAX_DIGIT_BITS,
+        };
         Ok(Self {
             ctx,
             stream,
@@ -250,7 +282,43 @@ impl Gpu {
             info,
             compile,
             tile: BLOCK as usize * ipt,
+            msd_local_rows: AtomicUsize::new(MSD_LOCAL_CAP),
+            msd_max_bits: AtomicU32::new(msd_max_bits),
         })
+    }
+
+    /// Segments of at most this many rows are sorted by the MSD sort's block-local sort
+    /// (default and most: [`MSD_LOCAL_CAP`]).
+    pub fn msd_local_rows(&self) -> usize {
+        self.msd_local_rows.load(Ordering::Relaxed)
+    }
+
+    /// Sets [`Self::msd_local_rows`] (1 to [`MSD_LOCAL_CAP`]): smaller values make more
+    /// partition passes (a knob for tests and tuning).
+    pub fn set_msd_local_rows(&self, rows: usize) -> Result<()> {
+        if !(1..=MSD_LOCAL_CAP).contains(&rows) {
+            return Err(CudaSortError::Unsupported(format!(
+                "MSD block-local sorts of {rows} rows (1 to {MSD_LOCAL_CAP})"
+            )));
+        }
+        self.msd_local_rows.store(rows, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The widest MSD partition digit (default [`MSD_MAX_DIGIT_BITS`]; `GPUSORT_MSD_BITS`).
+    pub fn msd_max_bits(&self) -> u32 {
+        self.msd_max_bits.load(Ordering::Relaxed)
+    }
+
+    /// Sets [`Self::msd_max_bits`] (1 to [`MSD_MAX_DIGIT_BITS`]).
+    pub fn set_msd_max_bits(&self, bits: u32) -> Result<()> {
+        if !(1..=MSD_MAX_DIGIT_BITS).contains(&bits) {
+            return Err(CudaSortError::Unsupported(format!(
+                "MSD partition digits of {bits} bits (1 to {MSD_MAX_DIGIT_BITS})"
+            )));
+        }
+        self.msd_max_bits.store(bits, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Rows per tile of the sort kernels.
@@ -370,13 +438,38 @@ impl Gpu {
         let end = self.event()?;
         start.record(&self.stream)?;
         let direct = plan.strategy.record_move == RecordMove::Direct;
-        let needs_index = plan.want_perm || !direct;
+        let msd = plan.strategy.algorithm == Algorithm::Msd
+            && plan
+                .passes
+                .iter()
+                .map(|p| p.word)
+                .collect::<std::collections::BTreeSet<_>>()
+                .len()
+                <= MSD_LOCAL_MAX_WORDS;
+        // The MSD sort moves ByField columns directly but gathers Hybrid records once.
+        let gathers_records = !direct || (msd && table.records.is_some());
+        let needs_index = plan.want_perm || !direct || gathers_records;
         let mut perm = None;
         if n > 1 && !plan.passes.is_empty() {
-            perm = self.run_passes(table, plan, direct, needs_index)?;
-            if !direct {
+            perm = if msd {
+                self.run_msd(table, plan, direct, needs_index)?
+            } else if plan.strategy.algorithm == Algorithm::Msd {
+                // Keys of more words than a block-local sort holds: SRTS.
+                let srts = GpuSortPlan {
+                    strategy: Strategy::new(Algorithm::Srts, plan.strategy.record_move),
+                    ..plan.clone()
+                };
+                self.run_passes(table, &srts, direct, needs_index)?
+            } else {
+                self.run_passes(table, plan, direct, needs_index)?
+            };
+            if gathers_records {
                 let p = perm.as_ref().expect("indirect sorts make a permutation");
-                self.gather_payload(table, p)?;
+                if direct {
+                    self.gather_records(table, p)?;
+                } else {
+                    self.gather_payload(table, p)?;
+                }
             }
         }
         if plan.want_perm && perm.is_none() {
@@ -539,7 +632,7 @@ impl Gpu {
         };
         match plan.strategy.algorithm {
             Algorithm::Grs => self.grs(&inputs)?,
-            Algorithm::Srts => self.srts(&inputs)?,
+            Algorithm::Srts | Algorithm::Msd => self.srts(&inputs)?,
         }
         // Put the final buffers back.
         let mut items = items.into_iter();
@@ -649,8 +742,8 @@ impl Gpu {
         prof.report()
     }
 
-    /// Exclusive scan of `len` words at `src` into `dst` (GRS phase 2).
-    fn exclusive_scan(&self, src: u64, dst: u64, sums: u64, len: usize) -> Result<()> {
+    /// Exclusive scan of `len` words at `src` into `dst` (GRS phase 2; MSD partitions).
+    pub(crate) fn exclusive_scan(&self, src: u64, dst: u64, sums: u64, len: usize) -> Result<()> {
         let s = &self.stream;
         let k = &self.kernels;
         let chunks = len.div_ceil(self.tile) as u32;
@@ -876,12 +969,18 @@ impl Gpu {
     /// The indirect strategy's record move: every column (and the records) gathered once.
     fn gather_payload(&self, table: &mut DeviceTable, perm: &CudaSlice<u32>) -> Result<()> {
         let n = table.num_rows;
-        let s = &self.stream;
-        let perm_p = perm.device_ptr(s).0;
-        let n32 = n as u32;
         for col in table.columns.iter_mut() {
             col.data = self.gather_column(&col.data, col.width, perm, n)?;
         }
+        self.gather_records(table, perm)
+    }
+
+    /// Hybrid records gathered once through the permutation, a group of threads per record.
+    fn gather_records(&self, table: &mut DeviceTable, perm: &CudaSlice<u32>) -> Result<()> {
+        let n = table.num_rows;
+        let s = &self.stream;
+        let perm_p = perm.device_ptr(s).0;
+        let n32 = n as u32;
         if let Some(r) = table.records.as_mut() {
             let out = self.alloc_bytes(n * r.bytes)?;
             let piece = [16u32, 8, 4].into_iter().find(|p| r.bytes % *p as usize == 0).unwrap();

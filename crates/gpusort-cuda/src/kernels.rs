@@ -17,6 +17,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("grs.cu", include_str!("../../../kernels/grs.cu")),
     ("srts.cu", include_str!("../../../kernels/srts.cu")),
     ("gather.cu", include_str!("../../../kernels/gather.cu")),
+    ("msd.cu", include_str!("../../../kernels/msd.cu")),
 ];
 
 /// NVRTC options besides the architecture.
@@ -220,7 +221,36 @@ pub struct Kernels {
     pub unpack_validity: CudaFunction,
     /// 0, 1, 2, ...
     pub iota: CudaFunction,
+    /// MSD partition: chunk digit counts, for digits of up to 8 and up to 11 bits.
+    pub msd_count: [CudaFunction; 2],
+    /// MSD partition: chunk scatter, for digits of up to 8 and up to 11 bits.
+    pub msd_scatter: [CudaFunction; 2],
+    /// MSD partition: where each new segment starts.
+    pub msd_subsegments: CudaFunction,
+    /// The block-local sorts of small segments.
+    pub msd_local: CudaFunction,
 }
+
+/// Bins of the MSD partition kernels `msd_*_b8` and `msd_*_b11`.
+pub const MSD_BINS: [usize; 2] = [256, 2048];
+
+/// Bytes of `RankSmem<BINS, C>` (kernels/common.cuh) of the MSD scatters: per-warp counters
+/// (u32 for 256 bins, u16 for 2048), three u32 arrays of the bins and 32 scan words; msd.cu
+/// checks these figures with static_assert.
+pub const MSD_RANK_SMEM: [usize; 2] = [8 * 257 * 4 + 3 * 256 * 4 + 32 * 4, 8 * 2049 * 2 + 3 * 2048 * 4 + 32 * 4];
+
+/// Most rows of one block-local sort (`LOCAL_CAP` in kernels/msd.cu).
+pub const MSD_LOCAL_CAP: usize = 8192;
+/// Most key words one block-local sort holds in shared memory (`LOCAL_MAX_WORDS`).
+pub const MSD_LOCAL_MAX_WORDS: usize = 4;
+/// Most segments of one block-local batch (`LOCAL_MAX_SEGS`).
+pub const MSD_LOCAL_MAX_SEGS: usize = 256;
+/// Dynamic shared memory the MSD scatters may use: the rank's, the slots' positions and 8-byte
+/// staging for a tile of 4096 rows (16 rows per thread; more with a larger `GPUSORT_IPT`).
+pub const MSD_SCATTER_MAX_DYNAMIC_SMEM: i32 = 200 * 1024;
+/// Dynamic shared memory the block-local sort may use: `LOCAL_MAX_WORDS` key words and two
+/// 16-bit index arrays per row.
+pub const MSD_LOCAL_MAX_DYNAMIC_SMEM: i32 = (MSD_LOCAL_CAP * (4 * MSD_LOCAL_MAX_WORDS + 4)) as i32;
 
 /// Dynamic shared memory the scatter kernels may use (more than the default 48 KiB).
 pub const SCATTER_MAX_DYNAMIC_SMEM: i32 = 96 * 1024;
@@ -257,6 +287,10 @@ impl Kernels {
             pack_validity: f("pack_validity")?,
             unpack_validity: f("unpack_validity")?,
             iota: f("iota")?,
+            msd_count: [f("msd_count_b8")?, f("msd_count_b11")?],
+            msd_scatter: [f("msd_scatter_b8")?, f("msd_scatter_b11")?],
+            msd_subsegments: f("msd_subsegments")?,
+            msd_local: f("msd_local")?,
             module: module.clone(),
         };
         for func in [
@@ -270,6 +304,16 @@ impl Kernels {
                 SCATTER_MAX_DYNAMIC_SMEM,
             )?;
         }
+        for func in &k.msd_scatter {
+            func.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                MSD_SCATTER_MAX_DYNAMIC_SMEM,
+            )?;
+        }
+        k.msd_local.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            MSD_LOCAL_MAX_DYNAMIC_SMEM,
+        )?;
         Ok(k)
     }
 
@@ -358,12 +402,17 @@ mod tests {
         let s = program_source();
         let at = |n: &str| s.find(&format!("// ---- {n} ----")).unwrap();
         assert!(at("common.cuh") < at("grs.cu") && at("grs.cu") < at("srts.cu") && at("srts.cu") < at("gather.cu"));
+        assert!(at("gather.cu") < at("msd.cu"));
         for name in [
             "grs_rank_b8",
             "grs_scatter_b4",
             "srts_upsweep_b8",
             "srts_downsweep_b4",
             "gather_records",
+            "msd_count_b11",
+            "msd_scatter_b8",
+            "msd_subsegments",
+            "msd_local",
         ] {
             assert!(s.contains(name), "{name}");
         }

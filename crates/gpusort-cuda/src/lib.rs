@@ -12,6 +12,7 @@ pub mod device;
 pub mod engine;
 mod error;
 pub mod kernels;
+pub mod msd;
 pub mod transfer;
 
 pub use backend::{CudaBackend, MAX_DIGIT_BITS};

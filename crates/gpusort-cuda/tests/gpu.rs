@@ -7,10 +7,10 @@
 //! With `GPUSORT_REQUIRE_GPU=1` and no usable GPU every test fails. Without it, on a machine
 //! with no GPU, each test prints that it did not run and why.
 //!
-//! - `engine_*`: the device radix sorts (GRS and SRTS, direct and indirect, ByField columns of
-//!   every width and Hybrid records, 4- and 8-bit digits, 1- to 3-word keys) against a stable
-//!   sort on the host, at sizes around tile edges, on adversarial key distributions, and on
-//!   100M rows;
+//! - `engine_*`: the device radix sorts (GRS, SRTS and MSD, direct and indirect, ByField columns
+//!   of every width and Hybrid records, 4- and 8-bit digits, 1- to 3-word keys) against a stable
+//!   sort on the host, at sizes around tile edges, on adversarial key distributions, at forced
+//!   MSD partition depths, and on 100M rows;
 //! - `backend_*`: the Arrow backend against the stable reference on random tables (every
 //!   sortable type, nulls, strings, limits), as the CPU backend's fuzz test does;
 //! - `sanitize_*`: every kernel on small inputs, for `compute-sanitizer`.
@@ -234,6 +234,45 @@ fn engine_adversarial_keys() {
     }
 }
 
+/// Restores the MSD knobs of a `Gpu` when a test ends (or fails).
+struct MsdKnobs<'a>(&'a Gpu);
+
+impl Drop for MsdKnobs<'_> {
+    fn drop(&mut self) {
+        self.0.set_msd_local_rows(gpusort_cuda::kernels::MSD_LOCAL_CAP).unwrap();
+        self.0.set_msd_max_bits(gpusort_cuda::msd::MSD_MAX_DIGIT_BITS).unwrap();
+    }
+}
+
+/// The MSD sort with small block-local sorts and narrow partition digits: many partition
+/// levels, batches of many segments, keys used up before the segments are small (equal keys),
+/// finals in both buffers.
+#[test]
+fn engine_msd_partition_depths() {
+    let Some(b) = backend() else { return };
+    let gpu = b.gpu();
+    let _restore = MsdKnobs(gpu);
+    let mut rng = SmallRng::seed_from_u64(16);
+    for (local, max_bits) in [(1, 11), (3, 1), (40, 4), (700, 8), (3000, 11), (8192, 2)] {
+        gpu.set_msd_local_rows(local).unwrap();
+        gpu.set_msd_max_bits(max_bits).unwrap();
+        for kind in ["random", "equal", "two", "low", "dups", "sorted"] {
+            for &n in &[2usize, 100, 5_000, 60_000] {
+                let words = 1 + n % 3;
+                let c = case(&mut rng, n, words, kind, n == 5_000);
+                for strategy in [Strategy::MSD_DIRECT, Strategy::MSD_INDIRECT] {
+                    for bits in [3, 8] {
+                        let what = format!(
+                            "local {local} max {max_bits}: {kind} n {n} words {words} {strategy} {bits}-bit digits"
+                        );
+                        check_engine(gpu, &c, strategy, bits, &what);
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn engine_100m_rows() {
     let Some(b) = backend() else { return };
@@ -247,6 +286,8 @@ fn engine_100m_rows() {
     };
     check_engine(gpu, &c, Strategy::SRTS_DIRECT, 8, "100M rows srts-direct");
     check_engine(gpu, &c, Strategy::GRS_INDIRECT, 8, "100M rows grs-indirect");
+    check_engine(gpu, &c, Strategy::MSD_DIRECT, 8, "100M rows msd-direct");
+    check_engine(gpu, &c, Strategy::MSD_INDIRECT, 8, "100M rows msd-indirect");
 }
 
 #[test]
@@ -265,7 +306,7 @@ fn backend_matches_reference_on_random_tables() {
             rng.random_range(0..30_000)
         };
         let c = random_case(&mut rng, n);
-        let strategy = Strategy::ALL[rng.random_range(0..4)];
+        let strategy = Strategy::ALL[rng.random_range(0..Strategy::ALL.len())];
         let limit = rng.random_bool(0.2).then(|| rng.random_range(0..=n + 1));
         let max_prefix_bytes = [0, 2, 8][rng.random_range(0..3)];
         let request = SortRequest::new(&c.batch, &c.spec)
@@ -315,6 +356,15 @@ fn sanitize_every_kernel() {
             }
         }
     }
+    // MSD with three partition depths and multi-segment batches.
+    let _restore = MsdKnobs(gpu);
+    gpu.set_msd_local_rows(50).unwrap();
+    gpu.set_msd_max_bits(3).unwrap();
+    let c = case(&mut rng, 3000, 2, "dups", false);
+    for strategy in [Strategy::MSD_DIRECT, Strategy::MSD_INDIRECT] {
+        check_engine(gpu, &c, strategy, 8, &format!("sanitize {strategy} deep"));
+    }
+    drop(_restore);
     // Validity packing and unpacking, bitmap gathers: through the backend.
     let n = 5000;
     let v: ArrayRef = std::sync::Arc::new(UInt32Array::from_iter(

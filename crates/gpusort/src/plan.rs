@@ -12,8 +12,11 @@
 //! | ByField | GRS-direct with >= 12 payload fields, else SRTS-direct |
 //! | Hybrid  | SRTS-indirect                                      |
 //!
-//! [`Strategy::paper_default`] is that rule. [`radix_passes`] splits a key into the digits
-//! of an LSD radix sort, skipping bits that are equal in every row.
+//! [`Strategy::paper_default`] is that rule. Beside the paper's two LSD families there is a
+//! third, [`Algorithm::Msd`]: most-significant-digit partitioning into segments that one GPU
+//! block sorts in shared memory, which moves the payload about twice whatever the key's length
+//! (see `kernels/msd.cu`). [`radix_passes`] splits a key into the digits of an LSD radix sort,
+//! skipping bits that are equal in every row.
 
 use std::fmt;
 use std::str::FromStr;
@@ -40,6 +43,10 @@ pub enum Algorithm {
     /// SRTS: a persistent grid; bottom-level reduction, top-level scan, bottom-level scan
     /// with a local scatter before the coalesced write.
     Srts,
+    /// MSD hybrid: partition passes on the most significant digits (up to 11 bits) until
+    /// every segment fits one block's shared memory, then a block-local sort of each segment
+    /// on its remaining digits. Not in the paper; on the CPU backend it is the same radix sort.
+    Msd,
 }
 
 /// How payload moves.
@@ -69,12 +76,25 @@ impl Strategy {
     pub const SRTS_DIRECT: Self = Self::new(Algorithm::Srts, RecordMove::Direct);
     /// SRTS, indirect.
     pub const SRTS_INDIRECT: Self = Self::new(Algorithm::Srts, RecordMove::Indirect);
-    /// All four.
-    pub const ALL: [Self; 4] = [
+    /// MSD hybrid, direct.
+    pub const MSD_DIRECT: Self = Self::new(Algorithm::Msd, RecordMove::Direct);
+    /// MSD hybrid, indirect.
+    pub const MSD_INDIRECT: Self = Self::new(Algorithm::Msd, RecordMove::Indirect);
+    /// The paper's four.
+    pub const PAPER: [Self; 4] = [
         Self::GRS_DIRECT,
         Self::GRS_INDIRECT,
         Self::SRTS_DIRECT,
         Self::SRTS_INDIRECT,
+    ];
+    /// All six.
+    pub const ALL: [Self; 6] = [
+        Self::GRS_DIRECT,
+        Self::GRS_INDIRECT,
+        Self::SRTS_DIRECT,
+        Self::SRTS_INDIRECT,
+        Self::MSD_DIRECT,
+        Self::MSD_INDIRECT,
     ];
 
     /// A strategy.
@@ -105,6 +125,7 @@ impl fmt::Display for Strategy {
         let a = match self.algorithm {
             Algorithm::Grs => "grs",
             Algorithm::Srts => "srts",
+            Algorithm::Msd => "msd",
         };
         let m = match self.record_move {
             RecordMove::Direct => "direct",
@@ -122,7 +143,7 @@ impl FromStr for Strategy {
             .find(|x| x.to_string().eq_ignore_ascii_case(s.trim()))
             .ok_or_else(|| {
                 GpusortError::InvalidOption(format!(
-                    "unknown strategy '{s}': expected one of grs-direct, grs-indirect, srts-direct, srts-indirect"
+                    "unknown strategy '{s}': expected one of grs-direct, grs-indirect, srts-direct, srts-indirect, msd-direct, msd-indirect"
                 ))
             })
     }

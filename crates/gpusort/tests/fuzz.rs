@@ -28,7 +28,7 @@ fn run(seed_default: u64, num_cases: usize, size: impl Fn(&mut rand::rngs::Small
     for case in 0..num_cases {
         let n = size(&mut rng, case);
         let c = random_case(&mut rng, n);
-        let strategy = Strategy::ALL[rng.random_range(0..4)];
+        let strategy = Strategy::ALL[rng.random_range(0..Strategy::ALL.len())];
         let limit = rng.random_bool(0.2).then(|| rng.random_range(0..=n + 1));
         let max_prefix_bytes = [0, 1, 3, 8, 8, 16][rng.random_range(0..6)];
         let backend = &backends[rng.random_range(0..backends.len())];
