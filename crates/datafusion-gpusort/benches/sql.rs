@@ -148,13 +148,26 @@ struct SortMetrics {
     path: Vec<String>,
     cpu_fallback: Vec<String>,
     elapsed_compute_ns: usize,
-    encode_ns: usize,
-    sort_ns: usize,
-    gather_ns: usize,
+    /// Per phase, in [`PHASES`] order.
+    phase_ns: [usize; PHASES.len()],
     kernel_ns: usize,
     bytes_to_device: usize,
     bytes_from_device: usize,
 }
+
+/// The phases of a sort as the `GpuSortExec` metrics time them, in the order they happen (the
+/// first three overlap the input's arrival; gather overlaps download on the GPU path).
+const PHASES: [(&str, &str); 9] = [
+    ("input_time", "input"),
+    ("stage_time", "stage"),
+    ("upload_time", "upload"),
+    ("concat_time", "concat"),
+    ("encode_time", "encode"),
+    ("sort_time", "sort"),
+    ("download_time", "download"),
+    ("gather_time", "gather"),
+    ("output_time", "output"),
+];
 
 fn visit(plan: &Arc<dyn ExecutionPlan>, f: &mut dyn FnMut(&Arc<dyn ExecutionPlan>)) {
     f(plan);
@@ -178,15 +191,16 @@ fn sort_metrics(plan: &Arc<dyn ExecutionPlan>) -> SortMetrics {
                 "gpu_sorts" => m.gpu_sorts += n,
                 "cpu_sorts" => m.cpu_sorts += n,
                 "elapsed_compute" => m.elapsed_compute_ns += n,
-                "encode_time" => m.encode_ns += n,
-                "sort_time" => m.sort_ns += n,
-                "gather_time" => m.gather_ns += n,
                 "gpu_kernel_time" => m.kernel_ns += n,
                 "bytes_to_device" => m.bytes_to_device += n,
                 "bytes_from_device" => m.bytes_from_device += n,
                 "path" => m.path.push(value.to_string()),
                 "cpu_fallback" => m.cpu_fallback.push(value.to_string()),
-                _ => {}
+                name => {
+                    if let Some(p) = PHASES.iter().position(|(metric, _)| *metric == name) {
+                        m.phase_ns[p] += n;
+                    }
+                }
             }
         }
     });
@@ -400,6 +414,27 @@ fn main() -> Result<()> {
         )?;
     }
     writeln!(out)?;
+    writeln!(
+        out,
+        "Where the time went, per phase (ms summed over partitions; stage and upload overlap the input, gather overlaps download):"
+    )?;
+    writeln!(out)?;
+    let names: Vec<&str> = PHASES.iter().map(|(_, name)| *name).collect();
+    writeln!(out, "| workload | contender | {} | gpu_kernel |", names.join(" | "))?;
+    writeln!(out, "|---|---|{}---:|", "---:|".repeat(PHASES.len()))?;
+    for r in &table {
+        let Some(m) = &r.metrics else { continue };
+        let phases: Vec<String> = m.phase_ns.iter().map(|ns| format!("{:.1}", ns_ms(*ns))).collect();
+        writeln!(
+            out,
+            "| {} | {} | {} | {:.2} |",
+            r.workload,
+            r.contender,
+            phases.join(" | "),
+            ns_ms(m.kernel_ns)
+        )?;
+    }
+    writeln!(out)?;
     let gpu_sorts: usize = table
         .iter()
         .filter_map(|r| r.metrics.as_ref())
@@ -416,16 +451,33 @@ fn main() -> Result<()> {
         )?,
         Err(why) => writeln!(out, "GPU path NOT taken: no usable GPU ({why})")?,
     }
+    let pool = gpusort_cuda::PinnedPool::global().stats();
+    writeln!(
+        out,
+        "Pinned pool: {:.0} MB pinned ({:.0} MB free) of a {:.0} MB limit; {} buffers reused, {} allocated, {} unpinned",
+        pool.pinned_bytes as f64 / 1e6,
+        pool.free_bytes as f64 / 1e6,
+        pool.limit as f64 / 1e6,
+        pool.reused,
+        pool.allocated,
+        pool.unpinned
+    )?;
     print!("{out}");
 
     if let Ok(path) = std::env::var("BENCH_CSV") {
         let mut csv = String::from(
-            "workload,contender,plan,rows,runs,partitions,median_ms,min_ms,speedup_vs_stock,output_ok,path,cpu_fallback,gpu_sorts,cpu_sorts,sort_op_ms,encode_ms,sort_ms,gather_ms,gpu_kernel_ms,bytes_to_device,bytes_from_device,pcie_h2d_gbps,pcie_d2h_gbps,pcie_round_trip_ms,e2e_over_round_trip\n",
+            "workload,contender,plan,rows,runs,partitions,median_ms,min_ms,speedup_vs_stock,output_ok,path,cpu_fallback,gpu_sorts,cpu_sorts,sort_op_ms,",
+        );
+        for (_, name) in PHASES {
+            csv.push_str(&format!("{name}_ms,"));
+        }
+        csv.push_str(
+            "gpu_kernel_ms,bytes_to_device,bytes_from_device,pcie_h2d_gbps,pcie_d2h_gbps,pcie_round_trip_ms,e2e_over_round_trip\n",
         );
         for r in &table {
             let m = r.metrics.clone().unwrap_or_default();
             let rt = round_trip(&m);
-            let fields = [
+            let mut fields = vec![
                 r.workload.to_string(),
                 r.contender.to_string(),
                 r.plan.clone(),
@@ -441,9 +493,9 @@ fn main() -> Result<()> {
                 m.gpu_sorts.to_string(),
                 m.cpu_sorts.to_string(),
                 format!("{:.3}", ns_ms(m.elapsed_compute_ns)),
-                format!("{:.3}", ns_ms(m.encode_ns)),
-                format!("{:.3}", ns_ms(m.sort_ns)),
-                format!("{:.3}", ns_ms(m.gather_ns)),
+            ];
+            fields.extend(m.phase_ns.iter().map(|ns| format!("{:.3}", ns_ms(*ns))));
+            fields.extend([
                 format!("{:.3}", ns_ms(m.kernel_ns)),
                 m.bytes_to_device.to_string(),
                 m.bytes_from_device.to_string(),
@@ -455,7 +507,7 @@ fn main() -> Result<()> {
                 } else {
                     String::new()
                 },
-            ];
+            ]);
             let line: Vec<String> = fields.iter().map(|f| csv_field(f)).collect();
             csv.push_str(&line.join(","));
             csv.push('\n');

@@ -85,12 +85,25 @@ pub struct GpuSortMetrics {
     pub cpu_fallback: Arc<TextMetric>,
     /// Time the GPU spent in sort and gather kernels.
     pub kernel_time: Time,
+    /// Time spent taking input batches in (reserving memory, handing them to the GPU session).
+    pub input_time: Time,
+    /// Time spent copying input into pinned staging memory (GPU path; overlaps the input).
+    pub stage_time: Time,
+    /// Time host-to-device copies kept the copy engine busy (GPU path; overlaps the input).
+    pub upload_time: Time,
+    /// Time spent concatenating batches on the host (on the GPU path, the key columns only).
+    pub concat_time: Time,
     /// Time spent encoding sort keys.
     pub encode_time: Time,
-    /// Time spent in the radix passes (with uploads and downloads on the GPU path).
+    /// Time spent in the radix passes (on the GPU path: from the end of the input to the
+    /// permutation on the host, kernels included).
     pub sort_time: Time,
-    /// Time spent building the sorted output columns.
+    /// Time device-to-host copies of the sorted columns took (GPU path).
+    pub download_time: Time,
+    /// Time spent building the sorted output columns (host gathers included).
     pub gather_time: Time,
+    /// Time spent cutting the sorted rows into output batches.
+    pub output_time: Time,
     /// Bytes copied host -> device.
     pub bytes_to_device: Count,
     /// Bytes copied device -> host.
@@ -143,9 +156,15 @@ impl GpuSortMetrics {
             path: text("path"),
             cpu_fallback: text("cpu_fallback"),
             kernel_time: summary().subset_time("gpu_kernel_time", partition),
+            input_time: dev().subset_time("input_time", partition),
+            stage_time: dev().subset_time("stage_time", partition),
+            upload_time: dev().subset_time("upload_time", partition),
+            concat_time: dev().subset_time("concat_time", partition),
             encode_time: dev().subset_time("encode_time", partition),
             sort_time: dev().subset_time("sort_time", partition),
+            download_time: dev().subset_time("download_time", partition),
             gather_time: dev().subset_time("gather_time", partition),
+            output_time: dev().subset_time("output_time", partition),
             bytes_to_device: summary().counter("bytes_to_device", partition),
             bytes_from_device: summary().counter("bytes_from_device", partition),
             device_columns: dev().counter("device_columns", partition),
@@ -181,8 +200,12 @@ impl GpuSortMetrics {
         if let Some(t) = stats.device_time {
             self.kernel_time.add_duration(t);
         }
+        self.stage_time.add_duration(stats.stage_time);
+        self.upload_time.add_duration(stats.upload_time);
+        self.concat_time.add_duration(stats.concat_time);
         self.encode_time.add_duration(stats.encode_time);
         self.sort_time.add_duration(stats.sort_time);
+        self.download_time.add_duration(stats.download_time);
         self.gather_time.add_duration(stats.gather_time);
         self.bytes_to_device.add(stats.bytes_to_device as usize);
         self.bytes_from_device.add(stats.bytes_from_device as usize);

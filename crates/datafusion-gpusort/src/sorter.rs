@@ -32,11 +32,21 @@
 //! With a `fetch` (TopK: `ORDER BY ... LIMIT n`) the buffered input is cut down to its best
 //! `n` rows whenever it grows past a threshold (or the pool runs short), so memory stays
 //! bounded by the limit.
+//!
+//! # Streaming to the GPU
+//!
+//! Without a `fetch`, when sorts run on a GPU, each batch is also pushed, as it arrives, into a
+//! [`GpuSortSession`]: its fixed-width columns are staged in pinned memory and cross PCIe while
+//! the rest of the input is read, so the sort of the buffered rows (the in-memory sort, or a
+//! run) only encodes the key columns, sorts and downloads. The batches are kept (and reserved)
+//! as well: when the sort turns out to be for the CPU (fewer rows than `gpusort.min_rows`) or
+//! the GPU fails (out of memory, a driver error), the session is dropped and the same rows
+//! sort on the CPU, with the reason in `cpu_fallback`.
 
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, RecordBatch, RecordBatchOptions, UInt32Array};
-use arrow::compute::{concat, interleave_record_batch};
+use arrow::compute::interleave_record_batch;
 use arrow::datatypes::{Field, Schema, SchemaRef};
 use datafusion::common::human_readable_size;
 use datafusion::common::utils::memory::get_record_batch_memory_size;
@@ -49,8 +59,9 @@ use datafusion::physical_plan::metrics::RecordOutput;
 use datafusion::physical_plan::spill::SpillManager;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::{StreamExt, TryStreamExt};
+use gpusort::cpu::gather::concat_batches;
 use gpusort::{SortKey, SortOutput, SortRequest, SortSpec};
-use gpusort_cuda::{CudaBackend, CudaSortError};
+use gpusort_cuda::{CudaBackend, CudaSortError, GpuSortSession};
 use rayon::prelude::*;
 
 use crate::config::{DeviceChoice, GpuSortConfig, StrategyChoice};
@@ -90,6 +101,10 @@ pub struct GpuSorter {
     rows: usize,
     input_bytes: usize,
     work_bytes: usize,
+    /// The buffered batches on their way to the GPU (see the module docs), and the backend;
+    /// or why they are not (a GPU failure, for the sort of the buffered rows).
+    session: Option<(GpuSortSession, Arc<CudaBackend>)>,
+    session_failed: Option<String>,
     /// Sorted runs, in input order.
     runs: Vec<SortedRun>,
     /// Runs being written to disk in the background: their place in `runs` (an empty
@@ -135,6 +150,8 @@ impl GpuSorter {
             rows: 0,
             input_bytes: 0,
             work_bytes: 0,
+            session: None,
+            session_failed: None,
             runs: vec![],
             spilling: vec![],
             memory_limit,
@@ -185,6 +202,11 @@ impl GpuSorter {
         self.rows += n;
         self.input_bytes += input;
         self.work_bytes += keys;
+        if self.fetch.is_none() {
+            let time = self.metrics.input_time.clone();
+            let _timer = time.timer();
+            self.push_to_gpu(&batch)?;
+        }
         self.batches.push(batch);
         if let Some(fetch) = self.fetch
             && self.rows >= TOPK_MIN_BUFFER_ROWS.max(fetch.saturating_mul(4))
@@ -225,10 +247,46 @@ impl GpuSorter {
         self.merge().await
     }
 
+    /// Pushes `batch` into the GPU session of the buffered rows, starting one with the first
+    /// batch when sorts run on a GPU. A failed push drops the session: the rows sort on the
+    /// CPU, with the reason.
+    fn push_to_gpu(&mut self, batch: &RecordBatch) -> Result<()> {
+        if self.session_failed.is_some() {
+            return Ok(());
+        }
+        let (extended, spec) = self.sort_input(batch)?;
+        if self.session.is_none() {
+            // The row count is not known yet: `gpusort.min_rows` is checked at the sort.
+            let Ok(SortPath::Gpu(gpu)) = self.choose_path(usize::MAX) else {
+                return Ok(());
+            };
+            let session = gpu.begin_sort(extended.schema(), spec).map(|s| {
+                s.with_strategy(self.options.strategy.strategy())
+                    .with_memory_limit(self.gpu_limit())
+            });
+            match session {
+                Ok(s) => self.session = Some((s, gpu)),
+                Err(e) => {
+                    self.session_failed = Some(format!("GPU failed: {e}"));
+                    return Ok(());
+                }
+            }
+        }
+        let (session, _) = self.session.as_mut().expect("started above");
+        if let Err(e) = session.push(&extended) {
+            self.session = None;
+            self.session_failed = Some(format!("GPU failed: {e}"));
+        }
+        Ok(())
+    }
+
     /// Streams `sorted` (which the reservation holds) in `batch_size` slices.
     fn stream_sorted(self, sorted: RecordBatch) -> Result<SendableRecordBatchStream> {
         let schema = Arc::clone(&self.schema);
-        let slices = self.slices(&sorted)?;
+        let slices = {
+            let _timer = self.metrics.output_time.timer();
+            self.slices(&sorted)?
+        };
         drop(sorted);
         let reservation = self.reservation;
         let baseline = self.metrics.baseline.clone();
@@ -432,7 +490,10 @@ impl GpuSorter {
                 Ok(extended.project(&columns)?)
             })
             .collect::<Result<Vec<_>>>()?;
-        let keys = concat_in_parallel(&key_parts[0].schema(), &key_parts)?;
+        let keys = {
+            let _timer = self.metrics.concat_time.timer();
+            concat_batches(&key_parts[0].schema(), &key_parts).map_err(GpuSortExecError::from)?
+        };
         drop(key_parts);
         let path = self.choose_path(rows)?;
         let strategy = self.options.strategy.strategy();
@@ -615,26 +676,66 @@ impl GpuSorter {
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
     }
 
-    /// Sorts `batches` in one piece and returns the sorted rows (at most `limit`). The caller
-    /// has reserved the working memory ([`Self::work_bytes_of`]).
+    /// Sorts `batches` in one piece and returns the sorted rows (at most `limit`): through the
+    /// GPU session that holds them when there is one (and the sort is for the GPU), else
+    /// concatenated and sorted on the chosen path. The caller has reserved the working memory
+    /// ([`Self::work_bytes_of`]).
     async fn sort_batches(&mut self, batches: Vec<RecordBatch>, limit: Option<usize>) -> Result<RecordBatch> {
+        let rows = batches.iter().map(|b| b.num_rows()).sum();
+        let mut path = self.choose_path(rows)?;
+        if let Some(reason) = self.session_failed.take() {
+            path = SortPath::Cpu { reason: Some(reason) };
+        }
+        if let (SortPath::Gpu(_), Some((session, gpu))) = (&path, self.session.take()) {
+            debug_assert_eq!(session.num_rows(), rows, "the session holds the buffered rows");
+            match self.finish_session(session, gpu, limit).await? {
+                Ok(sorted) => return Ok(sorted),
+                Err(reason) => path = SortPath::Cpu { reason: Some(reason) },
+            }
+        }
+        self.session = None;
         let input = if batches.len() == 1 {
             batches.into_iter().next().unwrap()
         } else {
-            let batch = concat_in_parallel(&self.schema, &batches)?;
+            let _timer = self.metrics.concat_time.timer();
+            let batch = concat_batches(&self.schema, &batches).map_err(GpuSortExecError::from)?;
             drop(batches);
             batch
         };
-        self.sort(input, limit).await
+        self.sort(input, path, limit).await
     }
 
-    /// Sorts `input` and returns the sorted rows (at most `limit`).
-    async fn sort(&mut self, input: RecordBatch, limit: Option<usize>) -> Result<RecordBatch> {
+    /// Sorts the rows of `session` on the GPU; `Err(reason)` when the GPU failed and the rows
+    /// must sort on the CPU.
+    async fn finish_session(
+        &mut self,
+        session: GpuSortSession,
+        gpu: Arc<CudaBackend>,
+        limit: Option<usize>,
+    ) -> Result<Result<RecordBatch, String>> {
+        let timer = self.metrics.baseline.elapsed_compute().clone();
+        let metrics = self.metrics.clone();
+        let width = self.schema.fields().len();
+        blocking(move || {
+            let _timer = timer.timer();
+            match session.finish(limit) {
+                Ok(out) => {
+                    metrics.record(&out.stats, Some(&gpusort::SortBackend::name(gpu.as_ref())));
+                    Ok(Ok(drop_extended_columns(out.batch, width)?))
+                }
+                // The CPU would fail the same way.
+                Err(CudaSortError::Core(e)) => Err(GpuSortExecError::from(e).into()),
+                Err(e) => Ok(Err(format!("GPU failed: {e}"))),
+            }
+        })
+        .await
+    }
+
+    /// Sorts `input` on `path` and returns the sorted rows (at most `limit`).
+    async fn sort(&mut self, input: RecordBatch, path: SortPath, limit: Option<usize>) -> Result<RecordBatch> {
         let _timer = self.metrics.baseline.elapsed_compute().timer();
-        let rows = input.num_rows();
         let (extended, spec) = self.sort_input(&input)?;
         drop(input);
-        let path = self.choose_path(rows)?;
         let strategy = self.options.strategy.strategy();
         let gpu_limit = self.gpu_limit();
         let metrics = self.metrics.clone();
@@ -644,13 +745,7 @@ impl GpuSorter {
                 .with_strategy(strategy)
                 .with_limit(limit);
             let out = run_sort(&request, path, gpu_limit, &metrics)?;
-            // Drop the evaluated key columns appended after the input's.
-            let batch = if out.batch.num_columns() > width {
-                out.batch.project(&(0..width).collect::<Vec<_>>())?
-            } else {
-                out.batch
-            };
-            Ok(batch)
+            drop_extended_columns(out.batch, width)
         })
         .await
     }
@@ -1082,22 +1177,14 @@ fn run_sort(
     Ok(out)
 }
 
-/// `concat_batches`, one column per core: a large sort's input is concatenated at memory
-/// speed rather than one column after another.
-fn concat_in_parallel(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<RecordBatch> {
-    let rows = batches.iter().map(|b| b.num_rows()).sum();
-    let columns = (0..schema.fields().len())
-        .into_par_iter()
-        .map(|c| {
-            let parts: Vec<&dyn arrow::array::Array> = batches.iter().map(|b| b.column(c).as_ref()).collect();
-            concat(&parts)
-        })
-        .collect::<Result<Vec<ArrayRef>, _>>()?;
-    Ok(RecordBatch::try_new_with_options(
-        Arc::clone(schema),
-        columns,
-        &RecordBatchOptions::new().with_row_count(Some(rows)),
-    )?)
+/// `batch` without the evaluated key columns [`GpuSorter::sort_input`] appended after the
+/// input's `width` columns.
+fn drop_extended_columns(batch: RecordBatch, width: usize) -> Result<RecordBatch> {
+    if batch.num_columns() > width {
+        Ok(batch.project(&(0..width).collect::<Vec<_>>())?)
+    } else {
+        Ok(batch)
+    }
 }
 
 /// A slice of string or binary view columns keeps every data buffer of the whole sorted

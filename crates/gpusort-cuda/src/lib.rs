@@ -1,8 +1,9 @@
 //! gpusort-cuda: the CUDA backend of gpusort — device discovery ([`device`]), NVRTC
-//! compilation of the kernels in `kernels/` with an on-disk cache ([`kernels`]), device and
-//! pinned memory ([`transfer`]), the GRS and SRTS record sorts of Bandyopadhyay & Sahni, direct
-//! and indirect, ByField and Hybrid ([`engine`]), and [`CudaBackend`], which implements
-//! [`gpusort::SortBackend`] with them. No DataFusion code lives here.
+//! compilation of the kernels in `kernels/` with an on-disk cache ([`kernels`]), the process's
+//! pool of pinned host memory ([`pinned`]) and copies through it ([`transfer`]), the GRS and
+//! SRTS record sorts of Bandyopadhyay & Sahni, direct and indirect, ByField and Hybrid
+//! ([`engine`]), [`CudaBackend`], which implements [`gpusort::SortBackend`] with them, and its
+//! streaming sort, [`GpuSortSession`]. No DataFusion code lives here.
 //!
 //! Everything builds and links without CUDA: the driver and NVRTC are loaded at run time, and
 //! [`device::probe`] says why there is no GPU instead of panicking.
@@ -13,6 +14,8 @@ pub mod engine;
 mod error;
 pub mod kernels;
 pub mod msd;
+pub mod pinned;
+mod session;
 pub mod transfer;
 
 pub use backend::{CudaBackend, MAX_DIGIT_BITS};
@@ -20,3 +23,5 @@ pub use device::{DeviceInfo, GpuUnavailable, probe};
 pub use engine::{DeviceColumn, DeviceRecords, DeviceTable, Gpu, GpuSortPlan, GpuSortResult};
 pub use error::{CudaSortError, Result};
 pub use kernels::KernelCache;
+pub use pinned::{HostBuffer, PinnedPool, PinnedPoolStats};
+pub use session::GpuSortSession;

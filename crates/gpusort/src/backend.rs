@@ -57,25 +57,30 @@ impl<'a> SortRequest<'a> {
     /// The strategy to run: the request's, else the paper's rule for the ByField layout (the
     /// layout Arrow batches have).
     pub fn strategy(&self) -> Strategy {
-        self.strategy.unwrap_or_else(|| {
-            Strategy::paper_default(
-                Layout::ByField,
-                payload_fields(self.batch.num_columns(), self.spec.len()),
-            )
-        })
+        planned_strategy(self.strategy, self.batch.num_columns(), self.spec.len())
     }
 
     /// Fails when the batch has more rows than a sort's 32-bit row indices can name.
     pub fn check_rows(&self) -> Result<()> {
-        let rows = self.batch.num_rows();
-        if rows > u32::MAX as usize {
-            return Err(GpusortError::TooManyRows {
-                rows,
-                max: u32::MAX as usize,
-            });
-        }
-        Ok(())
+        check_rows(self.batch.num_rows())
     }
+}
+
+/// Fails when `rows` are more than a sort's 32-bit row indices can name.
+pub fn check_rows(rows: usize) -> Result<()> {
+    if rows > u32::MAX as usize {
+        return Err(GpusortError::TooManyRows {
+            rows,
+            max: u32::MAX as usize,
+        });
+    }
+    Ok(())
+}
+
+/// The strategy a sort of `num_columns` columns by `sort_keys` keys runs: `requested`, else
+/// the paper's rule for the ByField layout (the layout Arrow batches have).
+pub fn planned_strategy(requested: Option<Strategy>, num_columns: usize, sort_keys: usize) -> Strategy {
+    requested.unwrap_or_else(|| Strategy::paper_default(Layout::ByField, payload_fields(num_columns, sort_keys)))
 }
 
 /// What a sort did and where its time went.
@@ -98,11 +103,24 @@ pub struct SortStats {
     /// Of the gathered columns, those gathered on the host (all of them on the CPU backend;
     /// var-width and nested columns on a device backend).
     pub host_gathered_columns: usize,
+    /// Time spent concatenating input batches on the host (a device backend's streaming sort
+    /// concatenates only the sort key columns).
+    pub concat_time: Duration,
     /// Time spent encoding keys.
     pub encode_time: Duration,
-    /// Time spent in the radix passes (and tie resolution).
+    /// Time spent copying input into pinned staging memory on the host (device backends; it
+    /// overlaps the input's arrival and the uploads).
+    pub stage_time: Duration,
+    /// Time host-to-device copies kept the copy engine busy (device backends, from device
+    /// events).
+    pub upload_time: Duration,
+    /// Time spent in the radix passes (and tie resolution; on a device backend, from the
+    /// end of the input to the permutation on the host).
     pub sort_time: Duration,
-    /// Time spent building the output columns.
+    /// Time device-to-host copies of the sorted columns took (device backends, from device
+    /// events; device gathers of the indirect strategy included).
+    pub download_time: Duration,
+    /// Time spent building the output columns (host gathers included).
     pub gather_time: Duration,
     /// Time the device spent in sort kernels (device backends), from device events.
     pub device_time: Option<Duration>,

@@ -1,14 +1,15 @@
 //! Column plumbing shared by the backends: which columns are fixed-width rows of raw bytes,
-//! their bytes, rebuilding them from new bytes, and gathering any column through a
-//! permutation in parallel.
+//! their bytes, rebuilding them from new bytes, gathering any column through a permutation in
+//! parallel, and concatenating batches in parallel.
 
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayData, ArrayRef, AsArray, BooleanArray, GenericByteArray, NullArray, UInt32Array, make_array,
+    Array, ArrayData, ArrayRef, AsArray, BooleanArray, GenericByteArray, NullArray, RecordBatch, RecordBatchOptions,
+    UInt32Array, make_array,
 };
 use arrow::buffer::{BooleanBuffer, Buffer, NullBuffer, OffsetBuffer, ScalarBuffer};
-use arrow::datatypes::{ArrowNativeType, ByteArrayType, DataType};
+use arrow::datatypes::{ArrowNativeType, ByteArrayType, DataType, SchemaRef};
 use rayon::prelude::*;
 
 use super::radix::is_movable_width;
@@ -232,6 +233,24 @@ fn gather_bytes_array<T: ByteArrayType>(array: &GenericByteArray<T>, perm: &[u32
             nulls,
         )
     })
+}
+
+/// `batches` (all of `schema`) as one batch, one column per task: a large sort's input is
+/// concatenated at memory speed rather than one column after another.
+pub fn concat_batches(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<RecordBatch> {
+    let rows = batches.iter().map(|b| b.num_rows()).sum();
+    let columns = (0..schema.fields().len())
+        .into_par_iter()
+        .map(|c| {
+            let parts: Vec<&dyn Array> = batches.iter().map(|b| b.column(c).as_ref()).collect();
+            arrow::compute::concat(&parts)
+        })
+        .collect::<Result<Vec<ArrayRef>, _>>()?;
+    Ok(RecordBatch::try_new_with_options(
+        Arc::clone(schema),
+        columns,
+        &RecordBatchOptions::new().with_row_count(Some(rows)),
+    )?)
 }
 
 /// Arrow's `take` over slices of `perm` in parallel, concatenated.

@@ -278,18 +278,54 @@ impl KeyEncoder {
     pub fn encode(&self) -> EncodedKeys {
         let n = self.num_rows;
         let mut words: Vec<Vec<u32>> = (0..self.layout.num_words()).map(|_| vec![0u32; n]).collect();
-        if !words.is_empty() {
-            let writer = KeyWriter::new(&mut words, self.layout.total_bits);
-            (0..n.div_ceil(CHUNK)).into_par_iter().for_each(|c| {
+        let mut views: Vec<&mut [u32]> = words.iter_mut().map(|w| &mut w[..]).collect();
+        self.encode_into(&mut views);
+        EncodedKeys { words, num_rows: n }
+    }
+
+    /// Writes the keys of all rows into `words` (one slice of at least `num_rows` words per
+    /// key word, word 0 most significant; their contents do not matter) and returns, for each
+    /// word, the bits that differ between rows (what [`crate::plan::varying_bits`] computes),
+    /// found while the rows are in cache: a bit varies when it is set in some row (OR over the
+    /// rows) and clear in another (AND over the rows).
+    ///
+    /// Rows are written in parallel chunks, each cleared first, so the destination may be
+    /// recycled memory (a pinned buffer of a transfer pool).
+    pub fn encode_into(&self, words: &mut [&mut [u32]]) -> Vec<u32> {
+        let n = self.num_rows;
+        assert_eq!(words.len(), self.layout.num_words(), "one slice per key word");
+        assert!(words.iter().all(|w| w.len() >= n), "slices of at least {n} words");
+        if words.is_empty() || n == 0 {
+            return vec![0; words.len()];
+        }
+        let writer = KeyWriter::new(words, self.layout.total_bits);
+        let num_words = words.len();
+        let (or, and) = (0..n.div_ceil(CHUNK))
+            .into_par_iter()
+            .map(|c| {
                 let rows = c * CHUNK..n.min((c + 1) * CHUNK);
+                // SAFETY: each chunk clears and writes its own rows.
+                unsafe { writer.clear(rows.clone()) };
                 for (f, built) in self.layout.fields.iter().zip(&self.fields) {
                     if f.bits() > 0 {
                         built.encoder.encode(rows.clone(), &built.flag, &writer, f.pos);
                     }
                 }
-            });
-        }
-        EncodedKeys { words, num_rows: n }
+                // SAFETY: as above; the rows were just written.
+                let bits = (0..num_words).map(|w| unsafe { writer.or_and(w, rows.clone()) });
+                bits.unzip::<u32, u32, Vec<u32>, Vec<u32>>()
+            })
+            .reduce(
+                || (vec![0; num_words], vec![u32::MAX; num_words]),
+                |(mut o, mut a), (o2, a2)| {
+                    for w in 0..num_words {
+                        o[w] |= o2[w];
+                        a[w] &= a2[w];
+                    }
+                    (o, a)
+                },
+            );
+        or.iter().zip(&and).map(|(o, a)| o & !a).collect()
     }
 }
 

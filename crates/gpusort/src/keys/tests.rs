@@ -438,3 +438,49 @@ fn sortable_types_are_reported() {
         Box::new(DataType::List(Arc::new(Field::new("x", DataType::Int32, true))))
     )));
 }
+
+#[test]
+fn encode_into_recycled_memory_matches_encode_and_finds_the_varying_bits() {
+    // Three chunks of rows, a multi-word key, nulls; one column constant in its high bits.
+    let n = 3 * super::CHUNK + 77;
+    let a: ArrayRef = Arc::new(Int64Array::from_iter(
+        (0..n).map(|i| (i % 11 != 0).then_some((i as i64 % 1000) << 20)),
+    ));
+    let b: ArrayRef = Arc::new(StringArray::from_iter_values((0..n).map(|i| format!("k{}", i % 5000))));
+    let c: ArrayRef = Arc::new(UInt8Array::from_iter_values((0..n).map(|_| 9)));
+    let batch = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            Field::new("a", DataType::Int64, true),
+            Field::new("b", DataType::Utf8, false),
+            Field::new("c", DataType::UInt8, false),
+        ])),
+        vec![a, b, c],
+    )
+    .unwrap();
+    let spec = SortSpec::new([
+        SortKey::new(0, true, false),
+        SortKey::new(1, false, true),
+        SortKey::sql(2, false),
+    ]);
+    let enc = KeyEncoder::try_new(&batch, &spec, &EncoderOptions::default()).unwrap();
+    let want = enc.encode();
+    assert!(want.words.len() >= 2);
+    // Destinations full of garbage and longer than the rows.
+    let mut dirty: Vec<Vec<u32>> = (0..want.words.len())
+        .map(|w| vec![0xA5A5_0000 | w as u32; n + 9])
+        .collect();
+    let mut views: Vec<&mut [u32]> = dirty.iter_mut().map(|w| &mut w[..]).collect();
+    let varying = enc.encode_into(&mut views);
+    for (w, (got, want)) in dirty.iter().zip(&want.words).enumerate() {
+        assert!(got[..n] == want[..], "word {w}");
+    }
+    assert_eq!(varying, crate::plan::varying_bits(&want.words));
+    assert!(varying.iter().any(|v| *v != 0));
+    // One row: nothing varies.
+    let one = batch.slice(5, 1);
+    let enc = KeyEncoder::try_new(&one, &spec, &EncoderOptions::default()).unwrap();
+    let mut words = vec![vec![u32::MAX; 1]; enc.layout().num_words()];
+    let mut views: Vec<&mut [u32]> = words.iter_mut().map(|w| &mut w[..]).collect();
+    assert!(enc.encode_into(&mut views).iter().all(|v| *v == 0));
+    assert_eq!(words, enc.encode().words);
+}

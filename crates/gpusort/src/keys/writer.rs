@@ -17,16 +17,39 @@ unsafe impl Send for KeyWriter {}
 unsafe impl Sync for KeyWriter {}
 
 impl KeyWriter {
-    /// A writer over `words` (each `rows` long) holding a key of `total_bits` bits.
-    pub(crate) fn new(words: &mut [Vec<u32>], total_bits: u32) -> Self {
-        let rows = words.first().map_or(0, |w| w.len());
-        debug_assert!(words.iter().all(|w| w.len() == rows));
+    /// A writer over `words` (each at least `rows` long, `rows` being the shortest) holding a
+    /// key of `total_bits` bits.
+    pub(crate) fn new(words: &mut [&mut [u32]], total_bits: u32) -> Self {
+        let rows = words.iter().map(|w| w.len()).min().unwrap_or(0);
         let pad = 32 * words.len() as u32 - total_bits;
         Self {
             words: words.iter_mut().map(|w| w.as_mut_ptr()).collect(),
             rows,
             pad,
         }
+    }
+
+    /// Sets every word of `rows` to zero.
+    ///
+    /// # Safety
+    /// `rows.end <= rows`, and no other thread touches these rows now.
+    pub(crate) unsafe fn clear(&self, rows: std::ops::Range<usize>) {
+        debug_assert!(rows.end <= self.rows);
+        for &w in &self.words {
+            // SAFETY: the caller owns the rows.
+            unsafe { std::ptr::write_bytes(w.add(rows.start), 0, rows.len()) };
+        }
+    }
+
+    /// The OR and the AND of word `word` over `rows`.
+    ///
+    /// # Safety
+    /// `rows.end <= rows`, the rows are written, and no other thread writes them now.
+    pub(crate) unsafe fn or_and(&self, word: usize, rows: std::ops::Range<usize>) -> (u32, u32) {
+        debug_assert!(rows.end <= self.rows);
+        // SAFETY: the caller's contract.
+        let w = unsafe { std::slice::from_raw_parts(self.words[word].add(rows.start), rows.len()) };
+        w.iter().fold((0, u32::MAX), |(o, a), &x| (o | x, a & x))
     }
 
     /// ORs the low `nbits` (<= 64) bits of `value` into `row` at bit position `pos` counted
@@ -61,7 +84,8 @@ mod tests {
     fn fields_straddle_words() {
         // 70-bit key: 3 words, 26 bits of padding.
         let mut words = vec![vec![0u32; 2]; 3];
-        let w = KeyWriter::new(&mut words, 70);
+        let mut views: Vec<&mut [u32]> = words.iter_mut().map(|w| &mut w[..]).collect();
+        let w = KeyWriter::new(&mut views, 70);
         unsafe {
             w.put(0, 0, 0b11, 2); // top two bits of the key
             w.put(0, 2, u64::MAX, 64);

@@ -1,0 +1,689 @@
+//! [`PinnedPool`]: a process-wide pool of page-locked (pinned) host memory, handed out as
+//! [`HostBuffer`]s that become Arrow [`Buffer`]s without a copy.
+//!
+//! Pinned memory crosses PCIe at full speed (48 / 53 GB/s host->device / device->host on the
+//! H100 machine, against ~6 GB/s for pageable memory) and never page-faults, but allocating it
+//! is slow (the driver locks every page), so it is kept and reused:
+//!
+//! - **Size classes.** A request is rounded up to its class: 64 KiB at least, then eight
+//!   classes per power of two (so at most 12.5% is wasted). A block is allocated whole, with
+//!   `cuMemHostAlloc` (portable: usable from every context), for one class.
+//! - **Reuse.** A buffer that is dropped — including the Arrow arrays built on it, however
+//!   long they live — returns its block to the free list of its class; the next request of
+//!   that class takes it.
+//! - **Limit.** The pool holds at most [`PinnedPool::limit`] bytes of pinned memory, in use and
+//!   free together. When a new block would pass it, free blocks of other classes are released
+//!   (largest first); when that is not enough — or the driver refuses — the request gets
+//!   ordinary heap memory instead, which is always correct but copies at pageable speed. The
+//!   default limit is a quarter of the host's memory (4 GiB when it is unknown);
+//!   `GPUSORT_PINNED_LIMIT` (bytes, or with a `K`/`M`/`G` suffix; `0` turns pinning off) or
+//!   [`PinnedPool::set_limit`] change it.
+//!
+//! Until a GPU is opened ([`PinnedPool::attach`], done by [`CudaBackend`](crate::CudaBackend))
+//! the pool has no driver to pin with and hands out heap memory.
+//!
+//! The bookkeeping is independent of CUDA ([`HostAllocator`]), so it is tested without a GPU.
+
+use std::collections::BTreeMap;
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use arrow::buffer::{Buffer, MutableBuffer};
+use cudarc::driver::{CudaContext, result, sys};
+
+/// Smallest block: requests below it are rounded up to it.
+pub const MIN_BLOCK: usize = 64 << 10;
+
+/// Default limit when the host's memory is unknown.
+const FALLBACK_LIMIT: usize = 4 << 30;
+
+/// Where pinned blocks come from.
+pub trait HostAllocator: Send + Sync {
+    /// `bytes` of page-locked host memory, aligned to at least 64 bytes.
+    fn allocate(&self, bytes: usize) -> Result<NonNull<u8>, String>;
+
+    /// Returns a block.
+    ///
+    /// # Safety
+    /// `ptr` came from [`Self::allocate`] with the same `bytes` and is no longer used.
+    unsafe fn free(&self, ptr: NonNull<u8>, bytes: usize);
+}
+
+/// Pinned blocks from the CUDA driver (`cuMemHostAlloc`, portable across contexts).
+struct CudaHostAllocator {
+    ctx: Arc<CudaContext>,
+}
+
+impl HostAllocator for CudaHostAllocator {
+    fn allocate(&self, bytes: usize) -> Result<NonNull<u8>, String> {
+        self.ctx.bind_to_thread().map_err(|e| e.to_string())?;
+        // SAFETY: a plain allocation; the memory is owned by the pool from here on.
+        let ptr = unsafe { result::malloc_host(bytes, sys::CU_MEMHOSTALLOC_PORTABLE) }.map_err(|e| e.to_string())?;
+        NonNull::new(ptr as *mut u8).ok_or_else(|| "cuMemHostAlloc returned null".to_string())
+    }
+
+    unsafe fn free(&self, ptr: NonNull<u8>, _bytes: usize) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: the caller's contract: `ptr` came from `allocate` and is unused. A failure
+            // here leaks the block, which is all that can be done in a drop.
+            let _ = unsafe { result::free_host(ptr.as_ptr() as *mut _) };
+        }
+    }
+}
+
+/// The class of a request of `len` bytes: the block size it gets.
+pub fn class_size(len: usize) -> usize {
+    if len <= MIN_BLOCK {
+        return MIN_BLOCK;
+    }
+    // Eight classes per power of two: steps of 1/8 of the power below `len`.
+    let step = 1usize << (usize::BITS - 1 - len.leading_zeros() - 3);
+    len.div_ceil(step) * step
+}
+
+/// A block address that may cross threads (the pool owns the memory).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct BlockPtr(NonNull<u8>);
+
+// SAFETY: a block is plain memory owned by exactly one party at a time (the free list or one
+// buffer).
+unsafe impl Send for BlockPtr {}
+unsafe impl Sync for BlockPtr {}
+
+/// What the pool holds and did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PinnedPoolStats {
+    /// Most pinned bytes the pool holds (in use and free).
+    pub limit: usize,
+    /// Pinned bytes held now (in use and free).
+    pub pinned_bytes: usize,
+    /// Of those, bytes in free blocks.
+    pub free_bytes: usize,
+    /// Requests served by a free block.
+    pub reused: u64,
+    /// Requests served by a new block.
+    pub allocated: u64,
+    /// Requests served with heap memory (over the limit, no driver, or the driver refused).
+    pub unpinned: u64,
+}
+
+struct State {
+    limit: usize,
+    pinned_bytes: usize,
+    free_bytes: usize,
+    /// Free blocks by class size.
+    free: BTreeMap<usize, Vec<BlockPtr>>,
+    reused: u64,
+    allocated: u64,
+    unpinned: u64,
+    /// Why the last pinned allocation failed.
+    last_error: Option<String>,
+}
+
+struct Shared {
+    allocator: Mutex<Option<Arc<dyn HostAllocator>>>,
+    state: Mutex<State>,
+}
+
+impl Shared {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn allocator(&self) -> Option<Arc<dyn HostAllocator>> {
+        self.allocator.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Takes free blocks out of `state`, largest first, until `needed` more bytes fit under the
+    /// limit or none are left; the caller frees them outside the lock.
+    fn evict(state: &mut State, needed: usize) -> Vec<(BlockPtr, usize)> {
+        let mut victims = vec![];
+        while state.pinned_bytes + needed > state.limit {
+            let Some((&size, blocks)) = state.free.iter_mut().next_back() else {
+                break;
+            };
+            let block = blocks.pop().expect("no empty free lists");
+            if blocks.is_empty() {
+                state.free.remove(&size);
+            }
+            state.free_bytes -= size;
+            state.pinned_bytes -= size;
+            victims.push((block, size));
+        }
+        victims
+    }
+
+    fn release(&self, victims: Vec<(BlockPtr, usize)>) {
+        if victims.is_empty() {
+            return;
+        }
+        if let Some(a) = self.allocator() {
+            for (b, size) in victims {
+                // SAFETY: free blocks are unused and came from this allocator.
+                unsafe { a.free(b.0, size) };
+            }
+        }
+    }
+
+    /// A block of `size` bytes back from a buffer.
+    fn give_back(&self, block: BlockPtr, size: usize) {
+        let mut state = self.state();
+        if state.pinned_bytes <= state.limit {
+            state.free.entry(size).or_default().push(block);
+            state.free_bytes += size;
+        } else {
+            // The limit was lowered while the block was out.
+            state.pinned_bytes -= size;
+            drop(state);
+            self.release(vec![(block, size)]);
+        }
+    }
+}
+
+/// A pool of pinned host memory (see the module docs). Cloning shares the pool.
+#[derive(Clone)]
+pub struct PinnedPool {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for PinnedPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PinnedPool").field("stats", &self.stats()).finish()
+    }
+}
+
+/// `GPUSORT_PINNED_LIMIT`, else a quarter of the host's memory.
+fn default_limit() -> usize {
+    if let Ok(v) = std::env::var("GPUSORT_PINNED_LIMIT")
+        && let Some(bytes) = parse_bytes(&v)
+    {
+        return bytes;
+    }
+    host_memory().map_or(FALLBACK_LIMIT, |m| m / 4)
+}
+
+/// `1234`, `64K`, `512M`, `8G` (binary units).
+fn parse_bytes(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let (digits, shift) = match s.as_bytes().last()?.to_ascii_uppercase() {
+        b'K' => (&s[..s.len() - 1], 10),
+        b'M' => (&s[..s.len() - 1], 20),
+        b'G' => (&s[..s.len() - 1], 30),
+        _ => (s, 0),
+    };
+    digits.trim().parse::<usize>().ok()?.checked_mul(1 << shift)
+}
+
+/// The host's memory (Linux: `MemTotal` of `/proc/meminfo`).
+fn host_memory() -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+impl PinnedPool {
+    /// An empty pool that holds at most `limit` pinned bytes, with no allocator yet (it hands
+    /// out heap memory until [`Self::attach`]).
+    pub fn new(limit: usize) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                allocator: Mutex::new(None),
+                state: Mutex::new(State {
+                    limit,
+                    pinned_bytes: 0,
+                    free_bytes: 0,
+                    free: BTreeMap::new(),
+                    reused: 0,
+                    allocated: 0,
+                    unpinned: 0,
+                    last_error: None,
+                }),
+            }),
+        }
+    }
+
+    /// A pool whose blocks come from `allocator`.
+    pub fn with_allocator(limit: usize, allocator: Arc<dyn HostAllocator>) -> Self {
+        let pool = Self::new(limit);
+        *pool.shared.allocator.lock().unwrap() = Some(allocator);
+        pool
+    }
+
+    /// The process's pool (limit: `GPUSORT_PINNED_LIMIT`, else a quarter of host memory).
+    pub fn global() -> &'static PinnedPool {
+        static POOL: OnceLock<PinnedPool> = OnceLock::new();
+        POOL.get_or_init(|| PinnedPool::new(default_limit()))
+    }
+
+    /// Pins with the driver of `ctx` from now on, unless the pool already has an allocator.
+    pub fn attach(&self, ctx: &Arc<CudaContext>) {
+        let mut a = self.shared.allocator.lock().unwrap_or_else(|p| p.into_inner());
+        if a.is_none() {
+            *a = Some(Arc::new(CudaHostAllocator { ctx: Arc::clone(ctx) }));
+        }
+    }
+
+    /// Most pinned bytes the pool holds.
+    pub fn limit(&self) -> usize {
+        self.shared.state().limit
+    }
+
+    /// Holds at most `limit` pinned bytes from now on (free blocks over it are released now;
+    /// blocks in use, when they come back).
+    pub fn set_limit(&self, limit: usize) {
+        let victims = {
+            let mut state = self.shared.state();
+            state.limit = limit;
+            Shared::evict(&mut state, 0)
+        };
+        self.shared.release(victims);
+    }
+
+    /// Releases every free block.
+    pub fn trim(&self) {
+        let victims = {
+            let mut state = self.shared.state();
+            let limit = state.limit;
+            state.limit = 0;
+            let v = Shared::evict(&mut state, 0);
+            state.limit = limit;
+            v
+        };
+        self.shared.release(victims);
+    }
+
+    /// What the pool holds and did.
+    pub fn stats(&self) -> PinnedPoolStats {
+        let s = self.shared.state();
+        PinnedPoolStats {
+            limit: s.limit,
+            pinned_bytes: s.pinned_bytes,
+            free_bytes: s.free_bytes,
+            reused: s.reused,
+            allocated: s.allocated,
+            unpinned: s.unpinned,
+        }
+    }
+
+    /// Why the last pinned allocation the driver refused failed, if one did.
+    pub fn last_error(&self) -> Option<String> {
+        self.shared.state().last_error.clone()
+    }
+
+    /// A buffer of `len` bytes: pinned when the pool can, else heap memory. Its bytes are
+    /// not initialized (a reused block holds what its last user wrote).
+    pub fn alloc(&self, len: usize) -> HostBuffer {
+        if len == 0 {
+            return HostBuffer::heap(0);
+        }
+        let size = class_size(len);
+        let allocator = self.shared.allocator();
+        let victims = {
+            let mut state = self.shared.state();
+            if let Some(blocks) = state.free.get_mut(&size) {
+                let block = blocks.pop().expect("no empty free lists");
+                if blocks.is_empty() {
+                    state.free.remove(&size);
+                }
+                state.free_bytes -= size;
+                state.reused += 1;
+                drop(state);
+                return self.pinned(block, size, len);
+            }
+            if allocator.is_none() || size > state.limit {
+                state.unpinned += 1;
+                return HostBuffer::heap(len);
+            }
+            let victims = Shared::evict(&mut state, size);
+            if state.pinned_bytes + size > state.limit {
+                state.unpinned += 1;
+                drop(state);
+                self.shared.release(victims);
+                return HostBuffer::heap(len);
+            }
+            // Counted now, so that concurrent requests stay under the limit.
+            state.pinned_bytes += size;
+            victims
+        };
+        self.shared.release(victims);
+        let allocator = allocator.expect("checked above");
+        match allocator.allocate(size) {
+            Ok(ptr) => {
+                self.shared.state().allocated += 1;
+                self.pinned(BlockPtr(ptr), size, len)
+            }
+            Err(e) => {
+                let mut state = self.shared.state();
+                state.pinned_bytes -= size;
+                state.unpinned += 1;
+                state.last_error = Some(e);
+                HostBuffer::heap(len)
+            }
+        }
+    }
+
+    fn pinned(&self, block: BlockPtr, size: usize, len: usize) -> HostBuffer {
+        HostBuffer {
+            ptr: block.0,
+            len,
+            memory: Memory::Pinned(PinnedBlock {
+                block,
+                size,
+                shared: Arc::clone(&self.shared),
+            }),
+        }
+    }
+}
+
+/// A pinned block out of the pool; dropping it gives it back.
+struct PinnedBlock {
+    block: BlockPtr,
+    size: usize,
+    shared: Arc<Shared>,
+}
+
+impl Drop for PinnedBlock {
+    fn drop(&mut self) {
+        self.shared.give_back(self.block, self.size);
+    }
+}
+
+// SAFETY: the pool's state is behind mutexes and the block is plain memory.
+impl std::panic::RefUnwindSafe for PinnedBlock {}
+
+enum Memory {
+    Pinned(PinnedBlock),
+    Heap(MutableBuffer),
+}
+
+/// Host memory for copies to and from the device: a pinned block of a [`PinnedPool`], or heap
+/// memory when the pool could not give one. [`Self::into_buffer`] makes it an Arrow
+/// [`Buffer`] without a copy; a pinned block returns to its pool when the last array built
+/// on it is dropped.
+pub struct HostBuffer {
+    ptr: NonNull<u8>,
+    len: usize,
+    memory: Memory,
+}
+
+// SAFETY: the buffer owns its memory exclusively.
+unsafe impl Send for HostBuffer {}
+unsafe impl Sync for HostBuffer {}
+
+impl std::fmt::Debug for HostBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostBuffer")
+            .field("len", &self.len)
+            .field("pinned", &self.is_pinned())
+            .finish()
+    }
+}
+
+impl HostBuffer {
+    /// `len` bytes of heap memory, not initialized.
+    fn heap(len: usize) -> Self {
+        let mut b = gpusort::cpu::uninit(len);
+        let ptr = NonNull::new(b.as_mut_ptr()).expect("MutableBuffer pointers are not null");
+        Self {
+            ptr,
+            len,
+            memory: Memory::Heap(b),
+        }
+    }
+
+    /// Bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether the memory is page-locked (copies run at full PCIe speed).
+    pub fn is_pinned(&self) -> bool {
+        matches!(self.memory, Memory::Pinned(_))
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the buffer owns `len` bytes at `ptr`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The bytes, to write.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: the buffer owns `len` bytes at `ptr`, and `&mut self` is exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The bytes as 32-bit words (whole words only).
+    pub fn as_words(&self) -> &[u32] {
+        // SAFETY: blocks are page-aligned and heap buffers 64-byte aligned.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr() as *const u32, self.len / 4) }
+    }
+
+    /// The bytes as 32-bit words, to write.
+    pub fn as_words_mut(&mut self) -> &mut [u32] {
+        // SAFETY: as above, and `&mut self` is exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr() as *mut u32, self.len / 4) }
+    }
+
+    /// Keeps the first `len` bytes.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    /// An Arrow buffer of the bytes, sharing the memory.
+    pub fn into_buffer(self) -> Buffer {
+        match self.memory {
+            Memory::Heap(mut b) => {
+                b.truncate(self.len);
+                b.into()
+            }
+            Memory::Pinned(block) => {
+                // SAFETY: `ptr` points to `len` initialized bytes of the block, which the
+                // owner keeps alive (and out of the pool) until the last buffer goes.
+                unsafe { Buffer::from_custom_allocation(self.ptr, self.len, Arc::new(block)) }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::alloc::Layout;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Heap blocks standing in for pinned ones, counted.
+    #[derive(Default)]
+    struct CountingAllocator {
+        live: AtomicUsize,
+        live_bytes: AtomicUsize,
+        fail_over: Option<usize>,
+    }
+
+    impl HostAllocator for CountingAllocator {
+        fn allocate(&self, bytes: usize) -> Result<NonNull<u8>, String> {
+            if self.fail_over.is_some_and(|max| bytes > max) {
+                return Err(format!("refused {bytes} bytes"));
+            }
+            self.live.fetch_add(1, Ordering::SeqCst);
+            self.live_bytes.fetch_add(bytes, Ordering::SeqCst);
+            // SAFETY: a non-zero size.
+            let p = unsafe { std::alloc::alloc(Layout::from_size_align(bytes, 4096).unwrap()) };
+            NonNull::new(p).ok_or_else(|| "out of memory".into())
+        }
+
+        unsafe fn free(&self, ptr: NonNull<u8>, bytes: usize) {
+            self.live.fetch_sub(1, Ordering::SeqCst);
+            self.live_bytes.fetch_sub(bytes, Ordering::SeqCst);
+            // SAFETY: allocated above with this layout.
+            unsafe { std::alloc::dealloc(ptr.as_ptr(), Layout::from_size_align(bytes, 4096).unwrap()) };
+        }
+    }
+
+    fn pool(limit: usize) -> (PinnedPool, Arc<CountingAllocator>) {
+        let a = Arc::new(CountingAllocator::default());
+        (PinnedPool::with_allocator(limit, a.clone()), a)
+    }
+
+    #[test]
+    fn classes_round_up_by_at_most_an_eighth() {
+        assert_eq!(class_size(1), MIN_BLOCK);
+        assert_eq!(class_size(MIN_BLOCK), MIN_BLOCK);
+        for len in [
+            MIN_BLOCK + 1,
+            100_000,
+            1 << 20,
+            (1 << 20) + 1,
+            40_000_000,
+            840_000_000,
+            3 << 30,
+        ] {
+            let c = class_size(len);
+            assert!(c >= len && c - len <= len / 8, "{len} -> {c}");
+            assert_eq!(class_size(c), c, "a class is its own class");
+        }
+        // Eight classes between 1 MiB and 2 MiB.
+        let classes: std::collections::BTreeSet<usize> =
+            ((1 << 20) + 1..=(2 << 20)).step_by(4096).map(class_size).collect();
+        assert_eq!(classes.len(), 8, "{classes:?}");
+    }
+
+    #[test]
+    fn dropped_buffers_return_to_the_pool_and_are_reused() {
+        let (pool, a) = pool(1 << 30);
+        let mut b = pool.alloc(1_000_000);
+        assert!(b.is_pinned());
+        assert_eq!(b.len(), 1_000_000);
+        b.as_mut_slice().fill(7);
+        let ptr = b.as_slice().as_ptr();
+        drop(b);
+        let s = pool.stats();
+        assert_eq!((s.allocated, s.reused, s.free_bytes), (1, 0, class_size(1_000_000)));
+        // Same class: the same block.
+        let b = pool.alloc(990_000);
+        assert_eq!(b.as_slice().as_ptr(), ptr);
+        assert_eq!(pool.stats().reused, 1);
+        assert_eq!(pool.stats().free_bytes, 0);
+        // Another class: a new block.
+        let c = pool.alloc(5_000_000);
+        assert_ne!(c.as_slice().as_ptr(), ptr);
+        assert_eq!(a.live.load(Ordering::SeqCst), 2);
+        assert_eq!(pool.stats().pinned_bytes, class_size(1_000_000) + class_size(5_000_000));
+        drop((b, c));
+        pool.trim();
+        assert_eq!(a.live.load(Ordering::SeqCst), 0);
+        assert_eq!(pool.stats().pinned_bytes, 0);
+    }
+
+    #[test]
+    fn arrow_buffers_hold_their_block_until_the_last_clone_goes() {
+        let (pool, _a) = pool(1 << 30);
+        let mut b = pool.alloc(4 * 1000);
+        for (i, w) in b.as_words_mut().iter_mut().enumerate() {
+            *w = i as u32;
+        }
+        let buffer = b.into_buffer();
+        let array = arrow::array::UInt32Array::new(arrow::buffer::ScalarBuffer::new(buffer.clone(), 10, 5), None);
+        drop(buffer);
+        assert_eq!(pool.stats().free_bytes, 0, "the array still holds the block");
+        assert_eq!(array.values().to_vec(), vec![10, 11, 12, 13, 14]);
+        let slice = array.slice(1, 2);
+        drop(array);
+        assert_eq!(pool.stats().free_bytes, 0, "a slice still holds the block");
+        drop(slice);
+        assert_eq!(pool.stats().free_bytes, MIN_BLOCK);
+    }
+
+    #[test]
+    fn the_limit_evicts_free_blocks_then_falls_back_to_the_heap() {
+        let (pool, a) = pool(4 << 20);
+        let x = pool.alloc(2 << 20);
+        let y = pool.alloc(1 << 20);
+        drop(y);
+        // 2 MiB in use, 1 MiB free: 2 MiB more only fits by releasing the free block.
+        let z = pool.alloc(2 << 20);
+        assert!(z.is_pinned());
+        let s = pool.stats();
+        assert_eq!((s.pinned_bytes, s.free_bytes), (4 << 20, 0));
+        assert_eq!(a.live_bytes.load(Ordering::SeqCst), 4 << 20);
+        // Nothing free to release: heap memory, still usable.
+        let mut w = pool.alloc(1 << 20);
+        assert!(!w.is_pinned());
+        w.as_mut_slice().fill(1);
+        assert_eq!(w.into_buffer().len(), 1 << 20);
+        assert_eq!(pool.stats().unpinned, 1);
+        // Larger than the whole limit.
+        assert!(!pool.alloc(5 << 20).is_pinned());
+        drop((x, z));
+        assert_eq!(pool.stats().free_bytes, 4 << 20);
+        // Lowering the limit releases free blocks.
+        pool.set_limit(2 << 20);
+        assert_eq!(pool.stats().pinned_bytes, 2 << 20);
+        assert_eq!(a.live_bytes.load(Ordering::SeqCst), 2 << 20);
+    }
+
+    #[test]
+    fn blocks_out_when_the_limit_drops_are_released_on_return() {
+        let (pool, a) = pool(8 << 20);
+        let x = pool.alloc(4 << 20);
+        pool.set_limit(1 << 20);
+        drop(x);
+        assert_eq!(pool.stats().pinned_bytes, 0);
+        assert_eq!(a.live.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn refused_allocations_give_heap_memory_and_say_why() {
+        let a = Arc::new(CountingAllocator {
+            fail_over: Some(1 << 20),
+            ..Default::default()
+        });
+        let pool = PinnedPool::with_allocator(1 << 30, a.clone());
+        let b = pool.alloc(2 << 20);
+        assert!(!b.is_pinned());
+        assert_eq!(pool.stats().pinned_bytes, 0, "the failed block is not counted");
+        assert!(pool.last_error().unwrap().contains("refused"));
+        assert!(pool.alloc(1000).is_pinned());
+        // No allocator: heap memory.
+        assert!(!PinnedPool::new(1 << 30).alloc(1000).is_pinned());
+        assert!(pool.alloc(0).is_empty());
+    }
+
+    #[test]
+    fn threads_share_the_pool_without_losing_blocks() {
+        let (pool, a) = pool(64 << 20);
+        std::thread::scope(|s| {
+            for t in 0..8 {
+                let pool = pool.clone();
+                s.spawn(move || {
+                    for i in 0..200 {
+                        let len = MIN_BLOCK * (1 + (t + i) % 5);
+                        let mut b = pool.alloc(len);
+                        b.as_mut_slice()[len - 1] = t as u8;
+                        let buffer = b.into_buffer();
+                        assert_eq!(buffer[len - 1], t as u8);
+                    }
+                });
+            }
+        });
+        let s = pool.stats();
+        assert_eq!(s.free_bytes, s.pinned_bytes, "every block came back");
+        assert_eq!(a.live_bytes.load(Ordering::SeqCst), s.pinned_bytes);
+        assert!(s.reused > 0 && s.reused + s.allocated + s.unpinned == 1600, "{s:?}");
+    }
+
+    #[test]
+    fn limits_parse_with_units() {
+        assert_eq!(parse_bytes("0"), Some(0));
+        assert_eq!(parse_bytes("4096"), Some(4096));
+        assert_eq!(parse_bytes("64k"), Some(64 << 10));
+        assert_eq!(parse_bytes(" 8G "), Some(8 << 30));
+        assert_eq!(parse_bytes("lots"), None);
+    }
+}

@@ -1,0 +1,337 @@
+//! GPU tests of the streaming sort ([`GpuSortSession`]) and the pinned pool, run on a machine
+//! with an NVIDIA GPU:
+//!
+//! ```text
+//! GPUSORT_REQUIRE_GPU=1 cargo test -p gpusort-cuda --test gpu_session -- --test-threads=1
+//! ```
+//!
+//! With `GPUSORT_REQUIRE_GPU=1` and no usable GPU every test fails. Without it, on a machine
+//! with no GPU, each test prints that it did not run and why.
+//!
+//! Random tables (every sortable type, nulls, strings, payload of mixed types) are cut into
+//! batches of random sizes and pushed into a session whose segments are made small, so a sort
+//! spans many segments and batches straddle them; the result must equal the CPU backend's (and
+//! the stable reference) row for row, with and without a limit.
+
+use std::sync::{Arc, OnceLock};
+
+use arrow::array::{Array, ArrayRef, RecordBatch, UInt32Array};
+use arrow::datatypes::{DataType, Field, Schema};
+use gpusort::{CpuBackend, SortBackend, SortKey, SortOutput, SortRequest, SortSpec};
+use gpusort_cuda::{CudaBackend, CudaSortError, PinnedPool};
+use gpusort_testing::{EDGE_SIZES, assert_matches_reference, random_case, rng_from_env};
+use rand::prelude::*;
+use rand::rngs::SmallRng;
+
+fn backend() -> Option<&'static CudaBackend> {
+    static B: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+    match B.get_or_init(|| CudaBackend::try_new(0).map_err(|e| e.to_string())) {
+        Ok(b) => Some(b),
+        Err(reason) => {
+            if std::env::var("GPUSORT_REQUIRE_GPU").as_deref() == Ok("1") {
+                panic!("GPUSORT_REQUIRE_GPU=1 but the GPU backend is unavailable: {reason}");
+            }
+            eprintln!("GPU TEST NOT RUN: {reason} (set GPUSORT_REQUIRE_GPU=1 to make this a failure)");
+            None
+        }
+    }
+}
+
+/// `batch` cut into consecutive batches of random sizes (some empty).
+fn split(rng: &mut SmallRng, batch: &RecordBatch, max: usize) -> Vec<RecordBatch> {
+    let mut out = vec![];
+    let mut at = 0;
+    while at < batch.num_rows() {
+        let len = rng.random_range(0..=max).min(batch.num_rows() - at);
+        out.push(batch.slice(at, len));
+        at += len;
+    }
+    out
+}
+
+/// Sorts `parts` through a session (segments of about `segment_rows` rows) and checks the
+/// result against the CPU backend and the stable reference.
+fn check_session(
+    gpu: &CudaBackend,
+    batch: &RecordBatch,
+    spec: &SortSpec,
+    parts: &[RecordBatch],
+    segment_rows: usize,
+    limit: Option<usize>,
+    what: &str,
+) -> SortOutput {
+    let mut session = gpu
+        .begin_sort(batch.schema(), spec.clone())
+        .unwrap()
+        .with_expected_rows(segment_rows);
+    for p in parts {
+        session.push(p).unwrap();
+    }
+    assert_eq!(session.num_rows(), batch.num_rows(), "{what}");
+    let out = session.finish(limit).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let cpu = CpuBackend::new()
+        .sort(&SortRequest::new(batch, spec).with_limit(limit))
+        .unwrap();
+    assert_eq!(
+        out.indices, cpu.indices,
+        "{what}: permutation differs from the CPU backend's"
+    );
+    assert_eq!(out.batch.num_rows(), cpu.batch.num_rows(), "{what}");
+    for (c, (g, h)) in out.batch.columns().iter().zip(cpu.batch.columns()).enumerate() {
+        assert!(
+            g.to_data() == h.to_data(),
+            "{what}: column {c} ({}) differs",
+            g.data_type()
+        );
+    }
+    assert_matches_reference(batch, spec, limit, &out, what);
+    out
+}
+
+#[test]
+fn session_matches_the_cpu_backend_on_random_tables_in_many_batches() {
+    let Some(gpu) = backend() else { return };
+    let (mut rng, seed) = rng_from_env(0x5e55_1011);
+    for case in 0..120 {
+        let len = match case % 4 {
+            0 => EDGE_SIZES[rng.random_range(0..EDGE_SIZES.len())],
+            1 => rng.random_range(0..2_000),
+            2 => rng.random_range(2_000..60_000),
+            _ => rng.random_range(60_000..300_000),
+        };
+        let c = random_case(&mut rng, len);
+        let max = rng.random_range(1..20_000);
+        let parts = split(&mut rng, &c.batch, max);
+        let segment_rows = [64, 1000, 4096, 100_000, 1 << 22][rng.random_range(0..5)];
+        let limit = match rng.random_range(0..4) {
+            0 => Some(rng.random_range(0..=len + 1)),
+            1 => Some(1),
+            _ => None,
+        };
+        check_session(
+            gpu,
+            &c.batch,
+            &c.spec,
+            &parts,
+            segment_rows,
+            limit,
+            &format!(
+                "seed {seed} case {case}: {len} rows in {} batches, segments of {segment_rows}, limit {limit:?}",
+                parts.len()
+            ),
+        );
+    }
+}
+
+/// A table the device moves whole: a u32 key and u32/i64/f64 payload, with nulls in some
+/// batches only (segments without nulls get all-valid bits on the device).
+fn fixed_table(rng: &mut SmallRng, n: usize) -> RecordBatch {
+    let key: ArrayRef = Arc::new(UInt32Array::from_iter_values((0..n).map(|_| rng.random_range(0..1000))));
+    let a: ArrayRef = Arc::new(arrow::array::Int64Array::from_iter(
+        (0..n).map(|i| (!(20_000..20_100).contains(&i) || i % 3 != 0).then_some(i as i64)),
+    ));
+    let b: ArrayRef = Arc::new(arrow::array::Float64Array::from_iter_values(
+        (0..n).map(|i| i as f64 * 0.5),
+    ));
+    let c: ArrayRef = Arc::new(UInt32Array::from_iter(
+        (0..n).map(|i| (i % 7777 != 0).then_some(i as u32)),
+    ));
+    RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            Field::new("k", DataType::UInt32, false),
+            Field::new("a", DataType::Int64, true),
+            Field::new("b", DataType::Float64, false),
+            Field::new("c", DataType::UInt32, true),
+        ])),
+        vec![key, a, b, c],
+    )
+    .unwrap()
+}
+
+#[test]
+fn session_moves_every_strategy_across_segments() {
+    let Some(gpu) = backend() else { return };
+    let (mut rng, seed) = rng_from_env(0x5e55_1012);
+    let batch = fixed_table(&mut rng, 200_003);
+    for strategy in gpusort::Strategy::ALL {
+        for desc in [false, true] {
+            let spec = SortSpec::new([SortKey::new(0, desc, false)]);
+            let parts = split(&mut rng, &batch, 9000);
+            let mut session = gpu
+                .begin_sort(batch.schema(), spec.clone())
+                .unwrap()
+                .with_strategy(Some(strategy))
+                .with_expected_rows(4096);
+            for p in &parts {
+                session.push(p).unwrap();
+            }
+            let out = session.finish(None).unwrap();
+            assert_eq!(out.stats.strategy, Some(strategy), "{strategy}");
+            assert_eq!(out.stats.moved_columns + out.stats.gathered_columns, 4);
+            assert_eq!(out.stats.host_gathered_columns, 0, "every column moves on the device");
+            assert!(out.stats.bytes_to_device > 0 && out.stats.bytes_from_device > 0);
+            assert_matches_reference(
+                &batch,
+                &spec,
+                None,
+                &out,
+                &format!("seed {seed}, {strategy}, desc {desc}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn session_sorts_no_rows_and_one_row() {
+    let Some(gpu) = backend() else { return };
+    let (mut rng, _) = rng_from_env(7);
+    let batch = fixed_table(&mut rng, 10);
+    let spec = SortSpec::new([SortKey::sql(1, true)]);
+    // No push at all, and only empty batches.
+    for pushes in [0, 3] {
+        let mut s = gpu.begin_sort(batch.schema(), spec.clone()).unwrap();
+        for _ in 0..pushes {
+            s.push(&batch.slice(0, 0)).unwrap();
+        }
+        let out = s.finish(None).unwrap();
+        assert_eq!(out.batch.num_rows(), 0);
+        assert_eq!(out.batch.schema(), batch.schema());
+        assert!(out.indices.is_empty());
+    }
+    for limit in [None, Some(0), Some(1), Some(5)] {
+        let one = batch.slice(3, 1);
+        check_session(
+            gpu,
+            &one,
+            &spec,
+            std::slice::from_ref(&one),
+            64,
+            limit,
+            &format!("one row, limit {limit:?}"),
+        );
+    }
+    check_session(gpu, &batch, &spec, &split(&mut rng, &batch, 3), 64, Some(0), "limit 0");
+}
+
+#[test]
+fn session_rejects_batches_of_another_schema() {
+    let Some(gpu) = backend() else { return };
+    let (mut rng, _) = rng_from_env(8);
+    let batch = fixed_table(&mut rng, 100);
+    let mut s = gpu
+        .begin_sort(batch.schema(), SortSpec::new([SortKey::sql(0, false)]))
+        .unwrap();
+    let other = batch.project(&[1, 0, 2, 3]).unwrap();
+    assert!(matches!(s.push(&other), Err(CudaSortError::Unsupported(_))));
+}
+
+#[test]
+fn sorted_columns_live_in_pinned_pool_buffers_that_return_when_dropped() {
+    let Some(gpu) = backend() else { return };
+    let pool = PinnedPool::global();
+    let (mut rng, _) = rng_from_env(9);
+    let batch = fixed_table(&mut rng, 1 << 20);
+    let spec = SortSpec::new([SortKey::sql(0, false)]);
+    let sort = || {
+        let mut s = gpu.begin_sort(batch.schema(), spec.clone()).unwrap();
+        for p in split(&mut SmallRng::seed_from_u64(1), &batch, 8192) {
+            s.push(&p).unwrap();
+        }
+        s.finish(None).unwrap()
+    };
+    let in_use = |p: &PinnedPool| {
+        let s = p.stats();
+        s.pinned_bytes - s.free_bytes
+    };
+    drop(sort());
+    let before = in_use(pool);
+    let stats = pool.stats();
+    let out = sort();
+    // The output's values and the permutation are pool memory while the output lives.
+    let held = in_use(pool) - before;
+    let output_bytes: usize = out.batch.columns().iter().map(|c| c.to_data().buffers()[0].len()).sum();
+    assert!(
+        held >= output_bytes + 4 * batch.num_rows(),
+        "{held} bytes held, output {output_bytes}"
+    );
+    // The second sort of the same shape reuses the first one's blocks.
+    let after = pool.stats();
+    assert!(after.reused > stats.reused, "{stats:?} -> {after:?}");
+    assert_eq!(
+        after.allocated, stats.allocated,
+        "no new pinned block: {stats:?} -> {after:?}"
+    );
+    let slice = out.batch.slice(100, 10);
+    drop(out);
+    assert!(in_use(pool) > before, "a slice keeps its blocks");
+    drop(slice);
+    assert_eq!(in_use(pool), before, "every block came back");
+}
+
+#[test]
+fn session_out_of_device_memory_fails_before_or_at_finish() {
+    let Some(gpu) = backend() else { return };
+    let (mut rng, _) = rng_from_env(10);
+    let batch = fixed_table(&mut rng, 1 << 20);
+    let spec = SortSpec::new([SortKey::sql(0, false)]);
+    // The payload passes the budget while it is uploaded: a push or the finish says so.
+    let mut s = gpu
+        .begin_sort(batch.schema(), spec.clone())
+        .unwrap()
+        .with_memory_limit(Some(256 << 10))
+        .with_expected_rows(1024);
+    let mut failed = None;
+    for p in split(&mut rng, &batch, 8192) {
+        if let Err(e) = s.push(&p) {
+            failed = Some(e);
+            break;
+        }
+    }
+    let e = match failed {
+        Some(e) => e,
+        None => s.finish(None).unwrap_err(),
+    };
+    assert!(matches!(e, CudaSortError::OutOfMemory { .. }), "{e}");
+    // The payload fits but the sort does not: finish says so before sorting.
+    let small = batch.slice(0, 1000);
+    let mut s = gpu
+        .begin_sort(batch.schema(), spec.clone())
+        .unwrap()
+        .with_memory_limit(Some(1 << 20));
+    s.push(&small).unwrap();
+    let e = s.finish(None).unwrap_err();
+    assert!(matches!(e, CudaSortError::OutOfMemory { .. }), "{e}");
+    // And the device is fine afterwards.
+    check_session(
+        gpu,
+        &small,
+        &spec,
+        std::slice::from_ref(&small),
+        1024,
+        None,
+        "after out of memory",
+    );
+}
+
+#[test]
+fn dropped_sessions_free_their_uploads() {
+    let Some(gpu) = backend() else { return };
+    let (mut rng, _) = rng_from_env(11);
+    let batch = fixed_table(&mut rng, 1 << 20);
+    let spec = SortSpec::new([SortKey::sql(0, false)]);
+    let free = gpu.gpu().free_memory().unwrap();
+    for _ in 0..20 {
+        let mut s = gpu
+            .begin_sort(batch.schema(), spec.clone())
+            .unwrap()
+            .with_expected_rows(1 << 16);
+        for p in split(&mut rng, &batch, 50_000) {
+            s.push(&p).unwrap();
+        }
+        drop(s);
+    }
+    gpu.gpu().stream().synchronize().unwrap();
+    let now = gpu.gpu().free_memory().unwrap();
+    // The stream-ordered pool may keep some memory; 20 leaked payloads (~20 MB each) would not fit.
+    assert!(now + (64 << 20) >= free, "free memory {free} -> {now}");
+}
