@@ -6,14 +6,40 @@
 //   * gather_w*: out[i] = column[perm[i]] for ByField columns of 1, 2, 4, 8 or 16 bytes;
 //   * gather_records: the same for row-major records (Hybrid), a group of threads per record
 //     moving 16-, 8- or 4-byte pieces (paper Fig. 6);
+//   * pack_rows / gather_unpack: several ByField columns gathered as one: packed into Hybrid
+//     rows, each row fetched once, the columns written back out;
 //   * gather_bits: a validity bitmap through the permutation, 32 rows per warp ballot;
 //   * pack_validity / unpack_validity: up to 32 bitmaps as one u32 lane that moves with the
 //     records in every pass (direct strategy), and back.
 
+// Rows each thread gathers at once: their index loads, then their (random) row loads, are all
+// in flight together before the first store.
+constexpr u32 GATHER_ROWS = 8;
+
+// The permutation and the output stream through once (evict-first loads and stores), so that
+// the source column, read at random, keeps the L2 cache: a 4-byte column of 10M rows (40 MB)
+// fits the H100's 50 MB.
 template <typename T>
-__device__ __forceinline__ void gather_impl(u32 n, const T* src, const u32* perm, T* dst) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        dst[i] = src[perm[i]];
+__device__ __forceinline__ void gather_impl(u32 n, const T* __restrict__ src, const u32* __restrict__ perm,
+                                            T* __restrict__ dst) {
+    const size_t step = (size_t)gridDim.x * blockDim.x * GATHER_ROWS;
+    for (size_t base = (size_t)blockIdx.x * blockDim.x * GATHER_ROWS + threadIdx.x; base < n; base += step) {
+        u32 from[GATHER_ROWS];
+#pragma unroll
+        for (u32 j = 0; j < GATHER_ROWS; j++) {
+            const size_t i = base + (size_t)j * blockDim.x;
+            from[j] = i < n ? __ldcs(perm + i) : 0u;
+        }
+        T v[GATHER_ROWS];
+#pragma unroll
+        for (u32 j = 0; j < GATHER_ROWS; j++) {
+            if (base + (size_t)j * blockDim.x < n) v[j] = __ldg(src + from[j]);
+        }
+#pragma unroll
+        for (u32 j = 0; j < GATHER_ROWS; j++) {
+            const size_t i = base + (size_t)j * blockDim.x;
+            if (i < n) __stcs(dst + i, v[j]);
+        }
     }
 }
 
@@ -25,20 +51,137 @@ extern "C" __global__ void gather_w16(u32 n, const uint4* src, const u32* perm, 
     gather_impl(n, src, perm, dst);
 }
 
-extern "C" __global__ void gather_records(u32 n, const u8* src, const u32* perm, u8* dst, u32 bytes, u32 piece) {
-    const u32 per = bytes / piece;
+// Records of `bytes` bytes moved in `piece`-byte pieces (type P), GATHER_ROWS pieces per thread
+// in flight.
+template <typename P>
+__device__ __forceinline__ void gather_pieces(u32 n, const u8* __restrict__ src, const u32* __restrict__ perm,
+                                              u8* __restrict__ dst, u32 bytes) {
+    const u32 per = bytes / sizeof(P);
     const size_t total = (size_t)n * per;
-    for (size_t q = (size_t)blockIdx.x * blockDim.x + threadIdx.x; q < total; q += (size_t)gridDim.x * blockDim.x) {
-        const size_t i = q / per, p = q - i * per;
-        const size_t from = (size_t)perm[i] * bytes + p * piece;
-        const size_t to = i * bytes + p * piece;
-        if (piece == 16) {
-            *reinterpret_cast<uint4*>(dst + to) = *reinterpret_cast<const uint4*>(src + from);
-        } else if (piece == 8) {
-            *reinterpret_cast<u64*>(dst + to) = *reinterpret_cast<const u64*>(src + from);
-        } else {
-            *reinterpret_cast<u32*>(dst + to) = *reinterpret_cast<const u32*>(src + from);
+    const size_t step = (size_t)gridDim.x * blockDim.x * GATHER_ROWS;
+    for (size_t base = (size_t)blockIdx.x * blockDim.x * GATHER_ROWS + threadIdx.x; base < total; base += step) {
+        P v[GATHER_ROWS];
+#pragma unroll
+        for (u32 j = 0; j < GATHER_ROWS; j++) {
+            const size_t q = base + (size_t)j * blockDim.x;
+            if (q < total) {
+                const size_t i = q / per, p = q - i * per;
+                v[j] = __ldg(reinterpret_cast<const P*>(src + (size_t)perm[i] * bytes) + p);
+            }
         }
+#pragma unroll
+        for (u32 j = 0; j < GATHER_ROWS; j++) {
+            const size_t q = base + (size_t)j * blockDim.x;
+            if (q < total) __stcs(reinterpret_cast<P*>(dst) + q, v[j]);
+        }
+    }
+}
+
+extern "C" __global__ void gather_records(u32 n, const u8* src, const u32* perm, u8* dst, u32 bytes, u32 piece) {
+    if (piece == 16) {
+        gather_pieces<uint4>(n, src, perm, dst, bytes);
+    } else if (piece == 8) {
+        gather_pieces<u64>(n, src, perm, dst, bytes);
+    } else {
+        gather_pieces<u32>(n, src, perm, dst, bytes);
+    }
+}
+
+// ---- ByField columns gathered through rows (the paper's Hybrid layout, made on the fly) ----
+//
+// A gather of one narrow column reads a 32-byte sector for every 4-byte value it keeps, so
+// gathering m ByField columns one by one costs m random sector reads per row. pack_rows first
+// lays a group of columns out as row-major rows of up to 128 bytes (coalesced reads and
+// writes through shared memory); gather_unpack then fetches each row once through the
+// permutation, in 16-byte pieces, and writes every column of the group back out coalesced.
+
+// One column of a packed group: its values, their width, and their byte offset in a row.
+struct PackColumn {
+    u64 ptr;
+    u32 width;
+    u32 offset;
+};
+
+#define PACK_ROWS 256  // rows of a block's tile: one per thread
+
+template <typename T>
+__device__ __forceinline__ void column_to_tile(const PackColumn& c, size_t first, u32 count, u8* tile, u32 row_bytes) {
+    if (threadIdx.x < count)
+        *reinterpret_cast<T*>(tile + threadIdx.x * row_bytes + c.offset) =
+            reinterpret_cast<const T*>(c.ptr)[first + threadIdx.x];
+}
+
+template <typename T>
+__device__ __forceinline__ void tile_to_column(const PackColumn& c, size_t first, u32 count, const u8* tile,
+                                               u32 row_bytes) {
+    if (threadIdx.x < count)
+        __stcs(reinterpret_cast<T*>(c.ptr) + first + threadIdx.x,
+               *reinterpret_cast<const T*>(tile + threadIdx.x * row_bytes + c.offset));
+}
+
+// rows[i * row_bytes + offset of c ..] = row i of column c, for the n rows; row_bytes is a
+// multiple of 16 and each offset a multiple of its column's width.
+extern "C" __global__ void __launch_bounds__(PACK_ROWS)
+    pack_rows(u32 n, const PackColumn* cols, u32 num_cols, u32 row_bytes, u8* rows) {
+    extern __shared__ __align__(16) u8 tile[];
+    for (size_t first = (size_t)blockIdx.x * PACK_ROWS; first < n; first += (size_t)gridDim.x * PACK_ROWS) {
+        const u32 count = (u32)min((size_t)PACK_ROWS, n - first);
+        for (u32 k = 0; k < num_cols; k++) {
+            const PackColumn c = cols[k];
+            switch (c.width) {
+                case 1: column_to_tile<u8>(c, first, count, tile, row_bytes); break;
+                case 2: column_to_tile<u16>(c, first, count, tile, row_bytes); break;
+                case 4: column_to_tile<u32>(c, first, count, tile, row_bytes); break;
+                case 8: column_to_tile<u64>(c, first, count, tile, row_bytes); break;
+                default: column_to_tile<uint4>(c, first, count, tile, row_bytes); break;
+            }
+        }
+        __syncthreads();
+        const uint4* from = reinterpret_cast<const uint4*>(tile);
+        uint4* to = reinterpret_cast<uint4*>(rows + first * row_bytes);
+        for (u32 q = threadIdx.x; q < count * row_bytes / 16; q += PACK_ROWS) to[q] = from[q];
+        __syncthreads();
+    }
+}
+
+// Row i of every column of the group = row perm[i] of `rows`, for i < n.
+extern "C" __global__ void __launch_bounds__(PACK_ROWS)
+    gather_unpack(u32 n, const u8* rows, u32 row_bytes, const u32* perm, const PackColumn* cols, u32 num_cols) {
+    extern __shared__ __align__(16) u8 tile[];
+    constexpr u32 INFLIGHT = 4;
+    const u32 per = row_bytes / 16;
+    for (size_t first = (size_t)blockIdx.x * PACK_ROWS; first < n; first += (size_t)gridDim.x * PACK_ROWS) {
+        const u32 count = (u32)min((size_t)PACK_ROWS, n - first);
+        const u32 pieces = count * per;
+        uint4* to = reinterpret_cast<uint4*>(tile);
+        for (u32 q0 = threadIdx.x; q0 < pieces; q0 += INFLIGHT * PACK_ROWS) {
+            uint4 v[INFLIGHT];
+#pragma unroll
+            for (u32 j = 0; j < INFLIGHT; j++) {
+                const u32 q = q0 + j * PACK_ROWS;
+                if (q < pieces) {
+                    const u32 r = q / per, p = q - r * per;
+                    v[j] = __ldg(reinterpret_cast<const uint4*>(rows + (size_t)__ldg(perm + first + r) * row_bytes) + p);
+                }
+            }
+#pragma unroll
+            for (u32 j = 0; j < INFLIGHT; j++) {
+                const u32 q = q0 + j * PACK_ROWS;
+                if (q < pieces) to[q] = v[j];
+            }
+        }
+        __syncthreads();
+        for (u32 k = 0; k < num_cols; k++) {
+            const PackColumn c = cols[k];
+            switch (c.width) {
+                case 1: tile_to_column<u8>(c, first, count, tile, row_bytes); break;
+                case 2: tile_to_column<u16>(c, first, count, tile, row_bytes); break;
+                case 4: tile_to_column<u32>(c, first, count, tile, row_bytes); break;
+                case 8: tile_to_column<u64>(c, first, count, tile, row_bytes); break;
+                default: tile_to_column<uint4>(c, first, count, tile, row_bytes); break;
+            }
+        }
+        __syncthreads();
     }
 }
 

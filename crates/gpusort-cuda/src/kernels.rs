@@ -215,6 +215,10 @@ pub struct Kernels {
     pub gather_records: CudaFunction,
     /// Gather of a bitmap.
     pub gather_bits: CudaFunction,
+    /// A group of ByField columns into row-major rows.
+    pub pack_rows: CudaFunction,
+    /// Rows through a permutation, back out as the group's columns.
+    pub gather_unpack: CudaFunction,
     /// Bitmaps to a lane of validity words.
     pub pack_validity: CudaFunction,
     /// A bit of a validity-word lane to a bitmap.
@@ -284,6 +288,8 @@ impl Kernels {
             ],
             gather_records: f("gather_records")?,
             gather_bits: f("gather_bits")?,
+            pack_rows: f("pack_rows")?,
+            gather_unpack: f("gather_unpack")?,
             pack_validity: f("pack_validity")?,
             unpack_validity: f("unpack_validity")?,
             iota: f("iota")?,
@@ -409,6 +415,8 @@ mod tests {
             "srts_upsweep_b8",
             "srts_downsweep_b4",
             "gather_records",
+            "pack_rows",
+            "gather_unpack",
             "msd_count_b11",
             "msd_scatter_b8",
             "msd_subsegments",

@@ -31,7 +31,7 @@
 //! 2. each device column is assembled from its segments by device-to-device copies on the sort
 //!    stream (a column of a segment without nulls gets all-valid bits), each segment's copy
 //!    freed once its column is assembled;
-//! 3. [`Gpu::sort`] runs the planned strategy (the paper's rule, or the one asked for);
+//! 3. [`Gpu::sort`] runs the planned strategy (the rule calibrated on the H100, or the one asked for);
 //!    truncated string keys that tie are ordered on the host as in the one-batch sort;
 //! 4. the sorted device columns come down straight into pinned pool buffers that become the
 //!    output arrays (no host copy after the download), while the host concatenates and
@@ -765,12 +765,18 @@ impl GpuSortSession {
         downloads_start.record(stream)?;
         let mut sorted_values: Vec<HostBuffer> = vec![];
         let mut sorted_bits: Vec<Option<HostBuffer>> = vec![];
+        // Indirect: the columns gathered together first (packed into rows where that reads
+        // fewer sectors, see `Gpu::gather_columns`).
+        let mut gathered = if direct {
+            vec![]
+        } else {
+            let cols: Vec<(&CudaSlice<u8>, usize)> =
+                columns.iter().zip(&values).map(|(c, v)| (&v.data, c.width)).collect();
+            gpu.gather_columns(&cols, n, &perm_dev, limit)?
+        }
+        .into_iter();
         for (k, c) in columns.iter().enumerate() {
-            let gathered = if direct {
-                None
-            } else {
-                Some(gpu.gather_column(&values[k].data, c.width, &perm_dev, limit)?)
-            };
+            let gathered = gathered.next();
             let dev = gathered.as_ref().unwrap_or_else(|| &table.columns[k].data);
             let mut host = pool.alloc(limit * c.width);
             // SAFETY: read only after the stream synchronizes below.
