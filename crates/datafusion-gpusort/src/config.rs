@@ -46,11 +46,11 @@ impl FromStr for DeviceChoice {
     }
 }
 
-/// The sort strategy: `auto` (the paper's cost rule), one of the four GPU strategies, or
+/// The sort strategy: `auto` (the planner's rule, calibrated on the H100), one of the six GPU strategies, or
 /// `cpu` (the CPU backend).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum StrategyChoice {
-    /// The planner's choice (Bandyopadhyay & Sahni's rule for the ByField layout).
+    /// The planner's choice (`Strategy::calibrated_default` for the ByField layout).
     #[default]
     Auto,
     /// This strategy.
@@ -87,7 +87,7 @@ impl FromStr for StrategyChoice {
             "cpu" => Ok(Self::Cpu),
             other => other.parse::<Strategy>().map(Self::Fixed).or_else(|_| {
                 config_err!(
-                    "gpusort.strategy: expected auto, grs-direct, grs-indirect, srts-direct, srts-indirect or cpu, got '{s}'"
+                    "gpusort.strategy: expected auto, grs-direct, grs-indirect, srts-direct, srts-indirect, msd-direct, msd-indirect or cpu, got '{s}'"
                 )
             }),
         }
@@ -144,8 +144,8 @@ extensions_options! {
         pub min_rows: usize, default = 100_000
         /// `auto` (GPU 0 if usable, else the CPU), `cpu`, or a GPU number (must be usable).
         pub device: DeviceChoice, default = DeviceChoice::Auto
-        /// `auto` (the paper's cost rule), `grs-direct`, `grs-indirect`, `srts-direct`,
-        /// `srts-indirect`, or `cpu`.
+        /// `auto` (the planner's rule, calibrated on the H100), `grs-direct`, `grs-indirect`,
+        /// `srts-direct`, `srts-indirect`, `msd-direct`, `msd-indirect`, or `cpu`.
         pub strategy: StrategyChoice, default = StrategyChoice::Auto
         /// Device memory one sort may use, e.g. `2G`; 0 means the GPU's free memory. A sort that
         /// needs more runs on the CPU (the reason shows in the metrics).

@@ -31,7 +31,7 @@ use crate::sorter::GpuSorter;
 ///
 /// Each partition buffers its input under a memory reservation, turns the sort expressions
 /// into order-preserving radix keys and sorts with the strategy of Bandyopadhyay & Sahni that
-/// the options or the paper's cost rule pick (GRS or SRTS, direct or indirect). Sorts below
+/// the options or the planner's rule (calibrated on the H100) pick (GRS or SRTS, direct or indirect). Sorts below
 /// `gpusort.min_rows`, or with no usable GPU, or whose GPU sort fails, run on gpusort's CPU
 /// backend with the same results; the metrics say which path ran and why.
 #[derive(Debug, Clone)]
@@ -104,7 +104,7 @@ impl GpuSortExec {
         &self.options
     }
 
-    /// The strategy the planner will use for a GPU sort (the paper's rule unless set).
+    /// The strategy the planner will use for a GPU sort (the rule calibrated on the H100 unless set).
     pub fn planned_strategy(&self) -> String {
         match self.options.strategy {
             StrategyChoice::Fixed(s) => s.to_string(),
@@ -113,7 +113,7 @@ impl GpuSortExec {
                 // Sort expressions that are not columns become extra key columns.
                 let extra = self.expr.iter().filter(|e| !e.expr.is::<Column>()).count();
                 let columns = self.schema().fields().len() + extra;
-                Strategy::paper_default(Layout::ByField, payload_fields(columns, self.expr.len())).to_string()
+                Strategy::calibrated_default(Layout::ByField, payload_fields(columns, self.expr.len())).to_string()
             }
         }
     }

@@ -44,8 +44,8 @@ pub struct PlanArgs {
     #[arg(long, value_name = "N|cpu|auto", default_value = "auto", value_parser = parse_device)]
     pub device: DeviceChoice,
 
-    /// The sort strategy: auto (the paper's cost rule), grs-direct, grs-indirect, srts-direct,
-    /// srts-indirect, or cpu
+    /// The sort strategy: auto (the rule calibrated on the H100), grs-direct, grs-indirect,
+    /// srts-direct, srts-indirect, msd-direct, msd-indirect, or cpu
     #[arg(long, value_name = "NAME", default_value = "auto", value_parser = parse_strategy)]
     pub strategy: StrategyChoice,
 

@@ -114,6 +114,23 @@ impl Strategy {
     }
 }
 
+impl Strategy {
+    /// gpusort's default (`auto`): the paper's benchmark re-run on an H100 (`paper` bench of
+    /// gpusort-cuda, 10M rows, u32 key + m u32 fields, docs/results/h100-2026-11-23/). There
+    /// the paper's C1060 rule is off by up to 2.5x: an LSD pass that moves m narrow columns
+    /// scatters each of them, while the indirect strategy sorts only key and index and then
+    /// gathers the columns once, packed into rows (gather.cu). GRS-direct wins at m <= 2 in
+    /// both layouts; GRS-indirect from m = 3 (ByField and Hybrid).
+    pub fn calibrated_default(layout: Layout, payload_fields: usize) -> Self {
+        let _ = layout;
+        if payload_fields <= 2 {
+            Self::GRS_DIRECT
+        } else {
+            Self::GRS_INDIRECT
+        }
+    }
+}
+
 /// The paper's `m`: fields of a record besides its key. A table of `columns` columns sorted
 /// by `sort_keys` of them has `columns - sort_keys` (the key columns travel as the key).
 pub fn payload_fields(columns: usize, sort_keys: usize) -> usize {
@@ -230,6 +247,16 @@ mod tests {
         assert_eq!(Strategy::paper_default(Layout::Hybrid, 20), Strategy::SRTS_INDIRECT);
         assert_eq!(payload_fields(21, 1), 20);
         assert_eq!(payload_fields(1, 3), 0);
+    }
+
+    #[test]
+    fn calibrated_rule() {
+        for layout in [Layout::ByField, Layout::Hybrid] {
+            assert_eq!(Strategy::calibrated_default(layout, 0), Strategy::GRS_DIRECT);
+            assert_eq!(Strategy::calibrated_default(layout, 2), Strategy::GRS_DIRECT);
+            assert_eq!(Strategy::calibrated_default(layout, 3), Strategy::GRS_INDIRECT);
+            assert_eq!(Strategy::calibrated_default(layout, 20), Strategy::GRS_INDIRECT);
+        }
     }
 
     #[test]

@@ -877,6 +877,8 @@ impl FuzzSetup {
                 "grs-indirect",
                 "srts-direct",
                 "srts-indirect",
+                "msd-direct",
+                "msd-indirect",
                 "cpu",
             ]
             .choose(rng)
