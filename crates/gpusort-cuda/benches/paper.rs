@@ -7,7 +7,7 @@
 //! record figures as an SVG.
 //!
 //! ```text
-//! paper [--rows N] [--reps R] [--bits B] [--fields 2,4,..] [--cub cub.json] [--csv out.csv] [--svg out.svg]
+//! paper [--rows N] [--reps R] [--bits B] [--fields 2,4,..] [--cub cub.json] [--csv out.csv] [--svg out.svg] [--pack 0|1]
 //! ```
 //!
 //! Each timing is one call of `Gpu::sort` (device events around its kernels) after the inputs
@@ -33,6 +33,8 @@ struct Args {
     csv: Option<String>,
     svg: Option<String>,
     only: Option<String>,
+    /// Indirect gathers packed into rows (`--pack 0`: column by column).
+    pack: bool,
 }
 
 fn args() -> Args {
@@ -46,6 +48,7 @@ fn args() -> Args {
         csv: None,
         svg: None,
         only: None,
+        pack: true,
     };
     let v: Vec<String> = std::env::args().skip(1).filter(|s| s != "--bench").collect();
     let list = |s: &str| {
@@ -66,6 +69,7 @@ fn args() -> Args {
             "--csv" => a.csv = Some(val),
             "--svg" => a.svg = Some(val),
             "--only" => a.only = Some(val),
+            "--pack" => a.pack = val != "0",
             other => panic!("unknown argument {other}"),
         }
         i += 2;
@@ -331,6 +335,7 @@ fn main() {
                         passes: passes.clone(),
                         keep_keys: false,
                         want_perm: false,
+                        pack_gathers: a.pack,
                     };
                     let (min, med) = time_sort(&gpu, &pristine, &plan, a.reps);
                     let _ = writeln!(
@@ -396,6 +401,7 @@ fn main() {
                         passes: passes.clone(),
                         keep_keys: true,
                         want_perm: false,
+                        pack_gathers: a.pack,
                     };
                     let (min, med) = time_sort(&gpu, &pristine, &plan, a.reps);
                     let _ = writeln!(csv, "keys,{ty},0,{kn},{bits},{},{min:.4},{med:.4}", label(strategy));

@@ -25,7 +25,7 @@ use arrow::datatypes::SchemaRef;
 use gpusort::cpu::gather::fixed_width;
 use gpusort::{KeyEncoder, SortBackend, SortOutput, SortRequest, SortSpec};
 
-use crate::engine::Gpu;
+use crate::engine::{Gpu, gather_bytes_per_row};
 use crate::error::{CudaSortError, Result};
 use crate::kernels::KernelCache;
 use crate::pinned::PinnedPool;
@@ -120,8 +120,9 @@ impl CudaBackend {
             .filter_map(|c| fixed_width(c.data_type()).filter(|w| *w <= 16))
             .collect();
         let bytes = |n: usize| {
-            let direct = device_bytes_needed(n, words, &widths, widths.len(), true);
-            let indirect = device_bytes_needed(n, words, &widths, widths.len(), false);
+            // Without packed gathers: a sort packs its gathers only where the memory allows.
+            let direct = device_bytes_needed(n, words, &widths, widths.len(), true, false);
+            let indirect = device_bytes_needed(n, words, &widths, widths.len(), false, false);
             direct.max(indirect)
         };
         const SAMPLE: usize = 1 << 20;
@@ -135,20 +136,22 @@ impl CudaBackend {
 
 /// Device bytes a sort of `n` rows holds at its peak: both buffers of the varying key words,
 /// and either both buffers of every moved column (direct) or the columns, both buffers of the
-/// row index and the widest gathered column (indirect), plus scratch.
+/// row index and what the gathers hold beyond the columns (indirect, [`gather_bytes_per_row`]:
+/// the widest column, or with `pack` the widest packed group), plus scratch.
 pub(crate) fn device_bytes_needed(
     n: usize,
     key_words: usize,
     widths: &[usize],
     nullable: usize,
     direct: bool,
+    pack: bool,
 ) -> usize {
     let keys = 2 * key_words * 4 * n;
     let columns: usize = widths.iter().sum::<usize>() * n + nullable * n.div_ceil(8);
     let records = if direct {
         2 * columns + 2 * nullable.div_ceil(32) * 4 * n
     } else {
-        columns + 2 * 4 * n + widths.iter().max().copied().unwrap_or(0) * n
+        columns + 2 * 4 * n + gather_bytes_per_row(widths, pack) * n
     };
     keys + records + (n / 256 + 1) * 1024 + (16 << 20)
 }

@@ -77,6 +77,23 @@ pub fn pack_groups(widths: &[usize]) -> Vec<(Vec<(usize, usize)>, usize)> {
     }
     groups
 }
+
+/// Device bytes per row that a gather of columns of `widths` holds beyond the columns: the
+/// widest column gathered alone, or (packed) the widest group's rows and gathered columns.
+pub fn gather_bytes_per_row(widths: &[usize], pack: bool) -> usize {
+    pack_groups(widths)
+        .iter()
+        .map(|(group, row_bytes)| {
+            let sizes = group.iter().map(|&(k, _)| widths[k]);
+            if pack && group.len() >= PACK_MIN_COLUMNS {
+                row_bytes + sizes.sum::<usize>()
+            } else {
+                sizes.max().unwrap_or(0)
+            }
+        })
+        .max()
+        .unwrap_or(0)
+}
 /// Longest SRTS spine scanned by a single block.
 const SINGLE_BLOCK_SPINE: usize = 16 * 1024;
 
@@ -137,6 +154,9 @@ pub struct GpuSortPlan {
     pub keep_keys: bool,
     /// Return the permutation (sorted position -> input row).
     pub want_perm: bool,
+    /// Indirect: gather groups of columns packed into rows ([`Gpu::gather_columns`]), which
+    /// holds more device memory ([`gather_bytes_per_row`]).
+    pub pack_gathers: bool,
 }
 
 /// What a sort returns.
@@ -508,7 +528,7 @@ impl Gpu {
                 if direct {
                     self.gather_records(table, p)?;
                 } else {
-                    self.gather_payload(table, p)?;
+                    self.gather_payload(table, p, plan.pack_gathers)?;
                 }
             }
         }
@@ -1007,53 +1027,52 @@ impl Gpu {
     }
 
     /// The indirect strategy's record move: every column (and the records) gathered once.
-    fn gather_payload(&self, table: &mut DeviceTable, perm: &CudaSlice<u32>) -> Result<()> {
+    fn gather_payload(&self, table: &mut DeviceTable, perm: &CudaSlice<u32>, pack: bool) -> Result<()> {
         let n = table.num_rows;
-        let cols: Vec<(&CudaSlice<u8>, usize)> = table.columns.iter().map(|c| (&c.data, c.width)).collect();
-        let gathered = self.gather_columns(&cols, n, perm, n)?;
-        for (col, data) in table.columns.iter_mut().zip(gathered) {
-            col.data = data;
-        }
+        self.gather_columns(&mut table.columns, n, perm, n, pack)?;
         self.gather_records(table, perm)
     }
 
-    /// Rows `perm[0..rows]` of every column of `cols` (each of `src_rows` rows of its width in
-    /// bytes), in new buffers. Columns gather in the groups of [`pack_groups`]: a group of at
-    /// least [`PACK_MIN_COLUMNS`] is packed into row-major rows that are then fetched once per
-    /// row (gather.cu's `pack_rows` and `gather_unpack`); the others, and every column when
-    /// few rows are kept (a top-k), gather one by one.
+    /// Replaces every column of `cols` (each of `src_rows` rows) by its rows `perm[0..rows]`.
+    /// Columns gather in the groups of [`pack_groups`]: with `pack`, a group of at least
+    /// [`PACK_MIN_COLUMNS`] is packed into row-major rows that are then fetched once per row
+    /// (gather.cu's `pack_rows` and `gather_unpack`); the others, and every column when few
+    /// rows are kept (a top-k), gather one by one. A group's sources are freed once it is
+    /// gathered, so the memory held beyond the columns is [`gather_bytes_per_row`].
     pub fn gather_columns(
         &self,
-        cols: &[(&CudaSlice<u8>, usize)],
+        cols: &mut [DeviceColumn],
         src_rows: usize,
         perm: &CudaSlice<u32>,
         rows: usize,
-    ) -> Result<Vec<CudaSlice<u8>>> {
+        pack: bool,
+    ) -> Result<()> {
         let s = &self.stream;
-        let widths: Vec<usize> = cols.iter().map(|c| c.1).collect();
-        let mut out: Vec<Option<CudaSlice<u8>>> = (0..cols.len()).map(|_| None).collect();
+        let widths: Vec<usize> = cols.iter().map(|c| c.width).collect();
         // Packing reads and writes every source row: not worth it for a few rows kept.
-        let pack = rows >= src_rows / 4 && rows > 0;
+        let pack = pack && rows >= src_rows / 4 && rows > 0;
         for (group, row_bytes) in pack_groups(&widths) {
             if !pack || group.len() < PACK_MIN_COLUMNS {
                 for &(k, _) in &group {
-                    out[k] = Some(self.gather_column(cols[k].0, cols[k].1, perm, rows)?);
+                    cols[k].data = self.gather_column(&cols[k].data, cols[k].width, perm, rows)?;
                 }
                 continue;
             }
             let packed = self.alloc_bytes(src_rows * row_bytes)?;
             let mut dsts = vec![];
             for &(k, _) in &group {
-                dsts.push(self.alloc_bytes(rows * cols[k].1)?);
+                dsts.push(self.alloc_bytes(rows * cols[k].width)?);
             }
             let table = |ptrs: Vec<u64>| -> Vec<u64> {
                 group
                     .iter()
                     .zip(ptrs)
-                    .flat_map(|(&(k, offset), p)| [p, cols[k].1 as u64 | (offset as u64) << 32])
+                    .flat_map(|(&(k, offset), p)| [p, cols[k].width as u64 | (offset as u64) << 32])
                     .collect()
             };
-            let srcs = s.clone_htod(&table(group.iter().map(|&(k, _)| cols[k].0.device_ptr(s).0).collect()))?;
+            let srcs = s.clone_htod(&table(
+                group.iter().map(|&(k, _)| cols[k].data.device_ptr(s).0).collect(),
+            ))?;
             let outs = s.clone_htod(&table(dsts.iter().map(|d| d.device_ptr(s).0).collect()))?;
             let (srcs_p, outs_p, packed_p, perm_p) = (
                 srcs.device_ptr(s).0,
@@ -1092,16 +1111,13 @@ impl Gpu {
                     .arg(&num)
                     .launch(cfg(rows))?;
             }
-            // The tables and the rows are freed in stream order, after the kernels.
+            // The tables, the rows and the sources are freed in stream order, after the kernels.
             drop((srcs, outs, packed));
             for (&(k, _), d) in group.iter().zip(dsts) {
-                out[k] = Some(d);
+                cols[k].data = d;
             }
         }
-        Ok(out
-            .into_iter()
-            .map(|d| d.expect("every column is in a group"))
-            .collect())
+        Ok(())
     }
 
     /// Hybrid records gathered once through the permutation, a group of threads per record.
@@ -1165,5 +1181,15 @@ mod tests {
         }
         assert!(pack_groups(&[]).is_empty());
         assert_eq!(pack_groups(&[2]), vec![(vec![(0, 0)], 16)]);
+    }
+
+    #[test]
+    fn gather_memory_counts_the_packed_rows() {
+        // 20 u32 columns: 80-byte rows plus 80 bytes of gathered columns, or one column.
+        assert_eq!(gather_bytes_per_row(&[4; 20], true), 160);
+        assert_eq!(gather_bytes_per_row(&[4; 20], false), 4);
+        // Two columns gather one by one, packed or not.
+        assert_eq!(gather_bytes_per_row(&[8, 4], true), 8);
+        assert_eq!(gather_bytes_per_row(&[], true), 0);
     }
 }

@@ -658,16 +658,22 @@ impl GpuSortSession {
             })
             .collect();
         let nullable: Vec<usize> = (0..columns.len()).filter(|&k| columns[k].nullable).collect();
-        let needed = device_bytes_needed(
-            n,
-            varying.iter().filter(|v| **v != 0).count(),
-            &columns.iter().map(|c| c.width).collect::<Vec<_>>(),
-            nullable.len(),
-            direct,
-        );
+        let needed = |pack| {
+            device_bytes_needed(
+                n,
+                varying.iter().filter(|v| **v != 0).count(),
+                &columns.iter().map(|c| c.width).collect::<Vec<_>>(),
+                nullable.len(),
+                direct,
+                pack,
+            )
+        };
         let gpu = &self.gpu;
         let free = gpu.free_memory()? + uploaded.device_bytes;
         let available = self.memory_limit.map_or(free, |l| l.min(free));
+        // Packed gathers where the memory allows.
+        let pack_gathers = needed(true) <= available;
+        let needed = needed(false);
         if needed > available {
             return Err(CudaSortError::OutOfMemory { needed, available });
         }
@@ -721,6 +727,7 @@ impl GpuSortSession {
             passes,
             keep_keys: inexact,
             want_perm: true,
+            pack_gathers,
         };
         let result = gpu.sort(&mut table, &plan)?;
         let mut device_ms = result.kernel_ms;
@@ -766,18 +773,16 @@ impl GpuSortSession {
         let mut sorted_values: Vec<HostBuffer> = vec![];
         let mut sorted_bits: Vec<Option<HostBuffer>> = vec![];
         // Indirect: the columns gathered together first (packed into rows where that reads
-        // fewer sectors, see `Gpu::gather_columns`).
-        let mut gathered = if direct {
-            vec![]
-        } else {
-            let cols: Vec<(&CudaSlice<u8>, usize)> =
-                columns.iter().zip(&values).map(|(c, v)| (&v.data, c.width)).collect();
-            gpu.gather_columns(&cols, n, &perm_dev, limit)?
+        // fewer sectors and fits, see `Gpu::gather_columns`).
+        if !direct {
+            gpu.gather_columns(&mut values, n, &perm_dev, limit, pack_gathers)?;
         }
-        .into_iter();
         for (k, c) in columns.iter().enumerate() {
-            let gathered = gathered.next();
-            let dev = gathered.as_ref().unwrap_or_else(|| &table.columns[k].data);
+            let dev = if direct {
+                &table.columns[k].data
+            } else {
+                &values[k].data
+            };
             let mut host = pool.alloc(limit * c.width);
             // SAFETY: read only after the stream synchronizes below.
             unsafe { copies.download(dev, &mut host) }?;
