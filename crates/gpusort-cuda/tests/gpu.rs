@@ -358,6 +358,9 @@ fn sanitize_every_kernel() {
             }
         }
     }
+    // An even row count: the indirect gathers go through packed rows (pack_rows, gather_unpack).
+    let c = case(&mut rng, n + 1, 2, "random", false);
+    check_engine(gpu, &c, Strategy::GRS_INDIRECT, 8, "sanitize packed gathers");
     // MSD with three partition depths and multi-segment batches.
     let _restore = MsdKnobs(gpu);
     gpu.set_msd_local_rows(50).unwrap();
