@@ -51,7 +51,7 @@ use arrow::datatypes::{DataType, SchemaRef};
 use arrow::util::bit_mask::set_bits;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr, result};
 use gpusort::backend::{check_rows, planned_strategy};
-use gpusort::cpu::gather::{fixed_array, fixed_values, fixed_width, gather_column};
+use gpusort::cpu::gather::{concat_column, fixed_array, fixed_values, fixed_width, gather_column};
 use gpusort::plan::{RecordMove, Strategy, radix_passes};
 use gpusort::{EncoderOptions, KeyEncoder, SortKey, SortOutput, SortSpec, SortStats};
 use rayon::prelude::*;
@@ -858,10 +858,9 @@ impl GpuSortSession {
                     return Ok(Arc::clone(self.batches[0].column(c)));
                 }
                 let parts: Vec<&dyn Array> = self.batches.iter().map(|b| b.column(c).as_ref()).collect();
-                arrow::compute::concat(&parts)
+                concat_column(&parts)
             })
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(gpusort::GpusortError::from)?)
+            .collect::<gpusort::Result<Vec<_>>>()?)
     }
 
     /// Each device column in one buffer on the sort stream, from its segments (device-to-device

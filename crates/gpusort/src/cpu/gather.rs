@@ -235,22 +235,52 @@ fn gather_bytes_array<T: ByteArrayType>(array: &GenericByteArray<T>, perm: &[u32
     })
 }
 
-/// `batches` (all of `schema`) as one batch, one column per task: a large sort's input is
-/// concatenated at memory speed rather than one column after another.
+/// `batches` (all of `schema`) as one batch, one column per task (and a fixed-width column
+/// in parallel pieces, [`concat_column`]): a large sort's input is concatenated at memory
+/// speed rather than one column after another.
 pub fn concat_batches(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<RecordBatch> {
     let rows = batches.iter().map(|b| b.num_rows()).sum();
     let columns = (0..schema.fields().len())
         .into_par_iter()
         .map(|c| {
             let parts: Vec<&dyn Array> = batches.iter().map(|b| b.column(c).as_ref()).collect();
-            arrow::compute::concat(&parts)
+            concat_column(&parts)
         })
-        .collect::<Result<Vec<ArrayRef>, _>>()?;
+        .collect::<Result<Vec<ArrayRef>>>()?;
     Ok(RecordBatch::try_new_with_options(
         Arc::clone(schema),
         columns,
         &RecordBatchOptions::new().with_row_count(Some(rows)),
     )?)
+}
+
+/// `parts` (arrays of one type) as one array. A fixed-width column without nulls (not a
+/// dictionary: each part may have its own) is copied part by part on all cores into one
+/// buffer; anything else goes through arrow's `concat`. One 10M-row key column from 1,221
+/// batches took 29 ms through `concat` alone on the H100 machine.
+pub fn concat_column(parts: &[&dyn Array]) -> Result<ArrayRef> {
+    let Some(first) = parts.first() else {
+        return Ok(arrow::compute::concat(parts)?);
+    };
+    let width = fixed_width(first.data_type()).filter(|_| !matches!(first.data_type(), DataType::Dictionary(..)));
+    let Some(width) = width.filter(|_| parts.len() > 1 && parts.iter().all(|p| p.null_count() == 0)) else {
+        return Ok(arrow::compute::concat(parts)?);
+    };
+    let rows: usize = parts.iter().map(|p| p.len()).sum();
+    let mut starts = Vec::with_capacity(parts.len());
+    let mut at = 0;
+    for p in parts {
+        starts.push(at);
+        at += p.len() * width;
+    }
+    let mut out = uninit(rows * width);
+    let base = out.as_mut_ptr() as usize;
+    parts.par_iter().zip(&starts).for_each(|(p, &start)| {
+        let values = fixed_values(*p, width);
+        // SAFETY: each part writes its own range [start, start + its bytes) of `out`.
+        unsafe { std::ptr::copy_nonoverlapping(values.as_ptr(), (base as *mut u8).add(start), values.len()) };
+    });
+    Ok(fixed_array(*first, out.into(), None, rows))
 }
 
 /// Arrow's `take` over slices of `perm` in parallel, concatenated.
@@ -277,6 +307,31 @@ mod tests {
         let got = gather_column(&array, &perm).unwrap();
         let want = arrow::compute::take(array.as_ref(), &UInt32Array::from(perm), None).unwrap();
         assert_eq!(got.to_data(), want.to_data(), "{}", array.data_type());
+    }
+
+    #[test]
+    fn concat_column_matches_arrow_concat() {
+        let ints: Vec<ArrayRef> = (0..5)
+            .map(|k| Arc::new(Int64Array::from_iter_values((0..1000 + k).map(|i| i * 3 - k))) as ArrayRef)
+            .collect();
+        let sliced: Vec<ArrayRef> = ints.iter().map(|a| a.slice(7, 300)).collect();
+        let nullable: Vec<ArrayRef> = (0..3)
+            .map(|k| Arc::new(Int32Array::from_iter((0..100).map(|i| (i % (k + 2) != 0).then_some(i)))) as ArrayRef)
+            .collect();
+        let strings: Vec<ArrayRef> = (0..3)
+            .map(|k| Arc::new(StringArray::from_iter_values((0..50).map(|i| format!("{k}-{i}")))) as ArrayRef)
+            .collect();
+        let fixed: Vec<ArrayRef> = (0..3)
+            .map(|k| {
+                Arc::new(FixedSizeBinaryArray::try_from_iter((0..40).map(|i| [k as u8, i as u8, 7])).unwrap())
+                    as ArrayRef
+            })
+            .collect();
+        for set in [&ints, &sliced, &nullable, &strings, &fixed, &ints[..1].to_vec()] {
+            let parts: Vec<&dyn Array> = set.iter().map(|a| a.as_ref()).collect();
+            let want = arrow::compute::concat(&parts).unwrap();
+            assert_eq!(concat_column(&parts).unwrap().to_data(), want.to_data());
+        }
     }
 
     #[test]
