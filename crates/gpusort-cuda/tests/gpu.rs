@@ -83,7 +83,7 @@ fn check_engine(gpu: &Gpu, case: &Case, strategy: Strategy, bits: u32, what: &st
         keep_keys: true,
         want_perm: true,
         // Both ways of gathering (indirect): packed groups and column by column.
-        pack_gathers: n % 2 == 0,
+        pack_gathers: n.is_multiple_of(2),
     };
     let result = gpu.sort(&mut table, &plan).unwrap_or_else(|e| panic!("{what}: {e}"));
     let want = reference_order(&case.keys, n);

@@ -255,13 +255,26 @@ pub fn concat_batches(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Rec
 }
 
 /// `parts` (arrays of one type) as one array. A fixed-width column without nulls (not a
-/// dictionary: each part may have its own) is copied part by part on all cores into one
-/// buffer; anything else goes through arrow's `concat`. One 10M-row key column from 1,221
-/// batches took 29 ms through `concat` alone on the H100 machine.
+/// dictionary: each part may have its own) and a string or binary column are copied part by
+/// part on all cores; anything else goes through arrow's `concat`. On the H100 machine one
+/// 10M-row u32 column from 1,221 batches took 29 ms through `concat`, a 10M-row string column
+/// ~100 ms.
 pub fn concat_column(parts: &[&dyn Array]) -> Result<ArrayRef> {
     let Some(first) = parts.first() else {
         return Ok(arrow::compute::concat(parts)?);
     };
+    if parts.len() > 1 {
+        let bytes = match first.data_type() {
+            DataType::Utf8 => concat_bytes::<arrow::datatypes::Utf8Type>(parts),
+            DataType::LargeUtf8 => concat_bytes::<arrow::datatypes::LargeUtf8Type>(parts),
+            DataType::Binary => concat_bytes::<arrow::datatypes::BinaryType>(parts),
+            DataType::LargeBinary => concat_bytes::<arrow::datatypes::LargeBinaryType>(parts),
+            _ => None,
+        };
+        if let Some(array) = bytes {
+            return Ok(array);
+        }
+    }
     let width = fixed_width(first.data_type()).filter(|_| !matches!(first.data_type(), DataType::Dictionary(..)));
     let Some(width) = width.filter(|_| parts.len() > 1 && parts.iter().all(|p| p.null_count() == 0)) else {
         return Ok(arrow::compute::concat(parts)?);
@@ -281,6 +294,64 @@ pub fn concat_column(parts: &[&dyn Array]) -> Result<ArrayRef> {
         unsafe { std::ptr::copy_nonoverlapping(values.as_ptr(), (base as *mut u8).add(start), values.len()) };
     });
     Ok(fixed_array(*first, out.into(), None, rows))
+}
+
+/// String or binary `parts` as one array, each part's bytes and rebased offsets written on
+/// its own task; `None` when the bytes overflow the offset type (arrow's `concat` reports it).
+fn concat_bytes<T: ByteArrayType>(parts: &[&dyn Array]) -> Option<ArrayRef> {
+    let arrays: Vec<&GenericByteArray<T>> = parts.iter().map(|p| p.as_bytes::<T>()).collect();
+    let rows: usize = arrays.iter().map(|a| a.len()).sum();
+    let mut starts = Vec::with_capacity(arrays.len());
+    let (mut row, mut byte) = (0usize, 0usize);
+    for a in &arrays {
+        let o = a.value_offsets();
+        starts.push((row, byte));
+        row += a.len();
+        byte += o[a.len()].as_usize() - o[0].as_usize();
+    }
+    let total = T::Offset::from_usize(byte)?;
+    let mut offsets: Vec<T::Offset> = Vec::with_capacity(rows + 1);
+    // SAFETY: every slot is written below (each part its rows, then the end).
+    #[allow(clippy::uninit_vec)]
+    unsafe {
+        offsets.set_len(rows + 1)
+    };
+    offsets[rows] = total;
+    let mut bytes = uninit(byte);
+    let (obase, bbase) = (offsets.as_mut_ptr() as usize, bytes.as_mut_ptr() as usize);
+    arrays.par_iter().zip(&starts).for_each(|(a, &(row, byte))| {
+        let o = a.value_offsets();
+        let first = o[0].as_usize();
+        let len = o[a.len()].as_usize() - first;
+        // SAFETY: each part writes its own rows [row, row + len) of the offsets and its own
+        // bytes [byte, byte + len) of the values; offsets stay below `total`, which fits.
+        unsafe {
+            std::ptr::copy_nonoverlapping(a.value_data().as_ptr().add(first), (bbase as *mut u8).add(byte), len);
+            let out = (obase as *mut T::Offset).add(row);
+            for (i, &x) in o[..a.len()].iter().enumerate() {
+                *out.add(i) = T::Offset::from_usize(byte + x.as_usize() - first).unwrap_unchecked();
+            }
+        }
+    });
+    let nulls = arrays.iter().any(|a| a.null_count() > 0).then(|| {
+        let mut b = arrow::array::BooleanBufferBuilder::new(rows);
+        for a in &arrays {
+            match a.nulls() {
+                Some(n) => b.append_buffer(n.inner()),
+                None => b.append_n(a.len(), true),
+            }
+        }
+        NullBuffer::new(b.finish())
+    });
+    // SAFETY: the offsets start at 0, rise with each part's own, and end at the byte count; the
+    // bytes are whole values of valid arrays of the type (UTF-8 stays UTF-8).
+    Some(Arc::new(unsafe {
+        GenericByteArray::<T>::new_unchecked(
+            OffsetBuffer::new_unchecked(ScalarBuffer::from(offsets)),
+            bytes.into(),
+            nulls,
+        )
+    }))
 }
 
 /// Arrow's `take` over slices of `perm` in parallel, concatenated.
@@ -321,13 +392,37 @@ mod tests {
         let strings: Vec<ArrayRef> = (0..3)
             .map(|k| Arc::new(StringArray::from_iter_values((0..50).map(|i| format!("{k}-{i}")))) as ArrayRef)
             .collect();
+        let null_strings: Vec<ArrayRef> = (0..4)
+            .map(|k| {
+                let a: ArrayRef = Arc::new(StringArray::from_iter(
+                    (0..60).map(|i| (k != 1 && i % (k + 2) == 0).then(|| "x".repeat(i % 7))),
+                ));
+                a.slice(k, 60 - 2 * k)
+            })
+            .collect();
+        let binary: Vec<ArrayRef> = (0..3)
+            .map(|k| {
+                Arc::new(LargeBinaryArray::from_iter_values(
+                    (0..30).map(|i| vec![k as u8; i % 5]),
+                )) as ArrayRef
+            })
+            .collect();
         let fixed: Vec<ArrayRef> = (0..3)
             .map(|k| {
                 Arc::new(FixedSizeBinaryArray::try_from_iter((0..40).map(|i| [k as u8, i as u8, 7])).unwrap())
                     as ArrayRef
             })
             .collect();
-        for set in [&ints, &sliced, &nullable, &strings, &fixed, &ints[..1].to_vec()] {
+        for set in [
+            &ints,
+            &sliced,
+            &nullable,
+            &strings,
+            &null_strings,
+            &binary,
+            &fixed,
+            &ints[..1].to_vec(),
+        ] {
             let parts: Vec<&dyn Array> = set.iter().map(|a| a.as_ref()).collect();
             let want = arrow::compute::concat(&parts).unwrap();
             assert_eq!(concat_column(&parts).unwrap().to_data(), want.to_data());
