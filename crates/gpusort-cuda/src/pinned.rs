@@ -37,12 +37,6 @@ pub const MIN_BLOCK: usize = 64 << 10;
 /// Default limit when the host's memory is unknown.
 const FALLBACK_LIMIT: usize = 4 << 30;
 
-/// The largest block pinned anew. Pinning runs at ~2.4 GB/s on the H100 machine: the first
-/// in-memory sort of 400M rows spent 7.3 s of its 12.6 s pinning 17.6 GB of output columns
-/// (3.2 GB each) between downloads, ~4x longer than pageable copies take. Larger requests
-/// get heap memory unless a free block of their size class is pooled already.
-pub const MAX_FRESH_BLOCK: usize = 512 << 20;
-
 /// Where pinned blocks come from.
 pub trait HostAllocator: Send + Sync {
     /// `bytes` of page-locked host memory, aligned to at least 64 bytes.
@@ -337,7 +331,7 @@ impl PinnedPool {
                 drop(state);
                 return self.pinned(block, size, len);
             }
-            if allocator.is_none() || size > state.limit || size > MAX_FRESH_BLOCK {
+            if allocator.is_none() || size > state.limit {
                 state.unpinned += 1;
                 return HostBuffer::heap(len);
             }
@@ -585,16 +579,6 @@ mod tests {
         pool.trim();
         assert_eq!(a.live.load(Ordering::SeqCst), 0);
         assert_eq!(pool.stats().pinned_bytes, 0);
-    }
-
-    #[test]
-    fn large_blocks_are_not_pinned_anew() {
-        let (pool, a) = pool(8 << 30);
-        let big = pool.alloc(MAX_FRESH_BLOCK + 1);
-        assert!(!big.is_pinned());
-        assert_eq!(a.live_bytes.load(Ordering::SeqCst), 0);
-        assert_eq!(pool.stats().unpinned, 1);
-        assert!(pool.alloc(MAX_FRESH_BLOCK).is_pinned());
     }
 
     #[test]
