@@ -42,15 +42,9 @@ async fn gpu_order_by_matches_stock_datafusion_for_every_strategy() {
     if !gpu_present() {
         return;
     }
-    for strategy in [
-        "auto",
-        "grs-direct",
-        "grs-indirect",
-        "srts-direct",
-        "srts-indirect",
-        "msd-direct",
-        "msd-indirect",
-    ] {
+    let strategies = std::iter::once("auto".to_string()).chain(gpusort::Strategy::ALL.iter().map(|s| s.to_string()));
+    for strategy in strategies {
+        let strategy = strategy.as_str();
         let sizes: &[(usize, usize)] = if strategy == "auto" {
             &[(1, 1), (1000, 1), (50_000, 3), (300_000, 4)]
         } else {
