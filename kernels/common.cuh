@@ -374,3 +374,17 @@ __device__ __forceinline__ void single_block_exclusive_scan(u32* data, u32 n, u3
         run += v;
     }
 }
+
+// One tile of a scatter pass (SRTS phase 3, the MSD partition scatter): its digits loaded and
+// ranked, its rows moved to their bins' next places (s.base), and s.base advanced past them.
+template <int BINS, typename C>
+__device__ __forceinline__ void rank_and_scatter_tile(size_t base, u32 valid, const u32* digit_word, u32 shift,
+                                                      u32 mask, RankSmem<BINS, C>& s, const Lane* lanes,
+                                                      u32 num_lanes, Records recs, u8* stage) {
+    u32 d[IPT], pos[IPT];
+    load_digits<BINS>(digit_word, base, valid, shift, mask, d);
+    tile_rank<BINS>(d, pos, s);
+    scatter_tile<BINS>(base, valid, digit_word, shift, mask, pos, s, lanes, num_lanes, recs, stage);
+    for (u32 b = threadIdx.x; b < BINS; b += BLOCK) s.base[b] += s.r.bin_count[b];
+    __syncthreads();
+}

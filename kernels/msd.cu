@@ -86,12 +86,7 @@ __device__ __forceinline__ void msd_scatter_impl(const MsdChunk* chunks, const u
     for (u32 t = 0; t < c.len; t += TILE) {
         const size_t base = (size_t)c.start + t;
         const u32 valid = min((u32)TILE, c.len - t);
-        u32 d[IPT], pos[IPT];
-        load_digits<BINS>(digit_word, base, valid, shift, mask, d);
-        tile_rank<BINS>(d, pos, s);
-        scatter_tile<BINS>(base, valid, digit_word, shift, mask, pos, s, lanes, num_lanes, none, stage);
-        for (u32 b = threadIdx.x; b < BINS; b += BLOCK) s.base[b] += s.r.bin_count[b];
-        __syncthreads();
+        rank_and_scatter_tile<BINS>(base, valid, digit_word, shift, mask, s, lanes, num_lanes, none, stage);
     }
 }
 

@@ -59,12 +59,7 @@ __device__ __forceinline__ void srts_downsweep_impl(u32 n, const u32* digit_word
     for (u32 tile = first; tile < last; tile++) {
         const size_t base = (size_t)tile * TILE;
         const u32 valid = (u32)min((size_t)TILE, (size_t)n - base);
-        u32 d[IPT], pos[IPT];
-        load_digits<BINS>(digit_word, base, valid, shift, mask, d);
-        tile_rank<BINS>(d, pos, s);
-        scatter_tile<BINS>(base, valid, digit_word, shift, mask, pos, s, lanes, num_lanes, recs, stage);
-        for (u32 b = threadIdx.x; b < BINS; b += BLOCK) s.base[b] += s.r.bin_count[b];
-        __syncthreads();
+        rank_and_scatter_tile<BINS>(base, valid, digit_word, shift, mask, s, lanes, num_lanes, recs, stage);
     }
 }
 
