@@ -10,7 +10,9 @@
 //     rows, each row fetched once, the columns written back out;
 //   * gather_bits: a validity bitmap through the permutation, 32 rows per warp ballot;
 //   * pack_validity / unpack_validity: up to 32 bitmaps as one u32 lane that moves with the
-//     records in every pass (direct strategy), and back.
+//     records in every pass (direct strategy), and back;
+//   * copy_ranges: many device-to-device copies in one launch (the columns assembled from the
+//     segments the input was uploaded in).
 
 // Rows each thread gathers at once: their index loads, then their (random) row loads, are all
 // in flight together before the first store.
@@ -227,5 +229,27 @@ extern "C" __global__ void unpack_validity(u32 n, const u32* words, u32 bit, u32
 extern "C" __global__ void iota(u32 n, u32* out) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         out[i] = (u32)i;
+    }
+}
+
+// copy_ranges: ranges[3 r], ranges[3 r + 1], ranges[3 r + 2] are the source, destination and
+// byte count of copy r; blockIdx.y picks copies, the x blocks share each one. 16-byte moves
+// where both ends are 16-byte aligned, bytes for the rest.
+extern "C" __global__ void copy_ranges(const u64* __restrict__ ranges, u32 count) {
+    const size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (u32 r = blockIdx.y; r < count; r += gridDim.y) {
+        const u8* src = (const u8*)ranges[3 * r];
+        u8* dst = (u8*)ranges[3 * r + 1];
+        const size_t bytes = ranges[3 * r + 2];
+        const size_t vectors = (((size_t)src | (size_t)dst) & 15) == 0 ? bytes / 16 : 0;
+        const uint4* s4 = (const uint4*)src;
+        uint4* d4 = (uint4*)dst;
+        for (size_t i = tid; i < vectors; i += stride) {
+            d4[i] = s4[i];
+        }
+        for (size_t i = vectors * 16 + tid; i < bytes; i += stride) {
+            dst[i] = src[i];
+        }
     }
 }

@@ -38,7 +38,7 @@ use rand::rngs::SmallRng;
 use rayon::prelude::*;
 
 mod common;
-use common::{SEED, env_usize};
+use common::{SEED, env_usize, timeline};
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
@@ -141,6 +141,7 @@ async fn run(
     sums: [u64; COLUMNS],
     pool: usize,
     gpu_limit: &str,
+    timelines: bool,
 ) -> Result<Outcome> {
     let partitions = parts.len();
     let spill_dir = std::env::var("EXT_SPILL_DIR").unwrap_or_else(|_| std::env::temp_dir().display().to_string());
@@ -170,6 +171,7 @@ async fn run(
         }
     }
     ctx.register_table("t", Arc::new(MemTable::try_new(schema(), parts.to_vec())?))?;
+    let t0 = timeline::start();
     let start = Instant::now();
     let plan = ctx
         .sql("SELECT * FROM t ORDER BY k")
@@ -180,6 +182,9 @@ async fn run(
     let (mut rows, mut last, mut sorted, mut got) = (0usize, 0u64, true, [0u64; COLUMNS]);
     while let Some(batch) = stream.next().await {
         let batch = batch?;
+        if rows == 0 {
+            timeline::mark("first output batch");
+        }
         let k = batch.column(0).as_primitive::<UInt64Type>().values();
         if let Some(first) = k.first() {
             sorted &= *first >= last && k.windows(2).all(|w| w[0] <= w[1]);
@@ -189,7 +194,14 @@ async fn run(
         got = add_sums(got, sums_of(&batch));
     }
     let time = start.elapsed();
+    timeline::mark("last output batch");
     drop(stream);
+    if c.gpusort && timelines {
+        // The upload thread's per-segment lines are left out.
+        let text = timeline::take(t0);
+        let lines: Vec<&str> = text.lines().filter(|l| !l.contains("segment")).collect();
+        println!("timeline, {}:\n{}", c.label, lines.join("\n"));
+    }
     let reserved = ctx.runtime_env().memory_pool.reserved();
     if reserved != 0 {
         return Err(format!("{}: {reserved} bytes still reserved", c.label).into());
@@ -243,6 +255,7 @@ async fn main() -> Result<()> {
     let pool: ByteSize = std::env::var("EXT_POOL").unwrap_or_else(|_| "4G".into()).parse()?;
     let gpu_limit = std::env::var("EXT_GPU_LIMIT").unwrap_or_else(|_| "2G".into());
     let wanted = std::env::var("EXT_CONTENDERS").ok();
+    let timelines = timeline::from_env()?;
     let start = Instant::now();
     let (parts, sums) = table(rows, partitions);
     let bytes = rows * COLUMNS * 8;
@@ -267,7 +280,7 @@ async fn main() -> Result<()> {
             continue;
         }
         eprintln!("running {} ...", c.label);
-        let out = run(c, &parts, sums, pool.0, &gpu_limit).await;
+        let out = run(c, &parts, sums, pool.0, &gpu_limit, timelines).await;
         match &out {
             Ok(o) => eprintln!("  {} in {:.0} ms", c.label, ms(o.time)),
             Err(e) => eprintln!("  {} failed: {e}", c.label),

@@ -37,9 +37,24 @@ use datafusion_gpusort::{GpuSortExec, SessionStateBuilderExt, gpu_backend};
 use gpusort::SortSpec;
 
 mod common;
-use common::{Scenario, env_f64, env_usize, partitioned, scenarios, time};
+use common::{Scenario, env_f64, env_usize, partitioned, scenarios, time, timeline};
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
+
+/// One run of `sql` on `ctx` with its timeline.
+fn timeline(runtime: &tokio::runtime::Runtime, ctx: &SessionContext, sql: &str) -> Result<String> {
+    let t0 = timeline::start();
+    runtime.block_on(async {
+        let df = ctx.sql(sql).await?;
+        timeline::mark("logical plan");
+        let out = df.collect().await?;
+        timeline::mark("collected");
+        drop(out);
+        timeline::mark("output dropped");
+        Ok::<_, datafusion::error::DataFusionError>(())
+    })?;
+    Ok(timeline::take(t0))
+}
 
 /// One way of running the query.
 struct Contender {
@@ -302,6 +317,7 @@ fn main() -> Result<()> {
         "PCIe round trip estimated at {h2d} GB/s host->device, {d2h} GB/s device->host (PCIE_H2D_GBPS, PCIE_D2H_GBPS)"
     );
 
+    let timelines = timeline::from_env()?;
     let mut table: Vec<Row> = vec![];
     for Scenario { name, batch, spec, sql } in scenarios(rows) {
         let data = partitioned(&batch, partitions, batch_size);
@@ -325,6 +341,13 @@ fn main() -> Result<()> {
             })?;
             let fp = fingerprint(&batches, &spec)?;
             drop(batches);
+            if timelines && c.gpusort {
+                println!(
+                    "timeline of one run, {name}, {}:\n{}",
+                    c.label,
+                    timeline(&runtime, &ctx, sql)?
+                );
+            }
             let (stock_median, matches_stock) = match &stock {
                 None => {
                     stock = Some((median, fp.clone()));

@@ -262,11 +262,20 @@ impl ExecutionPlan for GpuSortExec {
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             self.schema(),
             futures::stream::once(async move {
+                log::debug!(target: "gpusort::timeline", "GpuSortExec[{partition}]: polling the input");
+                let mut batches = 0usize;
                 while let Some(batch) = input.next().await {
+                    if batches == 0 {
+                        log::debug!(target: "gpusort::timeline", "GpuSortExec[{partition}]: first input batch");
+                    }
+                    batches += 1;
                     sorter.insert(batch?).await?;
                 }
                 drop(input);
-                sorter.finish().await
+                log::debug!(target: "gpusort::timeline", "GpuSortExec[{partition}]: input done ({batches} batches)");
+                let out = sorter.finish().await;
+                log::debug!(target: "gpusort::timeline", "GpuSortExec[{partition}]: sorted, streaming out");
+                out
             })
             .try_flatten(),
         )))

@@ -49,6 +49,7 @@ use arrow::array::{Array, ArrayRef, RecordBatch, RecordBatchOptions, UInt32Array
 use arrow::compute::interleave_record_batch;
 use arrow::datatypes::{Field, Schema, SchemaRef};
 use datafusion::common::human_readable_size;
+use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::utils::memory::get_record_batch_memory_size;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryReservation;
@@ -58,7 +59,7 @@ use datafusion::physical_plan::SendableRecordBatchStream;
 use datafusion::physical_plan::metrics::RecordOutput;
 use datafusion::physical_plan::spill::SpillManager;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use futures::{StreamExt, TryStreamExt};
+use futures::{SinkExt, StreamExt, TryStreamExt};
 use gpusort::cpu::gather::concat_batches;
 use gpusort::{SortKey, SortOutput, SortRequest, SortSpec};
 use gpusort_cuda::{CudaBackend, CudaSortError, GpuSortSession};
@@ -187,7 +188,7 @@ impl GpuSorter {
         let keys = self.work_bytes_of(&batch);
         let size = input + keys;
         while let Err(refused) = self.reservation.try_grow(size) {
-            if self.finish_spills().await? || self.spill_memory_runs().await? {
+            if self.finish_oldest_spill().await? || self.spill_memory_runs().await? {
                 continue;
             }
             match self.fetch {
@@ -291,9 +292,13 @@ impl GpuSorter {
         let reservation = self.reservation;
         let baseline = self.metrics.baseline.clone();
         // The reservation lives as long as the stream; it is freed when the stream is dropped.
-        let stream = futures::stream::iter(slices).map(move |batch| {
+        let last = slices.len().saturating_sub(1);
+        let stream = futures::stream::iter(slices).enumerate().map(move |(i, batch)| {
             let _held = &reservation;
             (&batch).record_output(&baseline);
+            if i == last {
+                log::debug!(target: "gpusort::timeline", "GpuSortExec: last output batch");
+            }
             Ok(batch)
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
@@ -382,21 +387,24 @@ impl GpuSorter {
     /// cannot hold it), else kept in memory.
     async fn make_run(&mut self, spill: bool) -> Result<()> {
         let held = self.held();
+        log::debug!(target: "gpusort::timeline", "run {}: sorting {} rows", self.runs.len(), self.rows);
         let batches = self.take_batches();
         self.metrics.runs.add(1);
         let sorted = self.sort_batches(batches, self.fetch).await?;
+        log::debug!(target: "gpusort::timeline", "run {}: sorted", self.runs.len());
         let size = get_record_batch_memory_size(&sorted);
         let slices = self.slices(&sorted)?;
         drop(sorted);
         let run = if !spill && size <= held {
             self.reservation.shrink(held - size);
             self.runs.push(SortedRun::in_memory(slices, size));
-            // When the next run could not be buffered beside this one, write this one to disk
-            // now, while the next one is read and sorted.
+            // When the next run could not be buffered beside this one, write this one — and
+            // every run still in memory — to disk now, in parallel, while the next one is read
+            // and sorted: one writer at a time would bound run generation by its speed.
             if let Some(limit) = self.memory_limit
                 && self.reservation.size() + held > limit
             {
-                self.start_spill(self.runs.len() - 1);
+                self.start_memory_spills();
             }
             return Ok(());
         } else {
@@ -421,7 +429,7 @@ impl GpuSorter {
     }
 
     /// Starts writing in-memory run `i` to disk on a blocking thread; its bytes stay reserved
-    /// until [`Self::finish_spills`] sees the write end.
+    /// until [`Self::finish_oldest_spill`] sees the write end.
     fn start_spill(&mut self, i: usize) {
         let SortedRun::Memory { batches, bytes } = std::mem::replace(
             &mut self.runs[i],
@@ -434,43 +442,67 @@ impl GpuSorter {
         };
         let spill = self.spill.clone();
         let time = self.metrics.spill_time.clone();
+        log::debug!(target: "gpusort::timeline", "run {i}: spill started");
         let task = tokio::task::spawn_blocking(move || {
             let _timer = time.timer();
-            spill_batches(&spill, batches.iter().map(Ok), "GpuSortExec sorted run")
+            let out = spill_batches(&spill, batches.iter().map(Ok), "GpuSortExec sorted run");
+            log::debug!(target: "gpusort::timeline", "run {i}: spill written");
+            out
         });
         self.spilling.push((i, task, bytes));
     }
 
-    /// Waits for the runs being written to disk and releases their memory; whether there
-    /// were any.
-    async fn finish_spills(&mut self) -> Result<bool> {
+    /// Waits for the oldest run being written to disk and releases its memory; whether there
+    /// was one. The others keep writing: several spills are in flight while the pool has
+    /// room for them, which is what makes a run-generation phase bound by disk writes go
+    /// faster than one writer.
+    async fn finish_oldest_spill(&mut self) -> Result<bool> {
         if self.spilling.is_empty() {
             return Ok(false);
         }
-        for (i, task, bytes) in std::mem::take(&mut self.spilling) {
-            let run = task
-                .await
-                .map_err(|e| GpuSortExecError::Task(e.to_string()))?
-                .map_err(|e| e.context("GpuSortExec could not spill a sorted run"))?;
-            if let Some(run) = run {
-                self.runs[i] = run;
-            }
-            self.reservation.shrink(bytes);
+        log::debug!(target: "gpusort::timeline", "waiting for the oldest of {} spills", self.spilling.len());
+        let (i, task, bytes) = self.spilling.remove(0);
+        let run = task
+            .await
+            .map_err(|e| GpuSortExecError::Task(e.to_string()))?
+            .map_err(|e| e.context("GpuSortExec could not spill a sorted run"))?;
+        if let Some(run) = run {
+            self.runs[i] = run;
         }
-        // Placeholders of runs that had no rows.
-        self.runs.retain(|r| r.rows() > 0);
+        self.reservation.shrink(bytes);
+        if self.spilling.is_empty() {
+            // Placeholders of runs that had no rows (indices of runs being written stay put
+            // until then).
+            self.runs.retain(|r| r.rows() > 0);
+        }
         Ok(true)
     }
 
-    /// Spills every in-memory run, writing them in parallel; whether there was one.
+    /// Waits for every run being written to disk; whether there were any.
+    async fn finish_spills(&mut self) -> Result<bool> {
+        let any = !self.spilling.is_empty();
+        while self.finish_oldest_spill().await? {}
+        Ok(any)
+    }
+
+    /// Starts writing every in-memory run to disk, in parallel, and waits for the oldest
+    /// write; whether there was a run to write.
     async fn spill_memory_runs(&mut self) -> Result<bool> {
-        self.finish_spills().await?;
-        let memory: Vec<usize> = (0..self.runs.len()).filter(|&i| !self.runs[i].is_spilled()).collect();
+        let started = self.start_memory_spills();
+        self.finish_oldest_spill().await?;
+        Ok(started)
+    }
+
+    /// Starts writing every in-memory run to disk; whether there was one.
+    fn start_memory_spills(&mut self) -> bool {
+        let memory: Vec<usize> = (0..self.runs.len())
+            .filter(|&i| !self.runs[i].is_spilled() && self.runs[i].rows() > 0)
+            .filter(|&i| !self.spilling.iter().any(|(j, ..)| *j == i))
+            .collect();
         for &i in &memory {
             self.start_spill(i);
         }
-        self.finish_spills().await?;
-        Ok(!memory.is_empty())
+        !memory.is_empty()
     }
 
     /// Sorts `batches` by their key columns alone and returns the permutation (its first
@@ -513,6 +545,7 @@ impl GpuSorter {
     /// Merges the runs into the output stream (see the module docs).
     async fn merge(mut self) -> Result<SendableRecordBatchStream> {
         self.finish_spills().await?;
+        log::debug!(target: "gpusort::timeline", "merging {} runs", self.runs.len());
         let merge_time = self.metrics.merge_time.clone();
         loop {
             if self.runs.len() == 1 {
@@ -545,6 +578,7 @@ impl GpuSorter {
             }
             if k < 2 {
                 if self.spill_memory_runs().await? {
+                    self.finish_spills().await?;
                     continue;
                 }
                 let (need, e) = refused.expect("a refused reservation");
@@ -663,13 +697,26 @@ impl GpuSorter {
             readers,
             chunk_rows,
         };
-        let stream = futures::stream::unfold(Some(state), |state| async move {
-            let mut state = state?;
-            match state.next_step().await {
-                Ok(Some(batches)) => Some((Ok(batches), Some(state))),
-                Ok(None) => None,
-                Err(e) => Some((Err(e), None)),
+        // Steps run one ahead of the consumer, on their own task: step i + 1 reads and sorts
+        // while step i's batches are consumed (its output is reserved, see
+        // `range_merge_bytes`). Dropping the stream aborts the task, which frees everything.
+        let (mut tx, rx) = futures::channel::mpsc::channel::<Result<Vec<RecordBatch>>>(0);
+        let task = SpawnedTask::spawn(async move {
+            let mut state = state;
+            loop {
+                let step = match state.next_step().await {
+                    Ok(Some(batches)) => Ok(batches),
+                    Ok(None) => break,
+                    Err(e) => Err(e),
+                };
+                let failed = step.is_err();
+                if tx.send(step).await.is_err() || failed {
+                    break;
+                }
             }
+        });
+        let stream = futures::stream::unfold((rx, task), |(mut rx, task)| async move {
+            rx.next().await.map(|step| (step, (rx, task)))
         })
         .map_ok(|batches| futures::stream::iter(batches.into_iter().map(Ok)))
         .try_flatten();
@@ -716,7 +763,7 @@ impl GpuSorter {
         let timer = self.metrics.baseline.elapsed_compute().clone();
         let metrics = self.metrics.clone();
         let width = self.schema.fields().len();
-        blocking(move || {
+        let out = blocking(move || {
             let _timer = timer.timer();
             match session.finish(limit) {
                 Ok(out) => {
@@ -728,7 +775,9 @@ impl GpuSorter {
                 Err(e) => Ok(Err(format!("GPU failed: {e}"))),
             }
         })
-        .await
+        .await;
+        log::debug!(target: "gpusort::timeline", "GPU session finished");
+        out
     }
 
     /// Sorts `input` on `path` and returns the sorted rows (at most `limit`).
@@ -837,11 +886,11 @@ const RANGE_MERGE_READ_AHEAD: usize = 8;
 /// Fewest rows a range-merge step takes; with less memory the heap merge runs.
 const RANGE_MERGE_MIN_ROWS: usize = 1 << 16;
 
-/// Memory one range-merge step of `rows` rows over `runs` runs of batches of `batch_size`
-/// rows holds: the rows read, their gathered copy, the sort of their keys, and the batches
-/// each run reads ahead.
+/// Memory the range merge holds with steps of `rows` rows over `runs` runs of batches of
+/// `batch_size` rows: a step's rows read, their gathered copy and the sort of their keys; the
+/// previous step's output, waiting for the consumer; and the batches each run reads ahead.
 fn range_merge_bytes(rows: usize, bytes_per_row: usize, keys: usize, runs: usize, batch_size: usize) -> usize {
-    rows * (2 * bytes_per_row + KEY_BYTES_PER_ROW_AND_KEY * keys.max(1) + 16 + 4)
+    rows * (3 * bytes_per_row + KEY_BYTES_PER_ROW_AND_KEY * keys.max(1) + 16 + 4)
         + runs * (RANGE_MERGE_READ_AHEAD + 1) * batch_size * bytes_per_row
 }
 

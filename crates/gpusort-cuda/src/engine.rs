@@ -1032,6 +1032,40 @@ impl Gpu {
         Ok(out)
     }
 
+    /// Queues the device-to-device copies `ranges` (source, destination, bytes) on the sort
+    /// stream as one kernel launch instead of one copy call each: assembling 21 columns from
+    /// 27 segments took 6 ms as 567 copies, most of it per-copy overhead.
+    ///
+    /// # Safety
+    /// Each source holds its bytes, each destination has room for them, and no destination
+    /// overlaps another range.
+    pub unsafe fn copy_ranges(&self, ranges: &[(u64, u64, usize)]) -> Result<()> {
+        if ranges.is_empty() {
+            return Ok(());
+        }
+        let s = &self.stream;
+        let table: Vec<u64> = ranges.iter().flat_map(|&(a, b, n)| [a, b, n as u64]).collect();
+        // Freed in stream order, after the kernel.
+        let table_dev = s.clone_htod(&table)?;
+        let largest = ranges.iter().map(|r| r.2).max().unwrap_or(0);
+        let threads = 256u32;
+        let x = largest.div_ceil(threads as usize * 16 * 4).clamp(1, 64) as u32;
+        let y = ranges.len().min(65_535) as u32;
+        let (table_p, count) = (table_dev.device_ptr(s).0, ranges.len() as u32);
+        // SAFETY: the table lists `count` ranges; the rest is the caller's contract.
+        unsafe {
+            s.launch_builder(&self.kernels.copy_ranges)
+                .arg(&table_p)
+                .arg(&count)
+                .launch(LaunchConfig {
+                    grid_dim: (x, y, 1),
+                    block_dim: (threads, 1, 1),
+                    shared_mem_bytes: 0,
+                })?
+        };
+        Ok(())
+    }
+
     /// One u32 lane of validity words from up to 32 bitmaps `(bytes, bit offset of row 0)`:
     /// bit `j` of word `i` is row `i`'s validity in bitmap `j`.
     pub fn pack_bits(&self, bitmaps: &[(&CudaSlice<u8>, u32)], rows: usize) -> Result<CudaSlice<u8>> {

@@ -223,6 +223,8 @@ pub struct Kernels {
     pub pack_validity: CudaFunction,
     /// A bit of a validity-word lane to a bitmap.
     pub unpack_validity: CudaFunction,
+    /// Many device-to-device copies in one launch.
+    pub copy_ranges: CudaFunction,
     /// 0, 1, 2, ...
     pub iota: CudaFunction,
     /// MSD partition: chunk digit counts, for digits of up to 8 and up to 11 bits.
@@ -292,6 +294,7 @@ impl Kernels {
             gather_unpack: f("gather_unpack")?,
             pack_validity: f("pack_validity")?,
             unpack_validity: f("unpack_validity")?,
+            copy_ranges: f("copy_ranges")?,
             iota: f("iota")?,
             msd_count: [f("msd_count_b8")?, f("msd_count_b11")?],
             msd_scatter: [f("msd_scatter_b8")?, f("msd_scatter_b11")?],
@@ -417,6 +420,7 @@ mod tests {
             "gather_records",
             "pack_rows",
             "gather_unpack",
+            "copy_ranges",
             "msd_count_b11",
             "msd_scatter_b8",
             "msd_subsegments",

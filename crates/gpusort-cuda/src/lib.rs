@@ -23,5 +23,5 @@ pub use device::{DeviceInfo, GpuUnavailable, probe};
 pub use engine::{DeviceColumn, DeviceRecords, DeviceTable, Gpu, GpuSortPlan, GpuSortResult};
 pub use error::{CudaSortError, Result};
 pub use kernels::KernelCache;
-pub use pinned::{HostBuffer, PinnedPool, PinnedPoolStats};
+pub use pinned::{FRESH_PIN_MAX, HostBuffer, PinnedPool, PinnedPoolStats};
 pub use session::GpuSortSession;

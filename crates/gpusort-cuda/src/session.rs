@@ -304,6 +304,7 @@ fn upload_segments(
             let start = Instant::now();
             let nullable = stage(layout, &job.parts, buf.as_mut_slice());
             out.stage_time += start.elapsed();
+            log::debug!(target: "gpusort::timeline", "upload: segment {j} staged ({} rows)", job.rows);
             let begin = gpu.event()?;
             begin.record(stream)?;
             let mut segment = DeviceSegment {
@@ -576,18 +577,12 @@ impl GpuSortSession {
         let n = self.rows;
         let limit = limit.unwrap_or(n).min(n);
         self.check_failed()?;
-        let wait = Instant::now();
+        // The last segment goes to the uploader; the host's columns are concatenated and the
+        // keys encoded while the uploads finish.
         self.send_segment()?;
-        let uploaded = match self.uploader.take() {
-            Some(u) => u.join()?,
-            None => Uploaded::default(),
-        };
-        let wait = wait.elapsed();
+        log::debug!(target: "gpusort::timeline", "session finish: {n} rows, last segment sent");
         let mut stats = SortStats {
             rows: n,
-            stage_time: uploaded.stage_time,
-            upload_time: uploaded.upload_time,
-            bytes_to_device: uploaded.to_device,
             ..Default::default()
         };
         let strategy = planned_strategy(self.strategy, self.schema.fields().len(), self.spec.len());
@@ -630,14 +625,23 @@ impl GpuSortSession {
         let encoder = KeyEncoder::try_new(&key_batch, &key_spec, &self.encoder)?;
         let layout = encoder.layout();
         let pool = PinnedPool::global();
-        let mut words: Vec<HostBuffer> = (0..layout.num_words()).map(|_| pool.alloc(4 * n)).collect();
+        let mut words: Vec<HostBuffer> = (0..layout.num_words()).map(|_| pool.transfer_buffer(4 * n)).collect();
         let varying = {
             let mut views: Vec<&mut [u32]> = words.iter_mut().map(|w| w.as_words_mut()).collect();
             encoder.encode_into(&mut views)
         };
         stats.encode_time = start.elapsed();
+        log::debug!(target: "gpusort::timeline", "session: keys encoded");
 
-        let start = Instant::now() - wait;
+        let start = Instant::now();
+        let uploaded = match self.uploader.take() {
+            Some(u) => u.join()?,
+            None => Uploaded::default(),
+        };
+        log::debug!(target: "gpusort::timeline", "session: uploads done");
+        stats.stage_time = uploaded.stage_time;
+        stats.upload_time = uploaded.upload_time;
+        stats.bytes_to_device = uploaded.to_device;
         let inexact = !layout.is_exact();
         // Tie resolution needs the permutation before the columns move: indirect.
         let direct = strategy.record_move == RecordMove::Direct && !inexact;
@@ -688,7 +692,11 @@ impl GpuSortSession {
         let _device = self.device_lock.lock().unwrap_or_else(|p| p.into_inner());
         let stream = gpu.stream();
         let mut copies = Transfers::new(stream);
+        // GPU-side marks for the timeline: assembly, key upload, sort.
+        let marks = [gpu.event()?, gpu.event()?, gpu.event()?];
+        marks[0].record(stream)?;
         let (values, bitmaps) = self.assemble(uploaded.segments, &columns)?;
+        marks[1].record(stream)?;
         // Keys: only words that vary go up (no pass reads the others).
         let mut table = DeviceTable {
             num_rows: n,
@@ -698,7 +706,7 @@ impl GpuSortSession {
                 .map(|(w, v)| {
                     if *v != 0 {
                         // SAFETY: the words stay untouched until the sort has synchronized.
-                        unsafe { copies.upload_words(gpu, &w.as_words()[..n]) }
+                        unsafe { copies.upload_buffer_words(gpu, w, n) }
                     } else {
                         gpu.alloc_words(1)
                     }
@@ -722,6 +730,7 @@ impl GpuSortSession {
                 table.columns.push(DeviceColumn { data: lane, width: 4 });
             }
         }
+        marks[2].record(stream)?;
         let plan = GpuSortPlan {
             strategy: Strategy::new(strategy.algorithm, record_move),
             passes,
@@ -732,15 +741,28 @@ impl GpuSortSession {
         let result = gpu.sort(&mut table, &plan)?;
         let mut device_ms = result.kernel_ms;
         let mut perm_dev = result.perm.expect("asked for the permutation");
-        let mut perm = pool.alloc(4 * n);
-        // SAFETY: synchronized right after.
-        unsafe { copies.download_words(&perm_dev, &mut perm) }?;
-        stream.synchronize()?;
+        log::debug!(
+            target: "gpusort::timeline",
+            "session: sorted (GPU: assembly {:.2} ms, keys up {:.2} ms, sort {:.2} ms)",
+            marks[0].elapsed_ms(&marks[1])?,
+            marks[1].elapsed_ms(&marks[2])?,
+            result.kernel_ms
+        );
+        let mut perm = pool.transfer_buffer(4 * n);
+        // The host needs the permutation before the columns come down only to resolve ties
+        // or to gather columns of its own; otherwise it follows them.
+        let host_gathers = self.schema.fields().len() > columns.len();
+        let perm_first = inexact || host_gathers;
+        if perm_first {
+            // SAFETY: synchronized right after.
+            unsafe { copies.download_words(&perm_dev, &mut perm) }?;
+            stream.synchronize()?;
+        }
         if inexact && n > 1 {
             let mut sorted: Vec<Option<HostBuffer>> = vec![];
             for (w, v) in table.keys.iter().zip(&varying) {
                 sorted.push(if *v != 0 {
-                    let mut host = pool.alloc(4 * n);
+                    let mut host = pool.transfer_buffer(4 * n);
                     // SAFETY: synchronized below, before any read.
                     unsafe { copies.download_words(w, &mut host) }?;
                     Some(host)
@@ -759,7 +781,7 @@ impl GpuSortSession {
             stats.tie_groups = ties.len();
             if !ties.is_empty() {
                 // SAFETY: `perm` is only read until the downloads below have synchronized.
-                perm_dev = unsafe { copies.upload_words(gpu, &perm.as_words()[..n]) }?;
+                perm_dev = unsafe { copies.upload_buffer_words(gpu, &perm, n) }?;
             }
         }
         table.keys.clear();
@@ -783,7 +805,7 @@ impl GpuSortSession {
             } else {
                 &values[k].data
             };
-            let mut host = pool.alloc(limit * c.width);
+            let mut host = pool.transfer_buffer(limit * c.width);
             // SAFETY: read only after the stream synchronizes below.
             unsafe { copies.download(dev, &mut host) }?;
             sorted_values.push(host);
@@ -803,9 +825,14 @@ impl GpuSortSession {
                 }
             });
         }
+        if !perm_first {
+            // SAFETY: read only after the stream synchronizes below.
+            unsafe { copies.download_words(&perm_dev, &mut perm) }?;
+        }
         let downloads_end = gpu.event()?;
         downloads_end.record(stream)?;
-        let head = &perm.as_words()[..limit];
+        // Only read when the host gathers columns, and then it came down first.
+        let head: &[u32] = if perm_first { &perm.as_words()[..limit] } else { &[] };
         let host_sorted = (0..self.schema.fields().len())
             .into_par_iter()
             .map(|c| match columns.iter().any(|g| g.index == c) {
@@ -814,6 +841,7 @@ impl GpuSortSession {
             })
             .collect::<gpusort::Result<Vec<Option<ArrayRef>>>>()?;
         downloads_end.synchronize()?;
+        log::debug!(target: "gpusort::timeline", "session: downloads done");
         let download_ms = downloads_start.elapsed_ms(&downloads_end)?;
         stats.download_time = Duration::from_secs_f64(download_ms as f64 / 1e3);
         if !direct {
@@ -842,6 +870,7 @@ impl GpuSortSession {
         )
         .map_err(gpusort::GpusortError::from)?;
         stats.gather_time = start.elapsed();
+        log::debug!(target: "gpusort::timeline", "session: output batch built");
         stats.bytes_to_device += copies.to_device;
         stats.bytes_from_device = copies.from_device;
         perm.truncate(4 * limit);
@@ -885,17 +914,22 @@ impl GpuSortSession {
             } else {
                 None
             };
-            for s in &segments {
-                let src = s.values[k].as_ref().expect("each column assembled once");
-                // SAFETY: both hold the segment's rows of the column.
-                unsafe {
-                    result::memcpy_dtod_async(
-                        col_ptr + (s.first_row * c.width) as u64,
+            // The values of every segment in one launch.
+            let ranges: Vec<(u64, u64, usize)> = segments
+                .iter()
+                .map(|s| {
+                    let src = s.values[k].as_ref().expect("each column assembled once");
+                    (
                         src.device_ptr(stream).0,
+                        col_ptr + (s.first_row * c.width) as u64,
                         s.rows * c.width,
-                        stream.cu_stream(),
                     )
-                }?;
+                })
+                .collect();
+            // SAFETY: each source holds the segment's rows of the column, which land at their
+            // own rows of `col`.
+            unsafe { gpu.copy_ranges(&ranges) }?;
+            for s in &segments {
                 if let Some(bits) = &bits {
                     // Segments start on a byte of the bitmap (their rows are a multiple of 64).
                     let dst = bits.device_ptr(stream).0 + (s.first_row / 8) as u64;

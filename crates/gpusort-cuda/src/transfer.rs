@@ -1,28 +1,77 @@
 //! Copies between host and device: one asynchronous copy per buffer, counted.
 //!
-//! Host memory comes from the pinned pool ([`crate::pinned`]), so a copy runs at full PCIe
-//! speed (on the H100 machine: 48 GB/s to the device, 53 GB/s back, against about 6 GB/s for
-//! pageable memory) straight between the device and the buffer the data lives in: no staging
-//! copy on the host. When the pool hands out heap memory instead (over its limit), the same
-//! calls still work — the driver copies pageable memory synchronously, at pageable speed.
+//! Host memory mostly comes from the pinned pool ([`crate::pinned`]), so a copy runs at full
+//! PCIe speed (on the H100 machine: 48 GB/s to the device, 53 GB/s back, against about 6 GB/s
+//! for pageable memory) straight between the device and the buffer the data lives in: no
+//! staging copy on the host.
+//!
+//! A [`HostBuffer`] of heap memory (a one-off copy of gigabytes, see
+//! [`PinnedPool::transfer_buffer`], or a pool over its limit) crosses through a **ring** of
+//! [`RING_SLOTS`] pinned chunks of [`RING_CHUNK`] bytes instead: the device copies chunk `i`
+//! while all cores copy chunk `i - 1` between the ring and the heap buffer. Such a copy has
+//! finished with the heap buffer when the call returns.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUdeviceptr;
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, result};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr, result};
+use rayon::prelude::*;
 
 use crate::engine::Gpu;
 use crate::error::Result;
-use crate::pinned::HostBuffer;
+use crate::pinned::{HostBuffer, PinnedPool};
+
+/// Pinned chunks of the ring for heap memory.
+pub const RING_SLOTS: usize = 4;
+/// Bytes of a ring chunk.
+pub const RING_CHUNK: usize = 32 << 20;
+/// Bytes of one host copy task between the ring and a heap buffer.
+const HOST_COPY_TASK: usize = 1 << 20;
+
+/// A ring chunk and the event after the device copy that last used it.
+struct Slot {
+    buf: HostBuffer,
+    done: Option<CudaEvent>,
+}
 
 /// Copies on one stream, and the bytes they moved.
-#[derive(Debug)]
 pub struct Transfers {
     stream: Arc<CudaStream>,
     /// Bytes copied to the device.
     pub to_device: u64,
     /// Bytes copied from the device.
     pub from_device: u64,
+    /// The ring for heap memory, made on first use.
+    ring: Vec<Slot>,
+}
+
+impl std::fmt::Debug for Transfers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transfers")
+            .field("to_device", &self.to_device)
+            .field("from_device", &self.from_device)
+            .field("ring_slots", &self.ring.len())
+            .finish()
+    }
+}
+
+impl Drop for Transfers {
+    fn drop(&mut self) {
+        // The ring's chunks go back to the pool only once no copy uses them.
+        for slot in &mut self.ring {
+            if let Some(e) = slot.done.take() {
+                let _ = e.synchronize();
+            }
+        }
+    }
+}
+
+/// `src` into `dst` on all cores.
+fn host_copy(src: &[u8], dst: &mut [u8]) {
+    dst.par_chunks_mut(HOST_COPY_TASK)
+        .zip(src.par_chunks(HOST_COPY_TASK))
+        .for_each(|(d, s)| d.copy_from_slice(s));
 }
 
 impl Transfers {
@@ -32,7 +81,86 @@ impl Transfers {
             stream: Arc::clone(stream),
             to_device: 0,
             from_device: 0,
+            ring: vec![],
         }
+    }
+
+    /// The ring's slot `i`, free of earlier copies.
+    fn slot(&mut self, i: usize) -> Result<&mut Slot> {
+        while self.ring.len() <= i {
+            self.ring.push(Slot {
+                buf: PinnedPool::global().alloc(RING_CHUNK),
+                done: None,
+            });
+        }
+        let slot = &mut self.ring[i];
+        if let Some(e) = slot.done.take() {
+            e.synchronize()?;
+        }
+        Ok(slot)
+    }
+
+    /// Copies heap memory `src` to the device at `dst` through the ring; returns once `src`
+    /// is no longer needed (the last chunks may still be crossing).
+    ///
+    /// # Safety
+    /// `dst` has room for `src`.
+    unsafe fn upload_through_ring(&mut self, src: &[u8], dst: CUdeviceptr) -> Result<()> {
+        for (i, chunk) in src.chunks(RING_CHUNK).enumerate() {
+            let stream = Arc::clone(&self.stream);
+            let slot = self.slot(i % RING_SLOTS)?;
+            let staged = &mut slot.buf.as_mut_slice()[..chunk.len()];
+            host_copy(chunk, staged);
+            // SAFETY: the slot stays untouched until its event passes; `dst` has room.
+            unsafe { result::memcpy_htod_async(dst + (i * RING_CHUNK) as u64, &*staged, stream.cu_stream()) }?;
+            slot.done = Some(stream.record_event(None)?);
+        }
+        self.to_device += src.len() as u64;
+        Ok(())
+    }
+
+    /// Copies `src` on the device into heap memory `dst` through the ring, after the work
+    /// queued on the stream so far; returns once `dst` holds every byte.
+    ///
+    /// # Safety
+    /// `src` holds `dst.len()` bytes.
+    unsafe fn download_through_ring(&mut self, src: CUdeviceptr, dst: &mut [u8]) -> Result<()> {
+        let total = dst.len();
+        // Chunks in flight: (chunk, slot), oldest first.
+        let mut flight: VecDeque<(usize, usize)> = VecDeque::new();
+        let land = |this: &mut Self, (i, s): (usize, usize), dst: &mut [u8]| -> Result<()> {
+            let len = RING_CHUNK.min(total - i * RING_CHUNK);
+            let slot = this.slot(s)?;
+            host_copy(
+                &slot.buf.as_slice()[..len],
+                &mut dst[i * RING_CHUNK..i * RING_CHUNK + len],
+            );
+            Ok(())
+        };
+        for i in 0..total.div_ceil(RING_CHUNK) {
+            if flight.len() == RING_SLOTS {
+                let oldest = flight.pop_front().expect("a full ring");
+                land(self, oldest, dst)?;
+            }
+            let len = RING_CHUNK.min(total - i * RING_CHUNK);
+            let stream = Arc::clone(&self.stream);
+            let slot = self.slot(i % RING_SLOTS)?;
+            // SAFETY: the slot is read only after its event passes; `src` holds the bytes.
+            unsafe {
+                result::memcpy_dtoh_async(
+                    &mut slot.buf.as_mut_slice()[..len],
+                    src + (i * RING_CHUNK) as u64,
+                    stream.cu_stream(),
+                )
+            }?;
+            slot.done = Some(stream.record_event(None)?);
+            flight.push_back((i, i % RING_SLOTS));
+        }
+        while let Some(oldest) = flight.pop_front() {
+            land(self, oldest, dst)?;
+        }
+        self.from_device += total as u64;
+        Ok(())
     }
 
     /// The stream the copies run on.
@@ -80,6 +208,23 @@ impl Transfers {
         Ok(dst)
     }
 
+    /// Starts copying `src` words into a new device buffer of `gpu` (a heap buffer goes
+    /// through the ring, see the module docs).
+    ///
+    /// # Safety
+    /// A pinned `src` stays alive and unchanged until the stream has passed this copy.
+    pub unsafe fn upload_buffer_words(&mut self, gpu: &Gpu, src: &HostBuffer, words: usize) -> Result<CudaSlice<u32>> {
+        if src.is_pinned() {
+            // SAFETY: the caller's contract.
+            return unsafe { self.upload_words(gpu, &src.as_words()[..words]) };
+        }
+        let dst = gpu.alloc_words(words)?;
+        let ptr = dst.device_ptr(&self.stream).0;
+        // SAFETY: `dst` holds the words.
+        unsafe { self.upload_through_ring(&src.as_slice()[..words * 4], ptr) }?;
+        Ok(dst)
+    }
+
     /// Starts copying the first `dst.len()` bytes of `src` into `dst`.
     ///
     /// # Safety
@@ -93,8 +238,9 @@ impl Transfers {
             src.len()
         );
         let ptr = src.device_ptr(&self.stream).0;
+        let len = dst.len();
         // SAFETY: `src` holds at least `dst.len()` bytes; the rest is the caller's contract.
-        unsafe { self.download_from(ptr, dst.as_mut_slice()) }
+        unsafe { self.download_into(ptr, dst, len) }
     }
 
     /// Starts copying the first `dst.len() / 4` words of `src` into `dst`.
@@ -106,17 +252,27 @@ impl Transfers {
         assert!(words <= src.len(), "download of {words} words from {}", src.len());
         let ptr = src.device_ptr(&self.stream).0;
         // SAFETY: `src` holds at least `words` words; the rest is the caller's contract.
-        unsafe { self.download_from(ptr, &mut dst.as_mut_slice()[..words * 4]) }
+        unsafe { self.download_into(ptr, dst, words * 4) }
     }
 
+    /// The first `len` bytes of `dst` from `src`: an asynchronous copy into pinned memory,
+    /// through the ring into heap memory.
+    ///
     /// # Safety
-    /// `src` holds `dst.len()` bytes; `dst` outlives the copy.
-    unsafe fn download_from(&mut self, src: CUdeviceptr, dst: &mut [u8]) -> Result<()> {
-        if !dst.is_empty() {
-            // SAFETY: the caller's contract.
-            unsafe { result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }?;
+    /// `src` holds `len` bytes; a pinned `dst` outlives the copy.
+    unsafe fn download_into(&mut self, src: CUdeviceptr, dst: &mut HostBuffer, len: usize) -> Result<()> {
+        let pinned = dst.is_pinned();
+        let dst = &mut dst.as_mut_slice()[..len];
+        if dst.is_empty() {
+            return Ok(());
         }
-        self.from_device += dst.len() as u64;
+        if !pinned {
+            // SAFETY: the caller's contract.
+            return unsafe { self.download_through_ring(src, dst) };
+        }
+        // SAFETY: the caller's contract.
+        unsafe { result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }?;
+        self.from_device += len as u64;
         Ok(())
     }
 }

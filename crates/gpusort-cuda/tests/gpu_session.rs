@@ -335,3 +335,39 @@ fn dropped_sessions_free_their_uploads() {
     // The stream-ordered pool may keep some memory; 20 leaked payloads (~20 MB each) would not fit.
     assert!(now + (64 << 20) >= free, "free memory {free} -> {now}");
 }
+
+#[test]
+fn columns_over_the_fresh_pin_limit_cross_through_the_ring() {
+    let Some(gpu) = backend() else { return };
+    // A u64 key (two varying words of 4n bytes each) and a u64 payload of 8n bytes: every one
+    // over FRESH_PIN_MAX, so each crosses as heap memory through the pinned ring, in both
+    // directions, with a partial last chunk.
+    let n = gpusort_cuda::FRESH_PIN_MAX / 4 + 12_345;
+    let (mut rng, seed) = rng_from_env(0x5e55_1013);
+    let key: ArrayRef = Arc::new(arrow::array::UInt64Array::from_iter_values(
+        (0..n).map(|_| rng.random::<u64>() >> rng.random_range(0..40)),
+    ));
+    let payload: ArrayRef = Arc::new(arrow::array::Int64Array::from_iter_values((0..n as i64).map(|i| i * 3)));
+    let batch = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            Field::new("k", DataType::UInt64, false),
+            Field::new("v", DataType::Int64, false),
+        ])),
+        vec![key, payload],
+    )
+    .unwrap();
+    let spec = SortSpec::new([SortKey::new(0, true, false)]);
+    let pool = PinnedPool::global();
+    let unpinned = pool.stats().unpinned;
+    let mut session = gpu.begin_sort(batch.schema(), spec.clone()).unwrap();
+    for p in split(&mut rng, &batch, 1 << 20) {
+        session.push(&p).unwrap();
+    }
+    let out = session.finish(None).unwrap();
+    assert_matches_reference(&batch, &spec, None, &out, &format!("seed {seed}, {n} rows"));
+    assert!(
+        pool.stats().unpinned > unpinned,
+        "the large buffers were heap memory: {:?}",
+        pool.stats()
+    );
+}

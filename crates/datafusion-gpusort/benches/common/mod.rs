@@ -112,3 +112,70 @@ pub fn time(runs: usize, mut f: impl FnMut() -> usize) -> (Duration, Duration) {
     t.sort();
     (t[t.len() / 2], t[0])
 }
+
+/// `BENCH_TIMELINE=1`: the `gpusort::timeline` debug events (the operator's and the GPU
+/// session's steps) of a run, with the bench's own marks, in ms since the run started.
+pub mod timeline {
+    use std::fmt::Write as _;
+    use std::sync::Mutex;
+    use std::time::Instant;
+
+    struct Timeline {
+        events: Mutex<Vec<(Instant, String)>>,
+    }
+
+    impl log::Log for Timeline {
+        fn enabled(&self, m: &log::Metadata) -> bool {
+            m.target() == "gpusort::timeline"
+        }
+
+        fn log(&self, r: &log::Record) {
+            if self.enabled(r.metadata()) {
+                let now = Instant::now();
+                let thread = std::thread::current().name().unwrap_or("?").to_string();
+                let line = format!("[{thread}] {}", r.args());
+                self.events.lock().unwrap_or_else(|p| p.into_inner()).push((now, line));
+            }
+        }
+
+        fn flush(&self) {}
+    }
+
+    static TIMELINE: Timeline = Timeline {
+        events: Mutex::new(vec![]),
+    };
+
+    /// Whether `BENCH_TIMELINE=1`; installs the logger when it is.
+    pub fn from_env() -> Result<bool, String> {
+        let on = std::env::var("BENCH_TIMELINE").is_ok_and(|v| v == "1");
+        if on {
+            log::set_logger(&TIMELINE).map_err(|e| e.to_string())?;
+            log::set_max_level(log::LevelFilter::Debug);
+        }
+        Ok(on)
+    }
+
+    /// A bench step, as an event.
+    pub fn mark(what: &str) {
+        log::debug!(target: "gpusort::timeline", "bench: {what}");
+    }
+
+    /// Forgets earlier events; the start of a run.
+    pub fn start() -> Instant {
+        TIMELINE.events.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        let t0 = Instant::now();
+        mark("start");
+        t0
+    }
+
+    /// The events since `t0`, one per line.
+    pub fn take(t0: Instant) -> String {
+        let events = std::mem::take(&mut *TIMELINE.events.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut text = String::new();
+        for (at, what) in events {
+            let ms = at.saturating_duration_since(t0).as_secs_f64() * 1e3;
+            let _ = writeln!(text, "  {ms:>9.2} ms  {what}");
+        }
+        text
+    }
+}
