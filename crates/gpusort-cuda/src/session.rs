@@ -692,11 +692,15 @@ impl GpuSortSession {
         let _device = self.device_lock.lock().unwrap_or_else(|p| p.into_inner());
         let stream = gpu.stream();
         let mut copies = Transfers::new(stream);
-        // GPU-side marks for the timeline: assembly, key upload, sort.
-        let marks = [gpu.event()?, gpu.event()?, gpu.event()?];
-        marks[0].record(stream)?;
+        // GPU-side marks for the timeline (assembly, key upload), only while it is logged.
+        let marks = match log::log_enabled!(target: "gpusort::timeline", log::Level::Debug) {
+            true => Some([gpu.event()?, gpu.event()?, gpu.event()?]),
+            false => None,
+        };
+        let mark = |i: usize| marks.as_ref().map_or(Ok(()), |m| m[i].record(stream));
+        mark(0)?;
         let (values, bitmaps) = self.assemble(uploaded.segments, &columns)?;
-        marks[1].record(stream)?;
+        mark(1)?;
         // Keys: only words that vary go up (no pass reads the others).
         let mut table = DeviceTable {
             num_rows: n,
@@ -730,7 +734,7 @@ impl GpuSortSession {
                 table.columns.push(DeviceColumn { data: lane, width: 4 });
             }
         }
-        marks[2].record(stream)?;
+        mark(2)?;
         let plan = GpuSortPlan {
             strategy: Strategy::new(strategy.algorithm, record_move),
             passes,
@@ -741,13 +745,15 @@ impl GpuSortSession {
         let result = gpu.sort(&mut table, &plan)?;
         let mut device_ms = result.kernel_ms;
         let mut perm_dev = result.perm.expect("asked for the permutation");
-        log::debug!(
-            target: "gpusort::timeline",
-            "session: sorted (GPU: assembly {:.2} ms, keys up {:.2} ms, sort {:.2} ms)",
-            marks[0].elapsed_ms(&marks[1])?,
-            marks[1].elapsed_ms(&marks[2])?,
-            result.kernel_ms
-        );
+        if let Some(m) = &marks {
+            log::debug!(
+                target: "gpusort::timeline",
+                "session: sorted (GPU: assembly {:.2} ms, keys up {:.2} ms, sort {:.2} ms)",
+                m[0].elapsed_ms(&m[1])?,
+                m[1].elapsed_ms(&m[2])?,
+                result.kernel_ms
+            );
+        }
         let mut perm = pool.transfer_buffer(4 * n);
         // The host needs the permutation before the columns come down only to resolve ties
         // or to gather columns of its own; otherwise it follows them.
