@@ -70,7 +70,7 @@ use crate::device::{cpu_backend, gpu_backend};
 use crate::error::GpuSortExecError;
 use crate::merge::RunMergeStream;
 use crate::metrics::GpuSortMetrics;
-use crate::run::{SortedRun, spill_batches};
+use crate::run::{SortedRun, spill_striped};
 
 /// Rows a TopK sort buffers before cutting them down to the best `fetch`: at least this many,
 /// and at least four times `fetch`.
@@ -422,7 +422,8 @@ impl GpuSorter {
         let time = self.metrics.spill_time.clone();
         blocking(move || {
             let _timer = time.timer();
-            spill_batches(&spill, batches.iter().map(Ok), what)
+            let stripes = spill_stripes(batches.len());
+            spill_striped(&spill, &batches, stripes, what)
         })
         .await
         .map_err(|e| e.context("GpuSortExec could not spill a sorted run"))
@@ -445,7 +446,7 @@ impl GpuSorter {
         log::debug!(target: "gpusort::timeline", "run {i}: spill started");
         let task = tokio::task::spawn_blocking(move || {
             let _timer = time.timer();
-            let out = spill_batches(&spill, batches.iter().map(Ok), "GpuSortExec sorted run");
+            let out = spill_striped(&spill, &batches, spill_stripes(batches.len()), "GpuSortExec sorted run");
             log::debug!(target: "gpusort::timeline", "run {i}: spill written");
             out
         });
@@ -527,7 +528,12 @@ impl GpuSorter {
             concat_batches(&key_parts[0].schema(), &key_parts).map_err(GpuSortExecError::from)?
         };
         drop(key_parts);
-        let path = self.choose_path(rows)?;
+        log::debug!(target: "gpusort::timeline", "sort keys: {rows} rows concatenated");
+        let path = match self.session_failed.take() {
+            // The GPU failed to sort these rows whole: their keys sort on the CPU, with the reason.
+            Some(reason) => SortPath::Cpu { reason: Some(reason) },
+            None => self.choose_path(rows)?,
+        };
         let strategy = self.options.strategy.strategy();
         let gpu_limit = self.gpu_limit();
         let metrics = self.metrics.clone();
@@ -550,7 +556,7 @@ impl GpuSorter {
         loop {
             if self.runs.len() == 1 {
                 let run = self.runs.pop().unwrap();
-                let stream = run.into_stream(&self.spill)?;
+                let stream = run.into_stream(&self.spill, SPILL_READ_AHEAD)?;
                 let reservation = self.reservation;
                 let baseline = self.metrics.baseline.clone();
                 return Ok(Box::pin(RecordBatchStreamAdapter::new(
@@ -595,7 +601,7 @@ impl GpuSorter {
             let held: usize = group.iter().map(|r| r.memory_bytes()).sum();
             let streams = group
                 .into_iter()
-                .map(|r| r.into_stream(&self.spill))
+                .map(|r| r.into_stream(&self.spill, SPILL_READ_AHEAD))
                 .collect::<Result<Vec<_>>>()?;
             let merge = RunMergeStream::try_new(
                 Arc::clone(&self.schema),
@@ -627,7 +633,7 @@ impl GpuSorter {
                 file.finish()
                     .map_err(|e| e.context("GpuSortExec could not spill a merged run"))?
                     .map(|file| SortedRun::Spilled {
-                        file,
+                        files: vec![file],
                         rows,
                         max_batch_bytes,
                     })
@@ -682,13 +688,10 @@ impl GpuSorter {
         self.reservation.shrink(need);
         let runs = std::mem::take(&mut self.runs);
         // Spilled runs read a few batches ahead, on their own tasks, while a step sorts.
-        let spill = self
-            .spill
-            .clone()
-            .with_batch_read_buffer_capacity(RANGE_MERGE_READ_AHEAD);
+        let ahead = range_merge_read_ahead(chunk_rows, runs.len(), self.batch_size);
         let readers = runs
             .into_iter()
-            .map(|r| Ok(RunReader::new(r.into_stream(&spill)?)))
+            .map(|r| Ok(RunReader::new(r.into_stream(&self.spill, ahead)?)))
             .collect::<Result<Vec<_>>>()?;
         let schema = Arc::clone(&self.schema);
         let state = RangeMerge {
@@ -696,6 +699,7 @@ impl GpuSorter {
             sorter: self,
             readers,
             chunk_rows,
+            step: 0,
         };
         // Steps run one ahead of the consumer, on their own task: step i + 1 reads and sorts
         // while step i's batches are consumed (its output is reserved, see
@@ -880,18 +884,41 @@ fn gather(batches: &[RecordBatch], indices: &[u32]) -> Result<RecordBatch> {
 /// Rows a range-merge step takes when sorts run on the CPU.
 const RANGE_MERGE_CPU_ROWS: usize = 4 << 20;
 
-/// Batches each spilled run reads ahead during the range merge.
-const RANGE_MERGE_READ_AHEAD: usize = 8;
+/// Batches a spilled run reads ahead in a heap merge (DataFusion's own spill readers' default).
+const SPILL_READ_AHEAD: usize = 2;
+
+/// Fewest batches of a stripe of a spilled run.
+const MIN_STRIPE_BATCHES: usize = 32;
+
+/// Stripes a sorted run of `batches` batches is spilled as (see [`crate::run`]): a writer per
+/// four cores, at most four, and none shorter than [`MIN_STRIPE_BATCHES`].
+fn spill_stripes(batches: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores / 4).clamp(1, 4).min(batches / MIN_STRIPE_BATCHES).max(1)
+}
+
+/// Fewest batches each spilled run reads ahead during the range merge.
+const RANGE_MERGE_MIN_READ_AHEAD: usize = 8;
+
+/// Batches each of `runs` spilled runs reads ahead during a range merge of `rows`-row steps:
+/// its share of a whole step, so that the next step's rows are read and decoded (on the
+/// readers' own tasks) while this one sorts.
+fn range_merge_read_ahead(rows: usize, runs: usize, batch_size: usize) -> usize {
+    rows.div_ceil(runs.max(1) * batch_size.max(1))
+        .max(RANGE_MERGE_MIN_READ_AHEAD)
+}
 
 /// Fewest rows a range-merge step takes; with less memory the heap merge runs.
 const RANGE_MERGE_MIN_ROWS: usize = 1 << 16;
 
 /// Memory the range merge holds with steps of `rows` rows over `runs` runs of batches of
-/// `batch_size` rows: a step's rows read, their gathered copy and the sort of their keys; the
-/// previous step's output, waiting for the consumer; and the batches each run reads ahead.
+/// `batch_size` rows: a step's rows read, their sorted copy and the sort of their keys; the
+/// previous step's output, waiting for the consumer; and the batches each run reads ahead
+/// (about the next step's rows, see [`range_merge_read_ahead`]).
 fn range_merge_bytes(rows: usize, bytes_per_row: usize, keys: usize, runs: usize, batch_size: usize) -> usize {
+    let ahead = range_merge_read_ahead(rows, runs, batch_size);
     rows * (3 * bytes_per_row + KEY_BYTES_PER_ROW_AND_KEY * keys.max(1) + 16 + 4)
-        + runs * (RANGE_MERGE_READ_AHEAD + 1) * batch_size * bytes_per_row
+        + runs * (ahead + 1) * batch_size * bytes_per_row
 }
 
 /// A run being read by the range merge: the batches read and not yet taken (with their sort
@@ -1049,6 +1076,8 @@ struct RangeMerge {
     readers: Vec<RunReader>,
     chunk_rows: usize,
     remaining: usize,
+    /// Steps taken (for the timeline).
+    step: usize,
 }
 
 impl RangeMerge {
@@ -1065,7 +1094,10 @@ impl RangeMerge {
         let open = self.readers.iter().filter(|r| !r.done).count().max(1);
         let per_run = (self.chunk_rows / open).max(1);
         // All runs at once: spilled runs decode on their own tasks, in parallel.
+        let step = self.step;
+        self.step += 1;
         futures::future::try_join_all(self.readers.iter_mut().map(|r| r.load(per_run, &expr))).await?;
+        log::debug!(target: "gpusort::timeline", "merge step {step}: runs loaded");
         let _timer = merge_time.timer();
         // The splitter: the smallest last loaded row of the runs that go on.
         let mut splitter: Option<KeyRef> = None;
@@ -1125,7 +1157,16 @@ impl RangeMerge {
         }
         self.sorter.metrics.range_merge_steps.add(1);
         let limit = (self.remaining != usize::MAX).then_some(self.remaining);
+        let rows: usize = parts.iter().map(|p| p.num_rows()).sum();
+        log::debug!(target: "gpusort::timeline", "merge step {step}: {rows} rows in {} slices", parts.len());
+        if let Some(sorted) = self.sort_on_gpu(&parts, rows, limit).await? {
+            drop(parts);
+            let slices = self.sorter.slices(&sorted)?;
+            log::debug!(target: "gpusort::timeline", "merge step {step}: sorted on the GPU");
+            return Ok(Some(self.emit(slices)));
+        }
         let permutation = self.sorter.sort_keys(&parts, limit).await?;
+        log::debug!(target: "gpusort::timeline", "merge step {step}: keys sorted");
         let batch_size = self.sorter.batch_size;
         let gathered = blocking(move || {
             permutation
@@ -1135,7 +1176,45 @@ impl RangeMerge {
                 .collect::<Result<Vec<_>>>()
         })
         .await?;
+        log::debug!(target: "gpusort::timeline", "merge step {step}: gathered");
         Ok(Some(self.emit(gathered)))
+    }
+
+    /// The rows of `parts` (`rows` of them) sorted whole on the GPU, the first `limit` of
+    /// them: the parts go through a GPU session as a run's input batches do, and the sorted
+    /// rows come back in one batch. `None` when the step's sort is not for the GPU (the key
+    /// sort and a gather on every core then run instead) or when the GPU failed (the reason is
+    /// kept for the metrics).
+    ///
+    /// On the GPU, moving the rows through it costs less than a gather of them on the host:
+    /// the host only stages and encodes, and the download lands in reused pinned memory.
+    async fn sort_on_gpu(
+        &mut self,
+        parts: &[RecordBatch],
+        rows: usize,
+        limit: Option<usize>,
+    ) -> Result<Option<RecordBatch>> {
+        let sorter = &mut self.sorter;
+        if !matches!(sorter.choose_path(rows)?, SortPath::Gpu(_)) {
+            return Ok(None);
+        }
+        sorter.session = None;
+        for part in parts {
+            sorter.push_to_gpu(part)?;
+            if sorter.session.is_none() {
+                break;
+            }
+        }
+        let Some((session, gpu)) = sorter.session.take() else {
+            return Ok(None);
+        };
+        match sorter.finish_session(session, gpu, limit).await? {
+            Ok(sorted) => Ok(Some(sorted)),
+            Err(reason) => {
+                sorter.session_failed = Some(reason);
+                Ok(None)
+            }
+        }
     }
 
     /// Counts `batches` as output (cut to what the `LIMIT` has left).
