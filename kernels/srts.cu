@@ -13,6 +13,17 @@
 // The digit counting of the upsweep is a shared-memory atomic per element into per-warp
 // counters. Templates are instantiated for 16 bins (digits of up to 4 bits, the paper's) and 256 bins
 // (up to 8 bits).
+//
+// The engine runs these three kernels only where it cannot run the pass as one sweep: when
+// every digit has 5 to 8 bits and there are fewer than 2^30 rows, each pass is onesweep.cu's
+// onesweep_pass_b8 instead (Adinets & Merrill's one-sweep pass with decoupled look-back): the
+// downsweep's tile rank and scatter, with each tile's digit offsets found by looking back over
+// the tiles before it rather than from an upsweep and a spine, and the digit counts of every
+// pass from one histogram read of each key word. At 100M u32 keys on the H100 the upsweep and
+// the spine cost ~0.19 ms of each ~1.03 ms pass (the upsweep reads the key word a second time);
+// the one-sweep pass measured 0.88 ms (scripts/proto_onesweep.py, kernels/NOTES.md "v8").
+// Digits of up to 4 bits (16 bins) and n >= 2^30 (the look-back words hold 30-bit values) keep
+// the three-kernel pass.
 
 template <int BINS>
 __device__ __forceinline__ void srts_upsweep_impl(u32 n, const u32* digit_word, u32 shift, u32 mask,

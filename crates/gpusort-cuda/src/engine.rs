@@ -11,9 +11,18 @@
 //! moved column to its other buffer (two buffers per column, ping-pong). Which buffers each
 //! pass reads and writes is worked out on the host first; all lane tables then go to the
 //! device in one copy and the passes are launched back to back on one stream.
+//!
+//! SRTS's pass runs as one sweep with decoupled look-back (Adinets & Merrill's one-sweep radix
+//! sort, kernels/onesweep.cu) when it can: digits of 5 to 8 bits and fewer than 2^30 rows
+//! ([`onesweep_plan`]). One histogram read of each key word counts the digits of all its passes,
+//! and each pass is then a single kernel that finds its tiles' digit offsets by looking back
+//! over the tiles before them, where the paper's SRTS pass runs an upsweep (a second read of
+//! the key word) and a spine before the downsweep: at 100M u32 keys on the H100 those two cost
+//! ~0.19 ms of each ~1.03 ms pass. Passes of digits of up to 4 bits (16 bins), and every pass
+//! of 2^30 rows or more, keep the three kernels.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
@@ -23,13 +32,17 @@ use gpusort::plan::{Algorithm, RadixPass, RecordMove, Strategy};
 
 use crate::device::{self, DeviceInfo};
 use crate::error::{CudaSortError, Result};
-use crate::kernels::{CacheOutcome, KernelCache, Kernels, MSD_LOCAL_CAP, MSD_LOCAL_MAX_WORDS, program_source};
+use crate::kernels::{
+    CacheOutcome, KernelCache, Kernels, MSD_LOCAL_CAP, MSD_LOCAL_MAX_WORDS, ONESWEEP_HIST_IPT, ONESWEEP_MAX_DIGITS,
+    ONESWEEP_MAX_ROWS, program_source,
+};
 use crate::msd::MSD_MAX_DIGIT_BITS;
 
-/// The program with `IPT` rows per thread (the define comes first, so it is part of the
-/// source hash and the cache key).
-fn program_source_with_ipt(ipt: usize) -> String {
-    format!("#define IPT {ipt}\n{}", program_source())
+/// The program with `IPT` rows per thread and, if given, `ONESWEEP_MIN_BLOCKS` (the defines
+/// come first, so they are part of the source hash and the cache key).
+fn program_source_with(ipt: usize, onesweep_min_blocks: Option<u32>) -> String {
+    let min_blocks = onesweep_min_blocks.map_or(String::new(), |b| format!("#define ONESWEEP_MIN_BLOCKS {b}\n"));
+    format!("#define IPT {ipt}\n{min_blocks}{}", program_source())
 }
 
 /// Threads per block of every sort kernel (`BLOCK` in `kernels/common.cuh`).
@@ -97,6 +110,113 @@ pub fn gather_bytes_per_row(widths: &[usize], pack: bool) -> usize {
 /// Longest SRTS spine scanned by a single block.
 const SINGLE_BLOCK_SPINE: usize = 16 * 1024;
 
+/// The narrowest digit of a one-sweep pass: only the 256-bin pass is compiled, and digits of up
+/// to 4 bits keep SRTS's 16-bin kernels.
+pub const ONESWEEP_MIN_BITS: u32 = 5;
+
+/// Words of the one-sweep state before its look-back table: word 0 is the tile counter; the
+/// table starts 128 bytes in.
+const ONESWEEP_HEADER_WORDS: usize = 32;
+
+/// Words of the one-sweep state of a pass over `num_tiles` tiles: the header (tile counter)
+/// and one look-back word per (tile, digit of 256). Zeroed before every pass.
+pub(crate) fn onesweep_state_words(num_tiles: usize) -> usize {
+    ONESWEEP_HEADER_WORDS + num_tiles * 256
+}
+
+/// One `onesweep_histogram` launch: up to [`ONESWEEP_MAX_DIGITS`] digit positions of key word
+/// `word`, counted into the histogram slots `first_slot..first_slot + digits` (256 words each).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HistLaunch {
+    pub(crate) word: usize,
+    pub(crate) first_slot: usize,
+    pub(crate) digits: u32,
+    /// Byte i: digit i's lowest bit.
+    pub(crate) shifts: u32,
+    /// Byte i: digit i's width in bits.
+    pub(crate) widths: u32,
+}
+
+/// How SRTS's passes run as one sweep: the histogram launches (one per key word the one-sweep
+/// passes read, more only for words of more than [`ONESWEEP_MAX_DIGITS`] such passes), and
+/// each pass's histogram slot (where its digit offsets are after the scan), `None` for a pass
+/// that runs the three kernels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct OnesweepPlan {
+    pub(crate) launches: Vec<HistLaunch>,
+    pub(crate) slot: Vec<Option<usize>>,
+    /// Histogram slots in all (one-sweep passes).
+    pub(crate) slots: usize,
+}
+
+/// Whether a pass over `pass`'s digit can run as one sweep: only the 256-bin pass is compiled,
+/// and digits of up to 4 bits keep SRTS's 16-bin kernels.
+pub(crate) fn onesweep_digit(pass: &RadixPass) -> bool {
+    (ONESWEEP_MIN_BITS..=8).contains(&pass.bits) && pass.shift + pass.bits <= 32
+}
+
+/// The one-sweep plan of `passes` over `n` rows, or `None` where every pass runs SRTS's three
+/// kernels: no row, `n` of 2^30 rows or more (look-back values have 30 bits), or no digit of
+/// [`ONESWEEP_MIN_BITS`] to 8 bits. Passes of other digits in a plan run the three kernels.
+pub(crate) fn onesweep_plan(n: usize, passes: &[RadixPass]) -> Option<OnesweepPlan> {
+    if n == 0 || n > ONESWEEP_MAX_ROWS || !passes.iter().any(onesweep_digit) {
+        return None;
+    }
+    // Words in the order their first one-sweep pass comes.
+    let mut words: Vec<usize> = vec![];
+    for p in passes.iter().filter(|p| onesweep_digit(p)) {
+        if !words.contains(&p.word) {
+            words.push(p.word);
+        }
+    }
+    let mut launches = vec![];
+    let mut slot = vec![None; passes.len()];
+    let mut next = 0;
+    for w in words {
+        let of_word: Vec<usize> = (0..passes.len())
+            .filter(|&p| passes[p].word == w && onesweep_digit(&passes[p]))
+            .collect();
+        for chunk in of_word.chunks(ONESWEEP_MAX_DIGITS) {
+            let mut launch = HistLaunch {
+                word: w,
+                first_slot: next,
+                digits: chunk.len() as u32,
+                shifts: 0,
+                widths: 0,
+            };
+            for (i, &p) in chunk.iter().enumerate() {
+                launch.shifts |= passes[p].shift << (8 * i);
+                launch.widths |= passes[p].bits << (8 * i);
+                slot[p] = Some(next);
+                next += 1;
+            }
+            launches.push(launch);
+        }
+    }
+    Some(OnesweepPlan {
+        launches,
+        slot,
+        slots: next,
+    })
+}
+
+/// What the one-sweep passes of a sort use: the digit offsets of every pass (256 words per
+/// histogram slot), the tile counter and look-back table (zeroed before each pass), the grid.
+struct OnesweepBufs {
+    hist: CudaSlice<u32>,
+    state: CudaSlice<u32>,
+    grid: u32,
+}
+
+/// What the three-kernel SRTS passes of a sort use: block digit counts, the sums of a long
+/// spine's chunks, the grid and each block's run of tiles.
+struct SrtsBufs {
+    counts: CudaSlice<u32>,
+    spine_sums: CudaSlice<u32>,
+    grid: u32,
+    tiles_per_block: u32,
+}
+
 /// An opened GPU: a context, the stream sorts run on, and the compiled kernels.
 #[derive(Debug)]
 pub struct Gpu {
@@ -110,6 +230,8 @@ pub struct Gpu {
     msd_local_rows: AtomicUsize,
     /// Widest MSD partition digit.
     msd_max_bits: AtomicU32,
+    /// Run SRTS's passes as one sweep where they can be ([`onesweep_plan`]).
+    onesweep: AtomicBool,
     /// The device's stream-ordered memory pool (`CUmemoryPool` as an address), which keeps
     /// freed memory for the next allocation; `None` when the driver has none.
     mem_pool: Option<usize>,
@@ -268,6 +390,8 @@ unsafe impl DeviceRepr for Records {}
 struct PassInputs<'a> {
     n: usize,
     passes: &'a [RadixPass],
+    /// Each key word's buffer before the first pass (what the one-sweep histogram reads).
+    word_src: &'a [u64],
     digit_src: &'a [u64],
     tables: &'a [Vec<Lane>],
     offsets: &'a [usize],
@@ -325,7 +449,13 @@ impl Gpu {
                 .ok_or_else(|| CudaSortError::Unsupported(format!("GPUSORT_IPT={v} (1 to 32 rows per thread)")))?,
             Err(_) => DEFAULT_IPT,
         };
-        let source = program_source_with_ipt(ipt);
+        let onesweep_min_blocks = match std::env::var("GPUSORT_ONESWEEP_MIN_BLOCKS") {
+            Ok(v) => Some(v.parse::<u32>().ok().filter(|b| (1..=8).contains(b)).ok_or_else(|| {
+                CudaSortError::Unsupported(format!("GPUSORT_ONESWEEP_MIN_BLOCKS={v} (1 to 8 blocks per SM)"))
+            })?),
+            Err(_) => None,
+        };
+        let source = program_source_with(ipt, onesweep_min_blocks);
         let (cubin, compile) = cache.load_or_compile(&source, &info.arch(), info.nvrtc_version)?;
         let kernels = Kernels::load(&ctx, cubin)?;
         let msd_max_bits = match std::env::var("GPUSORT_MSD_BITS") {
@@ -366,6 +496,7 @@ impl Gpu {
             tile: BLOCK as usize * ipt,
             msd_local_rows: AtomicUsize::new(MSD_LOCAL_CAP),
             msd_max_bits: AtomicU32::new(msd_max_bits),
+            onesweep: AtomicBool::new(std::env::var("GPUSORT_ONESWEEP").as_deref() != Ok("0")),
             mem_pool,
         })
     }
@@ -402,6 +533,18 @@ impl Gpu {
         }
         self.msd_max_bits.store(bits, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Whether SRTS's passes run as one sweep where they can ([`onesweep_plan`]; default on,
+    /// off with `GPUSORT_ONESWEEP=0`).
+    pub fn srts_onesweep(&self) -> bool {
+        self.onesweep.load(Ordering::Relaxed)
+    }
+
+    /// Sets [`Self::srts_onesweep`] (off: every SRTS pass runs the three kernels, a knob for
+    /// tests and comparisons).
+    pub fn set_srts_onesweep(&self, on: bool) {
+        self.onesweep.store(on, Ordering::Relaxed);
     }
 
     /// Rows per tile of the sort kernels.
@@ -634,6 +777,10 @@ impl Gpu {
         } else {
             None
         };
+        let word_src: Vec<u64> = items[..num_words]
+            .iter()
+            .map(|w| w.bufs[0].as_ref().unwrap().ptr(s))
+            .collect();
         let word_used_later = |w: usize, p: usize| passes[p + 1..].iter().any(|q| q.word == w);
         let word_sorted = |w: usize| passes.iter().any(|q| q.word == w);
         // Work out, pass by pass, what moves from which buffer to which.
@@ -720,6 +867,7 @@ impl Gpu {
         let inputs = PassInputs {
             n,
             passes,
+            word_src: &word_src,
             digit_src: &digit_src,
             tables: &tables,
             offsets: &offsets,
@@ -880,77 +1028,231 @@ impl Gpu {
         Ok((grid as u32, tiles_per_block as u32))
     }
 
-    /// SRTS: per pass, block digit counts, the top-level scan, the downsweep.
+    /// SRTS: each pass whose digit [`onesweep_plan`] allows (with [`Self::srts_onesweep`] on)
+    /// as one sweep, the others (digits of up to 4 bits, or every pass at 2^30 rows or more)
+    /// as the paper's three kernels: block digit counts, the top-level scan, the downsweep.
     fn srts(&self, x: &PassInputs<'_>) -> Result<()> {
-        let (n, passes, digit_src, recs, dyn_smem) = (x.n, x.passes, x.digit_src, x.recs, x.dyn_smem);
+        let plan = if self.srts_onesweep() {
+            onesweep_plan(x.n, x.passes)
+        } else {
+            None
+        };
+        let prof = Profile::new(self)?;
+        let mut one = match &plan {
+            Some(plan) => Some(self.onesweep_prepare(x, plan, &prof)?),
+            None => None,
+        };
+        let three = match &plan {
+            Some(plan) if plan.slot.iter().all(Option::is_some) => None,
+            _ => Some(self.srts_prepare(x)?),
+        };
+        for p in 0..x.passes.len() {
+            match (
+                plan.as_ref().and_then(|plan| plan.slot[p]),
+                one.as_mut(),
+                three.as_ref(),
+            ) {
+                (Some(slot), Some(one), _) => self.onesweep_pass(x, p, slot, one, &prof)?,
+                (_, _, Some(three)) => self.srts_pass(x, p, three, &prof)?,
+                _ => unreachable!("a pass without a one-sweep slot has the three kernels' buffers"),
+            }
+        }
+        prof.report()
+    }
+
+    /// Persistent blocks of the one-sweep pass: as many as fit on the device at once (the grid
+    /// the prototype measured), at most one per tile.
+    fn onesweep_grid(&self, dyn_smem: u32, num_tiles: usize) -> Result<u32> {
+        let per_sm = self
+            .kernels
+            .onesweep_pass
+            .occupancy_max_active_blocks_per_multiprocessor(BLOCK, dyn_smem as usize, None)?
+            .max(1);
+        Ok(((self.info.multiprocessors * per_sm) as usize).min(num_tiles).max(1) as u32)
+    }
+
+    /// The one-sweep passes' digit offsets (kernels/onesweep.cu): one histogram read per key
+    /// word counts the digits of all its one-sweep passes, one scan turns each pass's counts
+    /// into its digits' first positions. Passes whose digit is constant are not planned (the
+    /// planner drops them), so none is looked for here: that would need a download.
+    fn onesweep_prepare(&self, x: &PassInputs<'_>, plan: &OnesweepPlan, prof: &Profile) -> Result<OnesweepBufs> {
+        let n = x.n;
         let s = &self.stream;
         let k = &self.kernels;
         let num_tiles = n.div_ceil(self.tile);
-        let (grid, tiles_per_block) = self.srts_grid(&k.srts_downsweep.b8, dyn_smem, num_tiles)?;
-        let counts = self.alloc_words(256 * grid as usize)?;
-        let counts_p = counts.device_ptr(s).0;
-        let spine_sums = self.alloc_words((256 * grid as usize).div_ceil(self.tile))?;
-        let spine_sums_p = spine_sums.device_ptr(s).0;
+        let mut hist = self.alloc_words(256 * plan.slots)?;
+        s.memset_zeros(&mut hist)?;
+        let state = self.alloc_words(onesweep_state_words(num_tiles))?;
+        let hist_p = hist.device_ptr(s).0;
         let n32 = n as u32;
-        let tiles32 = num_tiles as u32;
+        let cfg = |blocks: u32| LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let hist_per_sm = k
+            .onesweep_histogram
+            .occupancy_max_active_blocks_per_multiprocessor(BLOCK, 0, None)?
+            .max(1);
+        let hist_grid = ((self.info.multiprocessors * hist_per_sm) as usize)
+            .min(n.div_ceil(BLOCK as usize * ONESWEEP_HIST_IPT))
+            .max(1) as u32;
+        for l in &plan.launches {
+            let dst = hist_p + (l.first_slot * 256 * 4) as u64;
+            // SAFETY: the kernel reads n words of the key word and adds into `digits` zeroed
+            // slots of 256 words inside `hist`.
+            unsafe {
+                s.launch_builder(&k.onesweep_histogram)
+                    .arg(&n32)
+                    .arg(&x.word_src[l.word])
+                    .arg(&l.shifts)
+                    .arg(&l.digits)
+                    .arg(&l.widths)
+                    .arg(&dst)
+                    .launch(cfg(hist_grid))?
+            };
+            prof.mark(self, "onesweep_histogram")?;
+        }
+        let (slots, no_constant_flags) = (plan.slots as u32, 0u64);
+        // SAFETY: one block per 256-word slot of `hist`; n > 0; a null `constant` is not written.
+        unsafe {
+            s.launch_builder(&k.onesweep_scan)
+                .arg(&hist_p)
+                .arg(&n32)
+                .arg(&no_constant_flags)
+                .launch(cfg(slots))?
+        };
+        prof.mark(self, "onesweep_scan")?;
+        Ok(OnesweepBufs {
+            grid: self.onesweep_grid(x.dyn_smem, num_tiles)?,
+            hist,
+            state,
+        })
+    }
+
+    /// Pass `p` as one sweep: the tile counter and look-back table zeroed, then one
+    /// `onesweep_pass_b8` over the tiles, with the downsweep's lane table, records and shared
+    /// memory, its digit offsets from histogram slot `slot`.
+    fn onesweep_pass(
+        &self,
+        x: &PassInputs<'_>,
+        p: usize,
+        slot: usize,
+        b: &mut OnesweepBufs,
+        prof: &Profile,
+    ) -> Result<()> {
+        let s = &self.stream;
+        let pass = &x.passes[p];
+        let num_tiles = x.n.div_ceil(self.tile);
+        let (n32, tiles32, mask) = (x.n as u32, num_tiles as u32, (1u32 << pass.bits) - 1);
+        let (lanes, num_lanes) = x.lanes(p);
+        let offsets = b.hist.device_ptr(s).0 + (slot * 256 * 4) as u64;
+        let state_p = b.state.device_ptr(s).0;
+        let (counter_p, lookback_p) = (state_p, state_p + (ONESWEEP_HEADER_WORDS * 4) as u64);
+        // Stream-ordered: after the previous pass, before this one.
+        s.memset_zeros(&mut b.state)?;
+        prof.mark(self, "onesweep_clear")?;
+        // SAFETY: the kernel reads n rows of the digit word and the pass's 256 digit offsets;
+        // the tile counter and num_tiles * 256 look-back words are zeroed; the lane table lists
+        // buffers of n rows; n < 2^30 (onesweep_plan).
+        unsafe {
+            s.launch_builder(&self.kernels.onesweep_pass)
+                .arg(&n32)
+                .arg(&x.digit_src[p])
+                .arg(&pass.shift)
+                .arg(&mask)
+                .arg(&tiles32)
+                .arg(&offsets)
+                .arg(&counter_p)
+                .arg(&lookback_p)
+                .arg(&lanes)
+                .arg(&num_lanes)
+                .arg(&x.recs[p])
+                .launch(LaunchConfig {
+                    grid_dim: (b.grid, 1, 1),
+                    block_dim: (BLOCK, 1, 1),
+                    shared_mem_bytes: x.dyn_smem,
+                })?
+        };
+        prof.mark(self, "onesweep_pass")
+    }
+
+    /// The three-kernel SRTS pass's grid and buffers: block counts and the long spine's sums.
+    fn srts_prepare(&self, x: &PassInputs<'_>) -> Result<SrtsBufs> {
+        let num_tiles = x.n.div_ceil(self.tile);
+        let (grid, tiles_per_block) = self.srts_grid(&self.kernels.srts_downsweep.b8, x.dyn_smem, num_tiles)?;
+        Ok(SrtsBufs {
+            counts: self.alloc_words(256 * grid as usize)?,
+            spine_sums: self.alloc_words((256 * grid as usize).div_ceil(self.tile))?,
+            grid,
+            tiles_per_block,
+        })
+    }
+
+    /// Pass `p` as the paper's SRTS: block digit counts, the top-level scan, the downsweep.
+    fn srts_pass(&self, x: &PassInputs<'_>, p: usize, b: &SrtsBufs, prof: &Profile) -> Result<()> {
+        let s = &self.stream;
+        let k = &self.kernels;
+        let pass = &x.passes[p];
+        let num_tiles = x.n.div_ceil(self.tile);
+        let (n32, tiles32) = (x.n as u32, num_tiles as u32);
+        let (grid, tiles_per_block) = (b.grid, b.tiles_per_block);
+        let counts_p = b.counts.device_ptr(s).0;
+        let spine_sums_p = b.spine_sums.device_ptr(s).0;
         let cfg = |blocks: u32, smem: u32| LaunchConfig {
             grid_dim: (blocks, 1, 1),
             block_dim: (BLOCK, 1, 1),
             shared_mem_bytes: smem,
         };
-        let prof = Profile::new(self)?;
-        for (p, pass) in passes.iter().enumerate() {
-            let (up, bins) = k.srts_upsweep.for_bits(pass.bits);
-            let (down, _) = k.srts_downsweep.for_bits(pass.bits);
-            let mask = (1u32 << pass.bits) - 1;
-            let len = bins * grid;
-            let (lanes, num_lanes) = x.lanes(p);
-            // SAFETY: the kernels read n rows of the digit word; counts hold bins * grid words;
-            // the lane table lists buffers of n rows.
-            unsafe {
-                s.launch_builder(up)
-                    .arg(&n32)
-                    .arg(&digit_src[p])
-                    .arg(&pass.shift)
-                    .arg(&mask)
-                    .arg(&tiles_per_block)
-                    .arg(&tiles32)
-                    .arg(&counts_p)
-                    .launch(cfg(grid, 0))?;
-                prof.mark(self, "srts_upsweep")?;
-            }
-            // Top-level scan: one block for short spines; the three-kernel scan (chunk sums,
-            // a one-block scan of the sums, chunk scans) when a single block would be slow.
-            if len as usize <= SINGLE_BLOCK_SPINE {
-                // SAFETY: counts hold `len` words.
-                unsafe {
-                    s.launch_builder(&k.srts_spine)
-                        .arg(&counts_p)
-                        .arg(&len)
-                        .launch(cfg(1, 0))?
-                };
-            } else {
-                self.exclusive_scan(counts_p, counts_p, spine_sums_p, len as usize)?;
-            }
-            prof.mark(self, "srts_spine")?;
-            // SAFETY: as above.
-            unsafe {
-                s.launch_builder(down)
-                    .arg(&n32)
-                    .arg(&digit_src[p])
-                    .arg(&pass.shift)
-                    .arg(&mask)
-                    .arg(&tiles_per_block)
-                    .arg(&tiles32)
-                    .arg(&counts_p)
-                    .arg(&lanes)
-                    .arg(&num_lanes)
-                    .arg(&recs[p])
-                    .launch(cfg(grid, dyn_smem))?;
-            }
-            prof.mark(self, "srts_downsweep")?;
+        let (up, bins) = k.srts_upsweep.for_bits(pass.bits);
+        let (down, _) = k.srts_downsweep.for_bits(pass.bits);
+        let mask = (1u32 << pass.bits) - 1;
+        let len = bins * grid;
+        let (lanes, num_lanes) = x.lanes(p);
+        // SAFETY: the kernels read n rows of the digit word; counts hold bins * grid words;
+        // the lane table lists buffers of n rows.
+        unsafe {
+            s.launch_builder(up)
+                .arg(&n32)
+                .arg(&x.digit_src[p])
+                .arg(&pass.shift)
+                .arg(&mask)
+                .arg(&tiles_per_block)
+                .arg(&tiles32)
+                .arg(&counts_p)
+                .launch(cfg(grid, 0))?;
         }
-        prof.report()
+        prof.mark(self, "srts_upsweep")?;
+        // Top-level scan: one block for short spines; the three-kernel scan (chunk sums,
+        // a one-block scan of the sums, chunk scans) when a single block would be slow.
+        if len as usize <= SINGLE_BLOCK_SPINE {
+            // SAFETY: counts hold `len` words.
+            unsafe {
+                s.launch_builder(&k.srts_spine)
+                    .arg(&counts_p)
+                    .arg(&len)
+                    .launch(cfg(1, 0))?
+            };
+        } else {
+            self.exclusive_scan(counts_p, counts_p, spine_sums_p, len as usize)?;
+        }
+        prof.mark(self, "srts_spine")?;
+        // SAFETY: as above.
+        unsafe {
+            s.launch_builder(down)
+                .arg(&n32)
+                .arg(&x.digit_src[p])
+                .arg(&pass.shift)
+                .arg(&mask)
+                .arg(&tiles_per_block)
+                .arg(&tiles32)
+                .arg(&counts_p)
+                .arg(&lanes)
+                .arg(&num_lanes)
+                .arg(&x.recs[p])
+                .launch(cfg(grid, x.dyn_smem))?;
+        }
+        prof.mark(self, "srts_downsweep")
     }
 
     /// Rows `perm[0..rows]` of a column of `width`-byte rows, in a new buffer.
@@ -1252,6 +1554,142 @@ mod tests {
         }
         assert!(pack_groups(&[]).is_empty());
         assert_eq!(pack_groups(&[2]), vec![(vec![(0, 0)], 16)]);
+    }
+
+    fn pass(word: usize, shift: u32, bits: u32) -> RadixPass {
+        RadixPass { word, shift, bits }
+    }
+
+    #[test]
+    fn onesweep_runs_only_digits_of_5_to_8_bits_below_2_pow_30_rows() {
+        let eight = gpusort::plan::radix_passes(&[u32::MAX], 8);
+        assert_eq!(eight.len(), 4);
+        for n in [1, 2, 4095, 4096, 4097, 100_000_000, (1 << 30) - 1] {
+            assert!(onesweep_plan(n, &eight).is_some(), "{n} rows");
+        }
+        assert_eq!(onesweep_plan(1 << 30, &eight), None);
+        assert_eq!(onesweep_plan(u32::MAX as usize, &eight), None);
+        assert_eq!(onesweep_plan(0, &eight), None);
+        assert_eq!(onesweep_plan(10, &[]), None);
+        // 4-bit digits (the paper's) keep the 16-bin three-kernel pass; so does any plan with
+        // one digit of 1 to 4 bits among 8-bit ones.
+        assert_eq!(onesweep_plan(1000, &gpusort::plan::radix_passes(&[u32::MAX], 4)), None);
+        assert_eq!(onesweep_plan(1000, &[pass(0, 0, 4), pass(0, 4, 3)]), None);
+        for bits in 1..=8 {
+            let passes = gpusort::plan::radix_passes(&[u32::MAX], bits);
+            let plan = onesweep_plan(1000, &passes);
+            assert_eq!(plan.is_some(), bits >= ONESWEEP_MIN_BITS, "{bits}-bit digits");
+            if let Some(plan) = plan {
+                // At most 5 bits: 5, 5, 5, 5, 4, 4, 4; the 4-bit passes run the three kernels.
+                for (p, q) in passes.iter().enumerate() {
+                    assert_eq!(plan.slot[p].is_some(), q.bits >= ONESWEEP_MIN_BITS, "{bits}: {q:?}");
+                }
+                assert_eq!(plan.slots, plan.slot.iter().flatten().count());
+            }
+        }
+        // A narrow digit among 8-bit ones: only that pass runs the three kernels.
+        let plan = onesweep_plan(1000, &[pass(1, 0, 8), pass(1, 8, 8), pass(0, 0, 3)]).unwrap();
+        assert_eq!(plan.slot, vec![Some(0), Some(1), None]);
+        assert_eq!(plan.launches.len(), 1);
+        assert_eq!((plan.launches[0].word, plan.launches[0].digits), (1, 2));
+        // What the engine would reject anyway: wider digits, digits past the word's end.
+        assert_eq!(onesweep_plan(1000, &[pass(0, 0, 9)]), None);
+        assert_eq!(onesweep_plan(1000, &[pass(0, 28, 8)]), None);
+    }
+
+    #[test]
+    fn onesweep_counts_each_words_digits_in_one_histogram_read() {
+        // Three words, least significant (word 2) first; word 1 has 17 varying bits: digits of
+        // 6, 6 and 5 bits (masks differ within the launch).
+        let passes = gpusort::plan::radix_passes(&[0xff, 0x1ffff << 3, u32::MAX], 8);
+        let plan = onesweep_plan(5000, &passes).unwrap();
+        assert_eq!(
+            plan.launches,
+            vec![
+                HistLaunch {
+                    word: 2,
+                    first_slot: 0,
+                    digits: 4,
+                    shifts: 0x1810_0800,
+                    widths: 0x0808_0808,
+                },
+                HistLaunch {
+                    word: 1,
+                    first_slot: 4,
+                    digits: 3,
+                    shifts: (3 + 12) << 16 | (3 + 6) << 8 | 3,
+                    widths: 0x05_06_06,
+                },
+                HistLaunch {
+                    word: 0,
+                    first_slot: 7,
+                    digits: 1,
+                    shifts: 0,
+                    widths: 8,
+                },
+            ]
+        );
+        assert_eq!(plan.slot, (0..8).map(Some).collect::<Vec<_>>());
+        assert_eq!(plan.slots, 8);
+        // Every pass has its own slot, in the launch of its word, at its digit's index there.
+        for (p, q) in passes.iter().enumerate() {
+            let l = plan
+                .launches
+                .iter()
+                .find(|l| {
+                    l.word == q.word
+                        && (l.first_slot..l.first_slot + l.digits as usize).contains(&plan.slot[p].unwrap())
+                })
+                .unwrap();
+            let i = plan.slot[p].unwrap() - l.first_slot;
+            assert_eq!((l.shifts >> (8 * i)) & 0xff, q.shift);
+            assert_eq!((l.widths >> (8 * i)) & 0xff, q.bits);
+        }
+        // More than four digits of one word (narrow digits), and a word's passes apart: every
+        // launch counts at most four positions of one word, slots stay distinct.
+        let passes = [
+            pass(1, 0, 5),
+            pass(0, 0, 8),
+            pass(1, 5, 5),
+            pass(1, 10, 5),
+            pass(1, 15, 5),
+            pass(1, 20, 5),
+            pass(1, 25, 7),
+        ];
+        let plan = onesweep_plan(10, &passes).unwrap();
+        assert_eq!(
+            plan.launches
+                .iter()
+                .map(|l| (l.word, l.first_slot, l.digits))
+                .collect::<Vec<_>>(),
+            vec![(1, 0, 4), (1, 4, 2), (0, 6, 1)]
+        );
+        assert_eq!(
+            plan.slot,
+            vec![Some(0), Some(6), Some(1), Some(2), Some(3), Some(4), Some(5)]
+        );
+        assert_eq!(plan.launches[1].shifts, 25 << 8 | 20);
+        assert_eq!(plan.launches[1].widths, 7 << 8 | 5);
+    }
+
+    #[test]
+    fn onesweep_state_holds_a_counter_and_a_look_back_word_per_tile_and_digit() {
+        assert_eq!(onesweep_state_words(1), ONESWEEP_HEADER_WORDS + 256);
+        // 100M rows in tiles of 4096: 24415 tiles, ~25 MB of look-back words (0.25 byte a row,
+        // within the scratch that backend.rs counts per row).
+        let tiles = 100_000_000usize.div_ceil(4096);
+        assert_eq!(tiles, 24_415);
+        assert_eq!(onesweep_state_words(tiles) * 4, 128 + 24_415 * 1024);
+        // The look-back table starts 128 bytes in, after the tile counter.
+        const { assert!(ONESWEEP_HEADER_WORDS * 4 == 128) };
+        assert!(onesweep_state_words(tiles) * 4 <= 100_000_000 / 256 * 1024);
+    }
+
+    #[test]
+    fn program_defines_come_first() {
+        let with = program_source_with(12, Some(4));
+        assert!(with.starts_with("#define IPT 12\n#define ONESWEEP_MIN_BLOCKS 4\n// ---- common.cuh"));
+        assert!(program_source_with(16, None).starts_with("#define IPT 16\n// ---- common.cuh"));
     }
 
     #[test]

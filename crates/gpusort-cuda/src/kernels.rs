@@ -18,6 +18,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("srts.cu", include_str!("../../../kernels/srts.cu")),
     ("gather.cu", include_str!("../../../kernels/gather.cu")),
     ("msd.cu", include_str!("../../../kernels/msd.cu")),
+    ("onesweep.cu", include_str!("../../../kernels/onesweep.cu")),
 ];
 
 /// NVRTC options besides the architecture.
@@ -209,6 +210,13 @@ pub struct Kernels {
     pub srts_spine: CudaFunction,
     /// SRTS bottom-level scan and scatter.
     pub srts_downsweep: ByBins,
+    /// One-sweep SRTS: the digit counts of up to four digit positions of a key word in one read.
+    pub onesweep_histogram: CudaFunction,
+    /// One-sweep SRTS: each digit position's counts into the digits' first positions.
+    pub onesweep_scan: CudaFunction,
+    /// One-sweep SRTS: one pass over a digit of up to 8 bits (256 bins; there is no 16-bin
+    /// instance), rank, decoupled look-back and scatter in one kernel.
+    pub onesweep_pass: CudaFunction,
     /// Gathers of 1, 2, 4, 8 and 16-byte columns.
     pub gather: [CudaFunction; 5],
     /// Gather of row-major records.
@@ -258,6 +266,13 @@ pub const MSD_SCATTER_MAX_DYNAMIC_SMEM: i32 = 200 * 1024;
 /// 16-bit index arrays per row.
 pub const MSD_LOCAL_MAX_DYNAMIC_SMEM: i32 = (MSD_LOCAL_CAP * (4 * MSD_LOCAL_MAX_WORDS + 4)) as i32;
 
+/// Digit positions one `onesweep_histogram` launch counts (`ONESWEEP_MAX_DIGITS` in onesweep.cu).
+pub const ONESWEEP_MAX_DIGITS: usize = 4;
+/// Keys each thread of `onesweep_histogram` loads per chunk (`ONESWEEP_HIST_IPT`).
+pub const ONESWEEP_HIST_IPT: usize = 16;
+/// The look-back words hold values below 2^30 (`ONESWEEP_VALUE`): one-sweep passes need fewer rows.
+pub const ONESWEEP_MAX_ROWS: usize = (1 << 30) - 1;
+
 /// Dynamic shared memory the scatter kernels may use (more than the default 48 KiB).
 pub const SCATTER_MAX_DYNAMIC_SMEM: i32 = 96 * 1024;
 
@@ -281,6 +296,9 @@ impl Kernels {
             srts_upsweep: bins("srts_upsweep")?,
             srts_spine: f("srts_spine")?,
             srts_downsweep: bins("srts_downsweep")?,
+            onesweep_histogram: f("onesweep_histogram")?,
+            onesweep_scan: f("onesweep_scan")?,
+            onesweep_pass: f("onesweep_pass_b8")?,
             gather: [
                 f("gather_w1")?,
                 f("gather_w2")?,
@@ -307,6 +325,7 @@ impl Kernels {
             &k.grs_scatter.b8,
             &k.srts_downsweep.b4,
             &k.srts_downsweep.b8,
+            &k.onesweep_pass,
         ] {
             func.set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -411,7 +430,7 @@ mod tests {
         let s = program_source();
         let at = |n: &str| s.find(&format!("// ---- {n} ----")).unwrap();
         assert!(at("common.cuh") < at("grs.cu") && at("grs.cu") < at("srts.cu") && at("srts.cu") < at("gather.cu"));
-        assert!(at("gather.cu") < at("msd.cu"));
+        assert!(at("gather.cu") < at("msd.cu") && at("msd.cu") < at("onesweep.cu"));
         for name in [
             "grs_rank_b8",
             "grs_scatter_b4",
@@ -425,6 +444,9 @@ mod tests {
             "msd_scatter_b8",
             "msd_subsegments",
             "msd_local",
+            "onesweep_histogram",
+            "onesweep_scan",
+            "onesweep_pass_b8",
         ] {
             assert!(s.contains(name), "{name}");
         }

@@ -10,7 +10,8 @@
 //! - `engine_*`: the device radix sorts (GRS, SRTS and MSD, direct and indirect, ByField columns
 //!   of every width and Hybrid records, 4- and 8-bit digits, 1- to 3-word keys) against a stable
 //!   sort on the host, at sizes around tile edges, on adversarial key distributions, at forced
-//!   MSD partition depths, and on 100M rows;
+//!   MSD partition depths, SRTS as one sweep and as three kernels around whole rounds of the
+//!   one-sweep grid, and on 100M rows;
 //! - `backend_*`: the Arrow backend against the stable reference on random tables (every
 //!   sortable type, nulls, strings, limits), as the CPU backend's fuzz test does;
 //! - `sanitize_*`: every kernel on small inputs, for `compute-sanitizer`.
@@ -167,6 +168,14 @@ fn keys_of(rng: &mut SmallRng, n: usize, words: usize, kind: &str) -> Vec<Vec<u3
                     "low" => rng.random_range(0..16),
                     "top" => rng.random::<u32>() & 0xF000_0000,
                     "dups" => rng.random_range(0..100) << (w * 3),
+                    // Nearly every row in one bin of every digit, a few anywhere.
+                    "skew" => {
+                        if rng.random_range(0..100) == 0 {
+                            rng.random()
+                        } else {
+                            0x1234_5678
+                        }
+                    }
                     _ => unreachable!(),
                 })
                 .collect()
@@ -275,6 +284,71 @@ fn engine_msd_partition_depths() {
     }
 }
 
+/// Restores `Gpu::set_srts_onesweep` when a test ends (or fails).
+struct OnesweepKnob<'a>(&'a Gpu);
+
+impl Drop for OnesweepKnob<'_> {
+    fn drop(&mut self) {
+        self.0.set_srts_onesweep(true);
+    }
+}
+
+/// SRTS's one-sweep pass (digits of 5 to 8 bits) and its three-kernel pass (the same digits,
+/// with one sweep turned off) against the host: sizes just under and over whole rounds of the
+/// persistent grid (SMs x 2 to 4 blocks), where blocks take several tiles and the last tile is
+/// partial; skewed digits (nearly every row in one bin: long look-backs over aggregates);
+/// 5- and 6-bit digits (more than four digit positions of a word, masks that differ within one
+/// histogram launch); 3-word keys; digits of 3 bits beside 8-bit ones (both kinds of pass in
+/// one sort).
+#[test]
+fn engine_srts_one_sweep_and_three_kernels() {
+    let Some(b) = backend() else { return };
+    let gpu = b.gpu();
+    let _restore = OnesweepKnob(gpu);
+    let mut rng = SmallRng::seed_from_u64(17);
+    let (tile, sms) = (gpu.tile(), gpu.info().multiprocessors as usize);
+    let mut cases: Vec<(usize, usize, &str, u32)> = vec![];
+    for blocks in [2, 3, 4] {
+        let round = sms * blocks * tile;
+        cases.extend([
+            (round - 1, 1, "random", 8),
+            (round + 1, 1, "random", 8),
+            (2 * round + 1, 2, "skew", 8),
+        ]);
+    }
+    cases.extend([
+        (300_001, 3, "random", 6),
+        (300_001, 1, "random", 5),
+        (100_000, 3, "random", 7),
+        (200_000, 2, "skew", 8),
+        (tile + 1, 2, "dups", 8),
+    ]);
+    for (n, words, kind, bits) in cases {
+        let c = case(&mut rng, n, words, kind, n % 2 == 1 && words == 2);
+        for onesweep in [true, false] {
+            gpu.set_srts_onesweep(onesweep);
+            for strategy in [Strategy::SRTS_DIRECT, Strategy::SRTS_INDIRECT] {
+                let what = format!("one sweep {onesweep}: {kind} n {n} words {words} {strategy} {bits}-bit digits");
+                check_engine(gpu, &c, strategy, bits, &what);
+            }
+        }
+    }
+    // 8-bit digits of word 1 and one 3-bit digit of word 0 (its 3 random low bits): one-sweep
+    // and three-kernel passes in one sort.
+    let mut c = case(&mut rng, 70_001, 2, "random", false);
+    for v in c.keys[0].iter_mut() {
+        *v &= 7;
+    }
+    check_engine(gpu, &c, Strategy::SRTS_DIRECT, 8, "8-bit and 3-bit digits in one sort");
+    check_engine(
+        gpu,
+        &c,
+        Strategy::SRTS_INDIRECT,
+        8,
+        "8-bit and 3-bit digits in one sort",
+    );
+}
+
 #[test]
 fn engine_100m_rows() {
     let Some(b) = backend() else { return };
@@ -361,6 +435,11 @@ fn sanitize_every_kernel() {
     // An even row count: the indirect gathers go through packed rows (pack_rows, gather_unpack).
     let c = case(&mut rng, n + 1, 2, "random", false);
     check_engine(gpu, &c, Strategy::GRS_INDIRECT, 8, "sanitize packed gathers");
+    // SRTS's 8-bit passes as the three kernels (with one sweep, above, they run onesweep.cu).
+    let restore = OnesweepKnob(gpu);
+    gpu.set_srts_onesweep(false);
+    check_engine(gpu, &c, Strategy::SRTS_DIRECT, 8, "sanitize srts three kernels");
+    drop(restore);
     // MSD with three partition depths and multi-segment batches.
     let _restore = MsdKnobs(gpu);
     gpu.set_msd_local_rows(50).unwrap();
