@@ -104,24 +104,35 @@ impl SortedRun {
                 files, max_batch_bytes, ..
             } => {
                 let spill = spill.clone();
-                // The files live as long as the stream: a stripe read to its end is deleted
-                // with the others, not in the middle of the merge. (Deleting a file of the
-                // page cache while its pages are being written back waits for the disk: up to
-                // a second for a step that reads dozens of stripes' ends at once.)
-                let keep = files.clone();
+                // The files live until the run is read to its end, then are deleted on a
+                // blocking thread; a stream dropped before its end deletes them at once. So
+                // no merge step waits for a deletion: deleting a file of the page cache while
+                // its pages are being written back waits for the disk (a second or more when
+                // many runs end together, or when dozens of stripes end in one step).
+                let mut keep = Some(files.clone());
                 let stripes = futures::stream::iter(files)
                     .map(move |file| spill.read_spill_as_stream_unbuffered(file, Some(max_batch_bytes)))
                     .try_flatten()
-                    .map(move |batch| {
-                        let _files = &keep;
-                        batch
-                    });
+                    .chain(futures::stream::poll_fn(move |_| {
+                        if let Some(files) = keep.take() {
+                            delete_off_thread(files);
+                        }
+                        std::task::Poll::Ready(None)
+                    }));
                 Ok(spawn_buffered(
                     Box::pin(RecordBatchStreamAdapter::new(schema, stripes)),
                     read_ahead,
                 ))
             }
         }
+    }
+}
+
+/// Drops `files` (deleting them) on a blocking thread when there is a tokio runtime, else here.
+fn delete_off_thread(files: Vec<Arc<dyn SpillFile>>) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) => drop(handle.spawn_blocking(move || drop(files))),
+        Err(_) => drop(files),
     }
 }
 
