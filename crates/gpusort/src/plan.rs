@@ -116,17 +116,20 @@ impl Strategy {
 
 impl Strategy {
     /// gpusort's default (`auto`): the paper's benchmark re-run on an H100 (`paper` bench of
-    /// gpusort-cuda, 10M rows, u32 key + m u32 fields, docs/results/h100-2026-11-23/). There
-    /// the paper's C1060 rule is off by up to 2.5x: an LSD pass that moves m narrow columns
-    /// scatters each of them, while the indirect strategy sorts only key and index and then
-    /// gathers the columns once, packed into rows (gather.cu). GRS-direct wins at m <= 2 in
-    /// both layouts; GRS-indirect from m = 3 (ByField and Hybrid).
+    /// gpusort-cuda, 10M rows, u32 key + m u32 fields, 8-bit digits,
+    /// docs/results/h100-2026-11-25/). There the paper's C1060 rule is off by up to 2.5x: an
+    /// LSD pass that moves m narrow columns scatters each of them, while the indirect
+    /// strategy sorts only key and index and then gathers the columns once, packed into rows
+    /// (gather.cu). Since SRTS's 8-bit passes run as one sweep (onesweep.cu), SRTS-indirect
+    /// is the fastest from m = 3 in the ByField layout (3–5% ahead of GRS-indirect) and from
+    /// m = 6 in the Hybrid one; GRS-direct wins ByField at m <= 2, SRTS-direct Hybrid at
+    /// m <= 4.
     pub fn calibrated_default(layout: Layout, payload_fields: usize) -> Self {
-        let _ = layout;
-        if payload_fields <= 2 {
-            Self::GRS_DIRECT
-        } else {
-            Self::GRS_INDIRECT
+        match layout {
+            Layout::ByField if payload_fields <= 2 => Self::GRS_DIRECT,
+            Layout::ByField => Self::SRTS_INDIRECT,
+            Layout::Hybrid if payload_fields <= 4 => Self::SRTS_DIRECT,
+            Layout::Hybrid => Self::SRTS_INDIRECT,
         }
     }
 }
@@ -251,12 +254,15 @@ mod tests {
 
     #[test]
     fn calibrated_rule() {
-        for layout in [Layout::ByField, Layout::Hybrid] {
-            assert_eq!(Strategy::calibrated_default(layout, 0), Strategy::GRS_DIRECT);
-            assert_eq!(Strategy::calibrated_default(layout, 2), Strategy::GRS_DIRECT);
-            assert_eq!(Strategy::calibrated_default(layout, 3), Strategy::GRS_INDIRECT);
-            assert_eq!(Strategy::calibrated_default(layout, 20), Strategy::GRS_INDIRECT);
-        }
+        let by_field = |m| Strategy::calibrated_default(Layout::ByField, m);
+        assert_eq!(by_field(0), Strategy::GRS_DIRECT);
+        assert_eq!(by_field(2), Strategy::GRS_DIRECT);
+        assert_eq!(by_field(3), Strategy::SRTS_INDIRECT);
+        assert_eq!(by_field(20), Strategy::SRTS_INDIRECT);
+        let hybrid = |m| Strategy::calibrated_default(Layout::Hybrid, m);
+        assert_eq!(hybrid(2), Strategy::SRTS_DIRECT);
+        assert_eq!(hybrid(4), Strategy::SRTS_DIRECT);
+        assert_eq!(hybrid(6), Strategy::SRTS_INDIRECT);
     }
 
     #[test]
