@@ -105,7 +105,10 @@ fn registers(bytes: usize) -> bool {
 impl RegisteredHostAllocator {
     /// Whether `GPUSORT_PIN_REGISTER` leaves the mmap path on (the default).
     fn enabled() -> bool {
-        !matches!(std::env::var("GPUSORT_PIN_REGISTER").as_deref(), Ok("0") | Ok("false") | Ok("off"))
+        !matches!(
+            std::env::var("GPUSORT_PIN_REGISTER").as_deref(),
+            Ok("0") | Ok("false") | Ok("off")
+        )
     }
 
     /// `bytes` (a multiple of 4 KiB) mapped at a huge-page boundary and faulted in.
@@ -170,10 +173,9 @@ impl HostAllocator for RegisteredHostAllocator {
         self.plain.ctx.bind_to_thread().map_err(|e| e.to_string())?;
         let ptr = Self::map(bytes)?;
         // SAFETY: the mapping is ours, faulted in and `bytes` long.
-        let registered = unsafe {
-            sys::cuMemHostRegister_v2(ptr.as_ptr() as *mut _, bytes, sys::CU_MEMHOSTREGISTER_PORTABLE)
-        }
-        .result();
+        let registered =
+            unsafe { sys::cuMemHostRegister_v2(ptr.as_ptr() as *mut _, bytes, sys::CU_MEMHOSTREGISTER_PORTABLE) }
+                .result();
         match registered {
             Ok(()) => Ok(ptr),
             Err(e) => {

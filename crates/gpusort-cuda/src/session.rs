@@ -298,13 +298,21 @@ fn upload_segments(
                 staging.push((pool.alloc(layout.bytes), None));
             }
             let (buf, free) = &mut staging[slot];
+            let wait = Instant::now();
             if let Some(e) = free.take() {
                 e.synchronize()?;
             }
             let start = Instant::now();
             let nullable = stage(layout, &job.parts, buf.as_mut_slice());
-            out.stage_time += start.elapsed();
-            log::debug!(target: "gpusort::timeline", "upload: segment {j} staged ({} rows)", job.rows);
+            let staged = start.elapsed();
+            out.stage_time += staged;
+            log::debug!(
+                target: "gpusort::timeline",
+                "upload: segment {j} staged ({} rows; {:.2} ms waiting for its buffer, {:.2} ms staging)",
+                job.rows,
+                (start - wait).as_secs_f64() * 1e3,
+                staged.as_secs_f64() * 1e3
+            );
             let begin = gpu.event()?;
             begin.record(stream)?;
             let mut segment = DeviceSegment {
@@ -327,6 +335,7 @@ fn upload_segments(
             }
             let end = gpu.event()?;
             end.record(stream)?;
+            log::debug!(target: "gpusort::timeline", "upload: segment {j} copies started");
             *free = Some(gpu.event()?);
             free.as_ref().unwrap().record(stream)?;
             timings.push((begin, end));
