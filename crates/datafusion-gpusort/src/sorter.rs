@@ -76,6 +76,9 @@ use crate::run::{SortedRun, spill_striped};
 /// and at least four times `fetch`.
 const TOPK_MIN_BUFFER_ROWS: usize = 1 << 20;
 
+/// Output batches from which [`GpuSorter::slices`] cuts them on all cores.
+const PARALLEL_SLICES: usize = 64;
+
 /// Key bytes per row and sort key a sort holds on the host besides its input and output (key
 /// words, double buffered, and the permutation).
 const KEY_BYTES_PER_ROW_AND_KEY: usize = 24;
@@ -335,12 +338,22 @@ impl GpuSorter {
     }
 
     /// `sorted` as `batch_size` slices whose view columns keep only their own bytes.
+    ///
+    /// Slicing costs ~0.1 µs per column of each slice (2.9 ms for 1221 slices of 21 columns on
+    /// the H100 machine, on the path between the sort and the first output batch), so many
+    /// slices are cut on all cores.
     fn slices(&self, sorted: &RecordBatch) -> Result<Vec<RecordBatch>> {
         let n = sorted.num_rows();
-        (0..n)
-            .step_by(self.batch_size)
-            .map(|start| compact_views(sorted.slice(start, self.batch_size.min(n - start))))
-            .collect()
+        let count = n.div_ceil(self.batch_size);
+        let slice = |i: usize| {
+            let start = i * self.batch_size;
+            compact_views(sorted.slice(start, self.batch_size.min(n - start)))
+        };
+        if count < PARALLEL_SLICES {
+            (0..count).map(slice).collect()
+        } else {
+            (0..count).into_par_iter().map(slice).collect()
+        }
     }
 
     /// Cuts the buffered rows of a TopK sort down to their best `fetch`.
