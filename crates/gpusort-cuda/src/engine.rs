@@ -145,8 +145,13 @@ pub(crate) struct HistLaunch {
 pub(crate) struct OnesweepPlan {
     pub(crate) launches: Vec<HistLaunch>,
     pub(crate) slot: Vec<Option<usize>>,
-    /// Histogram slots in all (one-sweep passes).
-    pub(crate) slots: usize,
+}
+
+impl OnesweepPlan {
+    /// Histogram slots in all: one per one-sweep pass.
+    pub(crate) fn slots(&self) -> usize {
+        self.launches.iter().map(|l| l.digits as usize).sum()
+    }
 }
 
 /// Whether a pass over `pass`'s digit can run as one sweep: only the 256-bin pass is compiled,
@@ -193,11 +198,7 @@ pub(crate) fn onesweep_plan(n: usize, passes: &[RadixPass]) -> Option<OnesweepPl
             launches.push(launch);
         }
     }
-    Some(OnesweepPlan {
-        launches,
-        slot,
-        slots: next,
-    })
+    Some(OnesweepPlan { launches, slot })
 }
 
 /// What the one-sweep passes of a sort use: the digit offsets of every pass (256 words per
@@ -1080,7 +1081,7 @@ impl Gpu {
         let s = &self.stream;
         let k = &self.kernels;
         let num_tiles = n.div_ceil(self.tile);
-        let mut hist = self.alloc_words(256 * plan.slots)?;
+        let mut hist = self.alloc_words(256 * plan.slots())?;
         s.memset_zeros(&mut hist)?;
         let state = self.alloc_words(onesweep_state_words(num_tiles))?;
         let hist_p = hist.device_ptr(s).0;
@@ -1113,7 +1114,7 @@ impl Gpu {
             };
             prof.mark(self, "onesweep_histogram")?;
         }
-        let (slots, no_constant_flags) = (plan.slots as u32, 0u64);
+        let (slots, no_constant_flags) = (plan.slots() as u32, 0u64);
         // SAFETY: one block per 256-word slot of `hist`; n > 0; a null `constant` is not written.
         unsafe {
             s.launch_builder(&k.onesweep_scan)
@@ -1209,19 +1210,22 @@ impl Gpu {
         let mask = (1u32 << pass.bits) - 1;
         let len = bins * grid;
         let (lanes, num_lanes) = x.lanes(p);
-        // SAFETY: the kernels read n rows of the digit word; counts hold bins * grid words;
-        // the lane table lists buffers of n rows.
-        unsafe {
-            s.launch_builder(up)
-                .arg(&n32)
+        // Upsweep and downsweep share their first arguments: rows, digit word, digit, tiles
+        // and the counts.
+        let sweep = |f| {
+            let mut b = s.launch_builder(f);
+            b.arg(&n32)
                 .arg(&x.digit_src[p])
                 .arg(&pass.shift)
                 .arg(&mask)
                 .arg(&tiles_per_block)
                 .arg(&tiles32)
-                .arg(&counts_p)
-                .launch(cfg(grid, 0))?;
-        }
+                .arg(&counts_p);
+            b
+        };
+        // SAFETY: the kernels read n rows of the digit word; counts hold bins * grid words;
+        // the lane table lists buffers of n rows.
+        unsafe { sweep(up).launch(cfg(grid, 0))? };
         prof.mark(self, "srts_upsweep")?;
         // Top-level scan: one block for short spines; the three-kernel scan (chunk sums,
         // a one-block scan of the sums, chunk scans) when a single block would be slow.
@@ -1239,19 +1243,12 @@ impl Gpu {
         prof.mark(self, "srts_spine")?;
         // SAFETY: as above.
         unsafe {
-            s.launch_builder(down)
-                .arg(&n32)
-                .arg(&x.digit_src[p])
-                .arg(&pass.shift)
-                .arg(&mask)
-                .arg(&tiles_per_block)
-                .arg(&tiles32)
-                .arg(&counts_p)
+            sweep(down)
                 .arg(&lanes)
                 .arg(&num_lanes)
                 .arg(&x.recs[p])
-                .launch(cfg(grid, x.dyn_smem))?;
-        }
+                .launch(cfg(grid, x.dyn_smem))?
+        };
         prof.mark(self, "srts_downsweep")
     }
 
@@ -1584,7 +1581,7 @@ mod tests {
                 for (p, q) in passes.iter().enumerate() {
                     assert_eq!(plan.slot[p].is_some(), q.bits >= ONESWEEP_MIN_BITS, "{bits}: {q:?}");
                 }
-                assert_eq!(plan.slots, plan.slot.iter().flatten().count());
+                assert_eq!(plan.slots(), plan.slot.iter().flatten().count());
             }
         }
         // A narrow digit among 8-bit ones: only that pass runs the three kernels.
@@ -1630,7 +1627,7 @@ mod tests {
             ]
         );
         assert_eq!(plan.slot, (0..8).map(Some).collect::<Vec<_>>());
-        assert_eq!(plan.slots, 8);
+        assert_eq!(plan.slots(), 8);
         // Every pass has its own slot, in the launch of its word, at its digit's index there.
         for (p, q) in passes.iter().enumerate() {
             let l = plan
