@@ -85,8 +85,11 @@ const HUGE_PAGE: usize = 2 << 20;
 
 /// Pinned blocks made fast: large blocks are mapped anonymously, aligned to and advised for
 /// transparent huge pages, faulted in by every core in parallel, then registered with the
-/// driver (`cuMemHostRegister`, portable); blocks below [`REGISTER_MIN`] and any block whose
-/// mapping or registration fails come from `cuMemHostAlloc`.
+/// driver (`cuMemHostRegister`, portable); blocks below [`REGISTER_MIN`] come from
+/// `cuMemHostAlloc`. A large block whose mapping or registration fails is refused, as a
+/// refused `cuMemHostAlloc` is: the pool hands out heap memory and keeps the reason
+/// ([`PinnedPool::last_error`]). `free` tells the two kinds apart by size alone, so a large
+/// block never comes from `cuMemHostAlloc`.
 ///
 /// Why: `cuMemHostAlloc` faults and locks its pages on one thread, at 1.4–1.5 GB/s on the
 /// H100 machine, so an external sort's first runs spent ~0.5 s each pinning their output.
