@@ -170,6 +170,117 @@ impl KeyLayout {
     }
 }
 
+impl KeyLayout {
+    /// The layout of the fields of `spec`'s keys, given for each its null bits, value bits,
+    /// exactness and encoding, placed one after the other from the most significant bit.
+    fn from_parts(spec: &SortSpec, parts: impl Iterator<Item = (u32, u32, bool, FieldEncoding)>) -> Result<Self> {
+        let mut pos = 0u32;
+        let mut fields = Vec::with_capacity(spec.len());
+        for (k, (null_bits, value_bits, exact, encoding)) in spec.keys().iter().zip(parts) {
+            let field = KeyField {
+                column: k.column,
+                options: k.options,
+                pos,
+                null_bits,
+                value_bits,
+                exact,
+                encoding,
+            };
+            pos = pos
+                .checked_add(field.bits())
+                .ok_or_else(|| GpusortError::InvalidOption("sort key longer than 2^32 bits".into()))?;
+            fields.push(field);
+        }
+        Ok(Self {
+            fields,
+            total_bits: pos,
+        })
+    }
+
+    /// The layout [`KeyEncoder::try_new`] builds for sort columns that are all
+    /// [native](native_ordinal_kind), from their statistics alone (gathered where the values
+    /// are, e.g. on a GPU): `stats[i]` describes the column of `spec`'s key `i`.
+    ///
+    /// A field gets a null flag when its column has both null and valid rows, and
+    /// `bit_len(max - min)` value bits; a column whose rows are all null is a constant field.
+    pub fn from_native_stats(spec: &SortSpec, stats: &[NativeColumnStats]) -> Result<Self> {
+        if stats.len() != spec.len() {
+            return Err(GpusortError::InvalidOption(format!(
+                "{} column statistics for {} sort keys",
+                stats.len(),
+                spec.len()
+            )));
+        }
+        Self::from_parts(
+            spec,
+            stats.iter().map(|s| match s.bounds {
+                // Every row null: nothing to tell apart.
+                None if s.rows > 0 => (0, 0, true, FieldEncoding::Constant),
+                bounds => {
+                    let (min, max) = bounds.unwrap_or_default();
+                    let null_bits = (s.valid_rows < s.rows) as u32;
+                    let value_bits = u64::BITS - max.wrapping_sub(min).leading_zeros();
+                    let encoding = FieldEncoding::Ordinal {
+                        kind: s.kind,
+                        min: U256 { hi: 0, lo: min as u128 },
+                        max: U256 { hi: 0, lo: max as u128 },
+                    };
+                    (null_bits, value_bits, true, encoding)
+                }
+            }),
+        )
+    }
+
+    /// Most words a key of `spec` over columns of `schema` can take when every sort column is
+    /// [native](native_ordinal_kind) (a null flag and every bit of the type per field), else
+    /// `None`.
+    pub fn native_max_words(spec: &SortSpec, schema: &arrow::datatypes::Schema) -> Option<usize> {
+        let mut bits = 0usize;
+        for k in spec.keys() {
+            let kind = native_ordinal_kind(schema.fields().get(k.column)?.data_type())?;
+            bits += 1 + 8 * kind.native_width()? as usize;
+        }
+        Some(bits.div_ceil(32))
+    }
+}
+
+/// What a sort column of a native type (see [`native_ordinal_kind`]) contributes to its key
+/// field: enough to lay the key out without the values ([`KeyLayout::from_native_stats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NativeColumnStats {
+    /// How the column's values map to ordinals.
+    pub kind: OrdinalKind,
+    /// Rows of the column.
+    pub rows: usize,
+    /// Rows that are not null.
+    pub valid_rows: usize,
+    /// Smallest and largest ordinal among the valid rows (`None` when there are none).
+    pub bounds: Option<(u64, u64)>,
+}
+
+/// The ordinal kind of a column type whose values are native integers or floats of 1, 2, 4
+/// or 8 bytes, stored as such ([`OrdinalKind::Unsigned`], [`OrdinalKind::Signed`] or
+/// [`OrdinalKind::Float`]): the types whose keys a device can encode from the raw values.
+/// `None` for every other type (booleans, intervals, 16 and 32-byte decimals, strings,
+/// dictionaries, nested types).
+pub fn native_ordinal_kind(data_type: &arrow::datatypes::DataType) -> Option<OrdinalKind> {
+    use arrow::datatypes::{DataType::*, IntervalUnit};
+    Some(match data_type {
+        Int8 => OrdinalKind::Signed(1),
+        Int16 => OrdinalKind::Signed(2),
+        Int32 | Date32 | Time32(_) | Decimal32(_, _) | Interval(IntervalUnit::YearMonth) => OrdinalKind::Signed(4),
+        Int64 | Date64 | Time64(_) | Timestamp(_, _) | Duration(_) | Decimal64(_, _) => OrdinalKind::Signed(8),
+        UInt8 => OrdinalKind::Unsigned(1),
+        UInt16 => OrdinalKind::Unsigned(2),
+        UInt32 => OrdinalKind::Unsigned(4),
+        UInt64 => OrdinalKind::Unsigned(8),
+        Float16 => OrdinalKind::Float(2),
+        Float32 => OrdinalKind::Float(4),
+        Float64 => OrdinalKind::Float(8),
+        _ => return None,
+    })
+}
+
 /// Keys in the ByField layout: `words[w][row]`, word 0 most significant.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EncodedKeys {
@@ -220,23 +331,17 @@ impl KeyEncoder {
                 build_field(name, batch.column(k.column), k.options, options)
             })
             .collect::<Result<Vec<_>>>()?;
-        let mut pos = 0u32;
-        let mut layout_fields = Vec::with_capacity(fields.len());
-        for (k, f) in spec.keys().iter().zip(&fields) {
-            let field = KeyField {
-                column: k.column,
-                options: k.options,
-                pos,
-                null_bits: f.flag.bits(),
-                value_bits: f.encoder.value_bits(),
-                exact: f.encoder.exact(),
-                encoding: f.encoder.encoding(),
-            };
-            pos = pos
-                .checked_add(field.bits())
-                .ok_or_else(|| GpusortError::InvalidOption("sort key longer than 2^32 bits".into()))?;
-            layout_fields.push(field);
-        }
+        let layout = KeyLayout::from_parts(
+            spec,
+            fields.iter().map(|f| {
+                (
+                    f.flag.bits(),
+                    f.encoder.value_bits(),
+                    f.encoder.exact(),
+                    f.encoder.encoding(),
+                )
+            }),
+        )?;
         let sort_columns = spec
             .keys()
             .iter()
@@ -253,10 +358,7 @@ impl KeyEncoder {
             })
             .collect();
         Ok(Self {
-            layout: KeyLayout {
-                fields: layout_fields,
-                total_bits: pos,
-            },
+            layout,
             fields,
             sort_columns,
             num_rows: batch.num_rows(),

@@ -144,6 +144,16 @@ pub enum OrdinalKind {
     DictionaryRank,
 }
 
+impl OrdinalKind {
+    /// Bytes of a value of an unsigned, signed or float kind (`None` for the others).
+    pub fn native_width(self) -> Option<u8> {
+        match self {
+            OrdinalKind::Unsigned(w) | OrdinalKind::Signed(w) | OrdinalKind::Float(w) => Some(w),
+            _ => None,
+        }
+    }
+}
+
 /// A native value with an order-preserving [`Ordinal`] image.
 pub trait ToOrdinal: Copy {
     /// The ordinal type.

@@ -484,3 +484,129 @@ fn encode_into_recycled_memory_matches_encode_and_finds_the_varying_bits() {
     assert!(enc.encode_into(&mut views).iter().all(|v| *v == 0));
     assert_eq!(words, enc.encode().words);
 }
+
+/// Native columns of every native kind: with and without nulls, all null, one value, ranges
+/// that need every bit of the type.
+fn native_columns() -> Vec<ArrayRef> {
+    vec![
+        Arc::new(Int8Array::from(vec![Some(-3), None, Some(i8::MAX), Some(i8::MIN)])),
+        Arc::new(Int16Array::from(vec![Some(7), Some(7), Some(7), Some(7)])),
+        Arc::new(Int32Array::from(vec![None, Some(-1), None, Some(1 << 20)])),
+        Arc::new(Int64Array::from(vec![i64::MIN, 0, i64::MAX, -1])),
+        Arc::new(UInt8Array::from(vec![None, None, None, None])),
+        Arc::new(UInt16Array::from(vec![1, 2, 3, 4])),
+        Arc::new(UInt32Array::from(vec![Some(u32::MAX), Some(0), None, Some(5)])),
+        Arc::new(UInt64Array::from(vec![u64::MAX, 0, 1, 2])),
+        Arc::new(Float16Array::from(vec![
+            f16::NAN,
+            f16::NEG_INFINITY,
+            f16::ZERO,
+            f16::ONE,
+        ])),
+        Arc::new(Float32Array::from(vec![Some(-0.0), Some(0.0), None, Some(f32::NAN)])),
+        Arc::new(Float64Array::from(vec![
+            -1.5,
+            f64::INFINITY,
+            f64::MIN_POSITIVE,
+            -f64::NAN,
+        ])),
+        Arc::new(Date32Array::from(vec![Some(19000), None, Some(-5), Some(19001)])),
+        Arc::new(TimestampNanosecondArray::from(vec![1, 2, 3, i64::MAX])),
+        Arc::new(
+            Decimal64Array::from(vec![10, -20, 30, 40])
+                .with_precision_and_scale(18, 2)
+                .unwrap(),
+        ),
+    ]
+}
+
+#[test]
+fn layouts_from_native_statistics_match_the_encoder() {
+    let cols = native_columns();
+    let fields: Vec<Field> = cols
+        .iter()
+        .enumerate()
+        .map(|(i, c)| Field::new(format!("c{i}"), c.data_type().clone(), true))
+        .collect();
+    let schema = Arc::new(Schema::new(fields));
+    let batch = RecordBatch::try_new(Arc::clone(&schema), cols.clone()).unwrap();
+    // Every column alone, and runs of three (fields that straddle words), in both directions
+    // and null placements.
+    check_native_layouts(&batch, &cols);
+    // No rows at all.
+    let empty: Vec<ArrayRef> = cols.iter().map(|c| c.slice(0, 0)).collect();
+    check_native_layouts(&RecordBatch::try_new(schema, empty.clone()).unwrap(), &empty);
+}
+
+fn check_native_layouts(batch: &RecordBatch, cols: &[ArrayRef]) {
+    let schema = batch.schema();
+    let mut specs: Vec<Vec<usize>> = (0..cols.len()).map(|c| vec![c]).collect();
+    specs.extend((0..cols.len() - 2).map(|c| vec![c, c + 1, c + 2]));
+    specs.push((0..cols.len()).rev().collect());
+    for columns in specs {
+        for mask in 0..4u32 {
+            let spec = SortSpec::new(columns.iter().map(|&c| SortKey::new(c, mask & 1 == 1, mask & 2 == 2)));
+            let layout = KeyEncoder::try_new(batch, &spec, &EncoderOptions::default())
+                .unwrap()
+                .layout()
+                .clone();
+            // The statistics a device would gather: counts from the column, bounds from the
+            // encoder's own analysis.
+            let stats: Vec<NativeColumnStats> = columns
+                .iter()
+                .zip(layout.fields())
+                .map(|(&c, f)| {
+                    let col = &cols[c];
+                    let bounds = match &f.encoding {
+                        FieldEncoding::Ordinal { min, max, .. } => {
+                            (col.len() > col.null_count()).then_some((min.lo as u64, max.lo as u64))
+                        }
+                        FieldEncoding::Constant => None,
+                        other => panic!("column {c}: {other:?}"),
+                    };
+                    NativeColumnStats {
+                        kind: native_ordinal_kind(col.data_type()).unwrap(),
+                        rows: col.len(),
+                        valid_rows: col.len() - col.null_count(),
+                        bounds,
+                    }
+                })
+                .collect();
+            assert_eq!(
+                KeyLayout::from_native_stats(&spec, &stats).unwrap(),
+                layout,
+                "{columns:?} {mask}"
+            );
+            let max_words = KeyLayout::native_max_words(&spec, &schema).unwrap();
+            assert!(
+                layout.num_words() <= max_words,
+                "{columns:?}: {layout:?} > {max_words} words"
+            );
+        }
+    }
+}
+
+#[test]
+fn native_kinds_agree_with_the_encoder() {
+    for col in native_columns() {
+        let kind = native_ordinal_kind(col.data_type()).unwrap();
+        let field = build_field("c", &col, SortOptions::default(), &EncoderOptions::default()).unwrap();
+        if let FieldEncoding::Ordinal { kind: k, .. } = field.encoder.encoding() {
+            assert_eq!(k, kind, "{}", col.data_type());
+        }
+        let width = kind.native_width().unwrap() as usize;
+        assert_eq!(Some(width), col.data_type().primitive_width(), "{}", col.data_type());
+    }
+    for t in [
+        DataType::Boolean,
+        DataType::Utf8,
+        DataType::Decimal128(10, 2),
+        DataType::Interval(IntervalUnit::DayTime),
+        DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)),
+    ] {
+        assert_eq!(native_ordinal_kind(&t), None, "{t}");
+    }
+    let spec = SortSpec::new([SortKey::new(0, false, false)]);
+    let schema = Schema::new(vec![Field::new("s", DataType::Utf8, true)]);
+    assert_eq!(KeyLayout::native_max_words(&spec, &schema), None);
+}
