@@ -1,9 +1,10 @@
 //! [`CudaBackend`]: the GPU record sorts behind [`gpusort::SortBackend`]: Arrow columns in,
 //! sorted Arrow columns out, the same rows in the same order as the CPU backend.
 //!
-//! A sort encodes the key on the host ([`gpusort::keys`]), uploads the key words that vary and
-//! every fixed-width column of up to 16 bytes (primitives, fixed-size binaries) from pinned
-//! memory, and runs the planned strategy on the device:
+//! A sort uploads every fixed-width column of up to 16 bytes (primitives, fixed-size binaries)
+//! from pinned memory, encodes the key on the device from its columns when they are all native
+//! integers or floats ([`crate::encode`]) or else on the host ([`gpusort::keys`], uploading the
+//! key words that vary), and runs the planned strategy on the device:
 //!
 //! - **direct**: the columns move with the keys in every pass, their validity bits packed 32
 //!   columns to a u32 lane that moves too;
@@ -23,7 +24,7 @@ use std::sync::{Arc, Mutex};
 
 use arrow::datatypes::SchemaRef;
 use gpusort::cpu::gather::fixed_width;
-use gpusort::{KeyEncoder, SortBackend, SortOutput, SortRequest, SortSpec};
+use gpusort::{KeyEncoder, KeyLayout, SortBackend, SortOutput, SortRequest, SortSpec};
 
 use crate::engine::{Gpu, gather_bytes_per_row};
 use crate::error::{CudaSortError, Result};
@@ -108,11 +109,14 @@ impl CudaBackend {
     /// free): what an external sort sizes its runs by.
     ///
     /// The estimate is conservative: it counts every key word of the sample's layout plus one
-    /// more per sort key (other batches may span wider ranges), every fixed-width column as
+    /// more per sort key (other batches may span wider ranges), or every word a key encoded on
+    /// the device can take when that is more, every fixed-width column as
     /// nullable, and the larger of the direct and indirect footprints.
     pub fn max_rows_within(&self, request: &SortRequest<'_>, memory_limit: Option<usize>) -> Result<usize> {
         let encoder = KeyEncoder::try_new(request.batch, request.spec, &request.encoder)?;
-        let words = encoder.layout().num_words() + request.spec.len();
+        // Keys encoded on the device hold every word their types can take while they encode.
+        let words = (encoder.layout().num_words() + request.spec.len())
+            .max(KeyLayout::native_max_words(request.spec, &request.batch.schema()).unwrap_or(0));
         let widths: Vec<usize> = request
             .batch
             .columns()

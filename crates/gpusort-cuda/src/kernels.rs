@@ -19,6 +19,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("gather.cu", include_str!("../../../kernels/gather.cu")),
     ("msd.cu", include_str!("../../../kernels/msd.cu")),
     ("onesweep.cu", include_str!("../../../kernels/onesweep.cu")),
+    ("keys.cu", include_str!("../../../kernels/keys.cu")),
 ];
 
 /// NVRTC options besides the architecture.
@@ -243,6 +244,10 @@ pub struct Kernels {
     pub msd_subsegments: CudaFunction,
     /// The block-local sorts of small segments.
     pub msd_local: CudaFunction,
+    /// Bounds and valid rows of a native sort column.
+    pub key_bounds: CudaFunction,
+    /// The key words of native sort columns, and the bits that vary.
+    pub encode_keys: CudaFunction,
 }
 
 /// Bins of the MSD partition kernels `msd_*_b8` and `msd_*_b11`.
@@ -318,6 +323,8 @@ impl Kernels {
             msd_scatter: [f("msd_scatter_b8")?, f("msd_scatter_b11")?],
             msd_subsegments: f("msd_subsegments")?,
             msd_local: f("msd_local")?,
+            key_bounds: f("key_bounds")?,
+            encode_keys: f("encode_keys")?,
             module: module.clone(),
         };
         for func in [

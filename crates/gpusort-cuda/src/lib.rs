@@ -2,7 +2,7 @@
 //! compilation of the kernels in `kernels/` with an on-disk cache ([`kernels`]), the process's
 //! pool of pinned host memory ([`pinned`]) and copies through it ([`transfer`]), the GRS and
 //! SRTS record sorts of Bandyopadhyay & Sahni, direct and indirect, ByField and Hybrid
-//! ([`engine`]), [`CudaBackend`], which implements [`gpusort::SortBackend`] with them, and its
+//! ([`engine`]), sort keys encoded on the device ([`encode`]), [`CudaBackend`], which implements [`gpusort::SortBackend`] with them, and its
 //! streaming sort, [`GpuSortSession`]. No DataFusion code lives here.
 //!
 //! Everything builds and links without CUDA: the driver and NVRTC are loaded at run time, and
@@ -10,6 +10,7 @@
 
 mod backend;
 pub mod device;
+pub mod encode;
 pub mod engine;
 mod error;
 pub mod kernels;

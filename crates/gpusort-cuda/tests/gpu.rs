@@ -14,6 +14,8 @@
 //!   one-sweep grid, and on 100M rows;
 //! - `backend_*`: the Arrow backend against the stable reference on random tables (every
 //!   sortable type, nulls, strings, limits), as the CPU backend's fuzz test does;
+//! - `device_key_encoding_*`: keys of native columns encoded on the device, bit for bit against
+//!   the host encoder;
 //! - `sanitize_*`: every kernel on small inputs, for `compute-sanitizer`.
 
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -22,7 +24,7 @@ use arrow::array::{ArrayRef, RecordBatch, UInt32Array};
 use arrow::datatypes::{DataType, Field, Schema};
 use cudarc::driver::CudaSlice;
 use gpusort::plan::{RadixPass, Strategy, radix_passes, varying_bits};
-use gpusort::{CpuBackend, EncoderOptions, SortBackend, SortKey, SortRequest, SortSpec};
+use gpusort::{CpuBackend, EncoderOptions, KeyEncoder, SortBackend, SortKey, SortRequest, SortSpec};
 use gpusort_cuda::{CudaBackend, DeviceColumn, DeviceRecords, DeviceTable, Gpu, GpuSortPlan};
 use gpusort_testing::{EDGE_SIZES, assert_matches_reference, random_case, rng_from_env};
 use rand::prelude::*;
@@ -410,6 +412,135 @@ fn backend_large_batch_both_strategies() {
     }
 }
 
+/// Uploads the columns of `spec`'s keys as a session holds them (values, and validity bits
+/// when there are nulls), encodes the key on the device, and checks the layout, the words and
+/// the varying bits against the host encoder.
+fn check_device_keys(gpu: &Gpu, batch: &RecordBatch, spec: &SortSpec, what: &str) {
+    use gpusort::cpu::gather::fixed_values;
+    use gpusort::keys::{KeyLayout, native_ordinal_kind};
+    use gpusort_cuda::encode::DeviceKeyColumn;
+    let n = batch.num_rows();
+    let s = gpu.stream();
+    let host = KeyEncoder::try_new(batch, spec, &EncoderOptions::default()).unwrap();
+    let expected = host.encode();
+    let uploaded: Vec<(CudaSlice<u8>, Option<CudaSlice<u8>>)> = spec
+        .keys()
+        .iter()
+        .map(|k| {
+            let col = batch.column(k.column);
+            let width = col.data_type().primitive_width().unwrap();
+            let values = s
+                .clone_htod(&pad(fixed_values(col.as_ref(), width).as_slice()))
+                .unwrap();
+            let valid = col.nulls().filter(|nb| nb.null_count() > 0).map(|nb| {
+                let bits: Vec<u8> = (0..n.div_ceil(8))
+                    .map(|b| {
+                        (0..8).fold(0u8, |acc, j| {
+                            acc | ((b * 8 + j < n && nb.is_valid(b * 8 + j)) as u8) << j
+                        })
+                    })
+                    .collect();
+                s.clone_htod(&pad(&bits)).unwrap()
+            });
+            (values, valid)
+        })
+        .collect();
+    let columns: Vec<DeviceKeyColumn<'_>> = spec
+        .keys()
+        .iter()
+        .zip(&uploaded)
+        .map(|(k, (values, valid))| DeviceKeyColumn {
+            values,
+            valid: valid.as_ref(),
+            kind: native_ordinal_kind(batch.schema().field(k.column).data_type()).unwrap(),
+        })
+        .collect();
+    let stats = gpu.native_key_stats(&columns, n).unwrap();
+    let layout = KeyLayout::from_native_stats(spec, &stats).unwrap();
+    assert_eq!(&layout, host.layout(), "{what}: layout from device statistics");
+    let (words, varying) = gpu.encode_native_keys(&columns, &layout, n).unwrap();
+    assert_eq!(varying, varying_bits(&expected.words), "{what}: varying bits");
+    for (w, (dev, want)) in words.iter().zip(&expected.words).enumerate() {
+        let got = down(s, dev, n);
+        if let Some(row) = (0..n).find(|&i| got[i] != want[i]) {
+            panic!(
+                "{what}: word {w} of row {row}: device {:#010x}, host {:#010x} (layout {layout:?})",
+                got[row], want[row]
+            );
+        }
+    }
+}
+
+/// Keys of native columns encoded on the device equal the host encoder's, bit for bit: every
+/// native type, extremes, NaN and signed zeros, nulls first and last, all-null and constant
+/// columns, both directions, several fields straddling words, 0 to 2 tiles of rows.
+#[test]
+fn device_key_encoding_matches_the_host_encoder() {
+    use gpusort_testing::{ColumnShape, random_array};
+    let Some(b) = backend() else { return };
+    let gpu = b.gpu();
+    let mut rng = SmallRng::seed_from_u64(16);
+    let types: Vec<DataType> = gpusort_testing::sortable_types()
+        .into_iter()
+        .filter(|t| gpusort::keys::native_ordinal_kind(t).is_some())
+        .collect();
+    assert!(types.len() >= 20, "native types to test: {types:?}");
+    let shapes = [
+        ColumnShape {
+            null_fraction: 0.0,
+            distinct: None,
+        },
+        ColumnShape {
+            null_fraction: 0.3,
+            distinct: None,
+        },
+        ColumnShape {
+            null_fraction: 0.2,
+            distinct: Some(3),
+        },
+        ColumnShape {
+            null_fraction: 1.0,
+            distinct: None,
+        },
+        ColumnShape {
+            null_fraction: 0.0,
+            distinct: Some(1),
+        },
+    ];
+    let mut cases = 0;
+    for n in [0, 1, 2, 100, gpu.tile() + 1, 2 * gpu.tile() + 77] {
+        for t in &types {
+            for shape in shapes {
+                let col = random_array(&mut rng, t, n, shape);
+                let (t1, t2) = (rng.random_range(0..types.len()), rng.random_range(0..types.len()));
+                let other = random_array(&mut rng, &types[t1], n, shapes[1]);
+                let third = random_array(&mut rng, &types[t2], n, shapes[0]);
+                let batch = RecordBatch::try_new(
+                    std::sync::Arc::new(Schema::new(vec![
+                        Field::new("a", col.data_type().clone(), true),
+                        Field::new("b", other.data_type().clone(), true),
+                        Field::new("c", third.data_type().clone(), true),
+                    ])),
+                    vec![col, other, third],
+                )
+                .unwrap();
+                let desc = rng.random_bool(0.5);
+                let nulls_first = rng.random_bool(0.5);
+                let alone = SortSpec::new([SortKey::new(0, desc, nulls_first)]);
+                check_device_keys(gpu, &batch, &alone, &format!("{t} n={n} {shape:?} desc={desc}"));
+                let three = SortSpec::new([
+                    SortKey::new(1, rng.random_bool(0.5), rng.random_bool(0.5)),
+                    SortKey::new(0, desc, nulls_first),
+                    SortKey::new(2, rng.random_bool(0.5), rng.random_bool(0.5)),
+                ]);
+                check_device_keys(gpu, &batch, &three, &format!("{t} n={n} {shape:?} three fields"));
+                cases += 2;
+            }
+        }
+    }
+    eprintln!("device key encoding: {cases} cases equal to the host encoder");
+}
+
 /// Every kernel once on small inputs: run under `compute-sanitizer --tool memcheck` and
 /// `--tool racecheck`.
 #[test]
@@ -470,4 +601,11 @@ fn sanitize_every_kernel() {
             .unwrap();
         assert_matches_reference(&batch, &spec, None, &out, &format!("sanitize validity {strategy}"));
     }
+    // Keys encoded on the device (key_bounds, encode_keys): a nullable field and a plain one.
+    check_device_keys(
+        gpu,
+        &batch,
+        &SortSpec::new([SortKey::new(1, true, true), SortKey::new(0, false, false)]),
+        "sanitize device keys",
+    );
 }

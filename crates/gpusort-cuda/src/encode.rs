@@ -1,0 +1,192 @@
+//! Sort keys encoded on the device from the sort columns a sort has uploaded anyway
+//! (`kernels/keys.cu`), for keys whose columns are all native integers or floats
+//! ([`native_ordinal_kind`](gpusort::keys::native_ordinal_kind)).
+//!
+//! The host encoder ([`gpusort::KeyEncoder`]) needs the whole column on the host: a
+//! concatenation of the batches, a pass for the bounds, a pass to write the words, and the
+//! words' upload. On the device the same key takes two passes over columns that are already
+//! there, and nothing crosses PCIe but a few numbers:
+//!
+//! 1. [`Gpu::native_key_stats`]: each sort column's bounds (minimum and maximum ordinal of
+//!    its valid rows) and valid row count, from which the host lays the key out exactly as
+//!    its own encoder would ([`KeyLayout::from_native_stats`]);
+//! 2. [`Gpu::encode_native_keys`]: every key word of every row, and which bits vary (what
+//!    the radix passes are planned by).
+//!
+//! The words are bit for bit those of the host encoder, so both backends sort the same keys.
+
+use cudarc::driver::{CudaSlice, DevicePtr, PushKernelArg};
+use gpusort::keys::{FieldEncoding, KeyLayout, NativeColumnStats, OrdinalKind};
+
+use crate::engine::Gpu;
+use crate::error::{CudaSortError, Result};
+
+/// Most key words [`Gpu::encode_native_keys`] writes (`KEY_MAX_WORDS` in kernels/keys.cu).
+pub const KEY_MAX_WORDS: usize = 16;
+
+/// A sort column on the device: its values and, when it has nulls, its validity bits (row 0
+/// at bit 0).
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceKeyColumn<'a> {
+    /// `n` values of the kind's width.
+    pub values: &'a CudaSlice<u8>,
+    /// The validity bitmap, or `None` when every row is valid.
+    pub valid: Option<&'a CudaSlice<u8>>,
+    /// How values map to ordinals: unsigned, signed or float, 1 to 8 bytes.
+    pub kind: OrdinalKind,
+}
+
+/// keys.cu's kind codes and the value width of a native kind.
+fn kind_code(kind: OrdinalKind) -> Result<(u32, u32)> {
+    match kind {
+        OrdinalKind::Unsigned(w) => Ok((0, w as u32)),
+        OrdinalKind::Signed(w) => Ok((1, w as u32)),
+        OrdinalKind::Float(w) => Ok((2, w as u32)),
+        other => Err(CudaSortError::Unsupported(format!(
+            "device key encoding of {other:?} values"
+        ))),
+    }
+    .and_then(|(code, w)| match w {
+        1 | 2 | 4 | 8 => Ok((code, w)),
+        _ => Err(CudaSortError::Unsupported(format!(
+            "device key encoding of {w}-byte values"
+        ))),
+    })
+}
+
+impl Gpu {
+    /// The statistics of `columns` (each of `n` rows) a key layout needs, in one launch per
+    /// column and one synchronization.
+    pub fn native_key_stats(&self, columns: &[DeviceKeyColumn<'_>], n: usize) -> Result<Vec<NativeColumnStats>> {
+        if columns.is_empty() {
+            return Ok(vec![]);
+        }
+        let s = self.stream();
+        let init: Vec<u64> = columns.iter().flat_map(|_| [u64::MAX, 0, 0]).collect();
+        let out = s.clone_htod(&init)?;
+        let base = out.device_ptr(s).0;
+        let n32 = u32::try_from(n).map_err(|_| CudaSortError::Unsupported(format!("{n} rows in one sort")))?;
+        for (i, c) in columns.iter().enumerate() {
+            let (kind, width) = kind_code(c.kind)?;
+            check_len(c, n, width)?;
+            let values = c.values.device_ptr(s).0;
+            let valid = c.valid.map_or(0, |v| v.device_ptr(s).0);
+            let dst = base + (24 * i) as u64;
+            // SAFETY: `values` holds n values of `width` bytes and `valid` n bits (checked
+            // above); `dst` is this column's three words of `out`.
+            unsafe {
+                s.launch_builder(&self.kernels().key_bounds)
+                    .arg(&n32)
+                    .arg(&values)
+                    .arg(&valid)
+                    .arg(&width)
+                    .arg(&kind)
+                    .arg(&dst)
+                    .launch(self.grid_for(n))?
+            };
+        }
+        let host = s.clone_dtoh(&out)?;
+        Ok(columns
+            .iter()
+            .zip(host.chunks(3))
+            .map(|(c, v)| NativeColumnStats {
+                kind: c.kind,
+                rows: n,
+                valid_rows: v[2] as usize,
+                bounds: (v[2] > 0).then_some((v[0], v[1])),
+            })
+            .collect())
+    }
+
+    /// The key words of `n` rows of `columns` (one per field of `layout`, in its order), each
+    /// a device array of `n` words, word 0 most significant, and for each word the bits that
+    /// vary between rows. `layout` comes from [`KeyLayout::from_native_stats`] over
+    /// [`Gpu::native_key_stats`] of the same columns.
+    pub fn encode_native_keys(
+        &self,
+        columns: &[DeviceKeyColumn<'_>],
+        layout: &KeyLayout,
+        n: usize,
+    ) -> Result<(Vec<CudaSlice<u32>>, Vec<u32>)> {
+        let num_words = layout.num_words();
+        if num_words > KEY_MAX_WORDS {
+            return Err(CudaSortError::Unsupported(format!(
+                "device key encoding of {num_words} key words (at most {KEY_MAX_WORDS})"
+            )));
+        }
+        if columns.len() != layout.fields().len() {
+            return Err(CudaSortError::Unsupported(format!(
+                "{} columns for {} key fields",
+                columns.len(),
+                layout.fields().len()
+            )));
+        }
+        let s = self.stream();
+        let words: Vec<CudaSlice<u32>> = (0..num_words).map(|_| self.alloc_words(n)).collect::<Result<_>>()?;
+        if num_words == 0 || n == 0 {
+            return Ok((words, vec![0; num_words]));
+        }
+        // keys.cu's KeyFieldDesc, 8 words per field.
+        let mut desc: Vec<u64> = Vec::with_capacity(8 * columns.len());
+        for (c, f) in columns.iter().zip(layout.fields()) {
+            let (kind, width) = kind_code(c.kind)?;
+            check_len(c, n, width)?;
+            let (min, max) = match &f.encoding {
+                FieldEncoding::Ordinal { min, max, .. } => (min.lo as u64, max.lo as u64),
+                FieldEncoding::Constant => (0, 0),
+                other => {
+                    return Err(CudaSortError::Unsupported(format!("device key encoding of {other:?}")));
+                }
+            };
+            let pos = layout.pad() + f.pos;
+            desc.extend([
+                c.values.device_ptr(s).0,
+                c.valid.map_or(0, |v| v.device_ptr(s).0),
+                min,
+                max,
+                width as u64 | ((kind as u64) << 32),
+                pos as u64 | ((f.null_bits as u64) << 32),
+                f.value_bits as u64 | ((f.options.nulls_first as u64) << 32),
+                f.options.descending as u64,
+            ]);
+        }
+        let desc_dev = s.clone_htod(&desc)?;
+        let word_ptrs: Vec<u64> = words.iter().map(|w| w.device_ptr(s).0).collect();
+        let ptrs_dev = s.clone_htod(&word_ptrs)?;
+        let init: Vec<u32> = (0..num_words).flat_map(|_| [0, u32::MAX]).collect();
+        let varying_dev = s.clone_htod(&init)?;
+        let (desc_p, ptrs_p, var_p) = (
+            desc_dev.device_ptr(s).0,
+            ptrs_dev.device_ptr(s).0,
+            varying_dev.device_ptr(s).0,
+        );
+        let (n32, nfields, nwords) = (n as u32, columns.len() as u32, num_words as u32);
+        // SAFETY: every field's column holds n values (and bits), checked above; `ptrs` lists
+        // `nwords` arrays of n words; `varying` holds 2 * nwords words.
+        unsafe {
+            s.launch_builder(&self.kernels().encode_keys)
+                .arg(&n32)
+                .arg(&desc_p)
+                .arg(&nfields)
+                .arg(&ptrs_p)
+                .arg(&nwords)
+                .arg(&var_p)
+                .launch(self.grid_for(n))?
+        };
+        // Synchronizes: the tables above outlive the kernel.
+        let host = s.clone_dtoh(&varying_dev)?;
+        let varying = host.chunks(2).map(|oa| oa[0] & !oa[1]).collect();
+        Ok((words, varying))
+    }
+}
+
+/// Fails unless `column` holds `n` values of `width` bytes (and `n` validity bits).
+fn check_len(column: &DeviceKeyColumn<'_>, n: usize, width: u32) -> Result<()> {
+    let short = column.values.len() < n * width as usize || column.valid.is_some_and(|v| v.len() < n.div_ceil(8));
+    match short {
+        true => Err(CudaSortError::Unsupported(format!(
+            "a key column shorter than {n} rows of {width} bytes"
+        ))),
+        false => Ok(()),
+    }
+}
