@@ -25,12 +25,16 @@
 //!
 //! [`GpuSortSession::finish`] sends the last, partial segment and waits for the uploads. Then:
 //!
-//! 1. the **key columns** alone are concatenated on the host and encoded whole by
-//!    [`KeyEncoder`] into pinned buffers (the encoding needs the whole column: minimum, maximum,
-//!    common prefixes); only the key words that vary go up;
+//! 1. when a sort column is not a native integer or float on the device (strings, booleans,
+//!    dictionaries, 16-byte decimals...), the **key columns** alone are concatenated on the
+//!    host and encoded whole by [`KeyEncoder`] into pinned buffers (the encoding needs the
+//!    whole column: minimum, maximum, common prefixes), while the last uploads finish; only
+//!    the key words that vary go up;
 //! 2. each device column is assembled from its segments by device-to-device copies on the sort
 //!    stream (a column of a segment without nulls gets all-valid bits), each segment's copy
-//!    freed once its column is assembled;
+//!    freed once its column is assembled; keys of native columns are then encoded on the
+//!    device from the assembled columns ([`crate::encode`]: the same words, no host pass and
+//!    no key upload; `GPUSORT_DEVICE_KEYS=0` encodes them on the host instead);
 //! 3. [`Gpu::sort`] runs the planned strategy (the rule calibrated on the H100, or the one asked for);
 //!    truncated string keys that tie are ordered on the host as in the one-batch sort;
 //! 4. the sorted device columns come down straight into pinned pool buffers that become the
@@ -52,11 +56,13 @@ use arrow::util::bit_mask::set_bits;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr, result};
 use gpusort::backend::{check_rows, planned_strategy};
 use gpusort::cpu::gather::{concat_column, fixed_array, fixed_values, fixed_width, gather_column};
+use gpusort::keys::{KeyLayout, OrdinalKind, native_ordinal_kind};
 use gpusort::plan::{RecordMove, Strategy, radix_passes};
 use gpusort::{EncoderOptions, KeyEncoder, SortKey, SortOutput, SortSpec, SortStats};
 use rayon::prelude::*;
 
 use crate::backend::device_bytes_needed;
+use crate::encode::{DeviceKeyColumn, KEY_MAX_WORDS};
 use crate::engine::{DeviceColumn, DeviceTable, Gpu, GpuSortPlan};
 use crate::error::{CudaSortError, Result};
 use crate::pinned::{HostBuffer, PinnedPool};
@@ -233,6 +239,14 @@ struct Uploaded {
     upload_time: Duration,
 }
 
+/// Keys encoded on the host: the encoder (its layout, and the columns tied rows are ordered
+/// by), the key words in pinned buffers, and the bits of each word that vary.
+struct HostKeys {
+    encoder: KeyEncoder,
+    words: Vec<HostBuffer>,
+    varying: Vec<u32>,
+}
+
 /// The uploader thread of a session (see the module docs).
 struct Uploader {
     jobs: Option<mpsc::Sender<SegmentJob>>,
@@ -390,6 +404,8 @@ pub struct GpuSortSession {
     encoder: EncoderOptions,
     memory_limit: Option<usize>,
     expected_rows: Option<usize>,
+    /// Whether [`GpuSortSession::finish`] returns the permutation.
+    want_permutation: bool,
     /// Device columns (index, width).
     columns: Vec<(usize, usize)>,
     batches: Vec<RecordBatch>,
@@ -442,6 +458,7 @@ impl GpuSortSession {
             encoder: EncoderOptions::default(),
             memory_limit: None,
             expected_rows: None,
+            want_permutation: true,
             columns,
             batches: vec![],
             rows: 0,
@@ -472,6 +489,14 @@ impl GpuSortSession {
     /// memory (or more than the device has free).
     pub fn with_memory_limit(mut self, limit: Option<usize>) -> Self {
         self.memory_limit = limit;
+        self
+    }
+
+    /// Whether [`GpuSortSession::finish`] returns the permutation (the default). Without it
+    /// the output's `indices` are empty and the permutation does not cross PCIe unless the
+    /// host needs it (to gather columns of its own or to order tied string prefixes).
+    pub fn with_permutation(mut self, want: bool) -> Self {
+        self.want_permutation = want;
         self
     }
 
@@ -604,9 +629,15 @@ impl GpuSortSession {
             });
         }
 
-        // The host's columns: the keys, and every column the device does not move.
+        // Keys of native columns are encoded on the device, from the columns it holds.
+        let device_keys = self.device_key_kinds();
+        // The host's columns: the keys (unless the device encodes them), and every column the
+        // device does not move.
         let start = Instant::now();
-        let mut on_host: Vec<usize> = self.spec.keys().iter().map(|k| k.column).collect();
+        let mut on_host: Vec<usize> = match device_keys {
+            Some(_) => vec![],
+            None => self.spec.keys().iter().map(|k| k.column).collect(),
+        };
         on_host.extend((0..self.schema.fields().len()).filter(|c| !self.columns.iter().any(|(i, _)| i == c)));
         on_host.sort_unstable();
         on_host.dedup();
@@ -614,33 +645,17 @@ impl GpuSortSession {
         let host_column = |c: usize| &concatenated[on_host.binary_search(&c).expect("a host column")];
         stats.concat_time = start.elapsed();
 
-        let start = Instant::now();
-        let key_columns: Vec<usize> = {
-            let mut k: Vec<usize> = self.spec.keys().iter().map(|k| k.column).collect();
-            k.sort_unstable();
-            k.dedup();
-            k
-        };
-        let key_batch = RecordBatch::try_new_with_options(
-            Arc::new(self.schema.project(&key_columns).map_err(gpusort::GpusortError::from)?),
-            key_columns.iter().map(|&c| Arc::clone(host_column(c))).collect(),
-            &RecordBatchOptions::new().with_row_count(Some(n)),
-        )
-        .map_err(gpusort::GpusortError::from)?;
-        let key_spec = SortSpec::new(self.spec.keys().iter().map(|k| SortKey {
-            column: key_columns.binary_search(&k.column).expect("a key column"),
-            options: k.options,
-        }));
-        let encoder = KeyEncoder::try_new(&key_batch, &key_spec, &self.encoder)?;
-        let layout = encoder.layout();
         let pool = PinnedPool::global();
-        let mut words: Vec<HostBuffer> = (0..layout.num_words()).map(|_| pool.transfer_buffer(4 * n)).collect();
-        let varying = {
-            let mut views: Vec<&mut [u32]> = words.iter_mut().map(|w| w.as_words_mut()).collect();
-            encoder.encode_into(&mut views)
+        let host_keys = match device_keys {
+            Some(_) => None,
+            None => {
+                let start = Instant::now();
+                let keys = self.encode_on_host(&concatenated, &on_host)?;
+                stats.encode_time = start.elapsed();
+                log::debug!(target: "gpusort::timeline", "session: keys encoded");
+                Some(keys)
+            }
         };
-        stats.encode_time = start.elapsed();
-        log::debug!(target: "gpusort::timeline", "session: keys encoded");
 
         let start = Instant::now();
         let uploaded = match self.uploader.take() {
@@ -651,7 +666,7 @@ impl GpuSortSession {
         stats.stage_time = uploaded.stage_time;
         stats.upload_time = uploaded.upload_time;
         stats.bytes_to_device = uploaded.to_device;
-        let inexact = !layout.is_exact();
+        let inexact = host_keys.as_ref().is_some_and(|k| !k.encoder.layout().is_exact());
         // Tie resolution needs the permutation before the columns move: indirect.
         let direct = strategy.record_move == RecordMove::Direct && !inexact;
         let record_move = if direct {
@@ -659,7 +674,6 @@ impl GpuSortSession {
         } else {
             RecordMove::Indirect
         };
-        let passes = radix_passes(&varying, self.digit_bits);
         let columns: Vec<GpuColumn> = self
             .columns
             .iter()
@@ -671,10 +685,17 @@ impl GpuSortSession {
             })
             .collect();
         let nullable: Vec<usize> = (0..columns.len()).filter(|&k| columns[k].nullable).collect();
+        // Key words on the device: those that vary, or (encoded there) at most every word
+        // the key's types can take.
+        let key_words = match (&host_keys, &device_keys) {
+            (Some(k), _) => k.varying.iter().filter(|v| **v != 0).count(),
+            (None, Some((_, max_words))) => *max_words,
+            (None, None) => unreachable!("keys are encoded on the host or on the device"),
+        };
         let needed = |pack| {
             device_bytes_needed(
                 n,
-                varying.iter().filter(|v| **v != 0).count(),
+                key_words,
                 &columns.iter().map(|c| c.width).collect::<Vec<_>>(),
                 nullable.len(),
                 direct,
@@ -691,8 +712,6 @@ impl GpuSortSession {
             return Err(CudaSortError::OutOfMemory { needed, available });
         }
         stats.strategy = Some(Strategy::new(strategy.algorithm, record_move));
-        stats.key_bits = layout.total_bits();
-        stats.passes = passes.len();
         stats.moved_columns = if direct { columns.len() } else { 0 };
         stats.gathered_columns = self.schema.fields().len() - stats.moved_columns;
         stats.host_gathered_columns = self.schema.fields().len() - columns.len();
@@ -710,21 +729,54 @@ impl GpuSortSession {
         mark(0)?;
         let (values, bitmaps) = self.assemble(uploaded.segments, &columns)?;
         mark(1)?;
-        // Keys: only words that vary go up (no pass reads the others).
+        // Keys: only words that vary are kept on the device (no pass reads the others).
+        let (key_words, varying, key_bits) = match &host_keys {
+            Some(k) => {
+                let words = k
+                    .words
+                    .iter()
+                    .zip(&k.varying)
+                    .map(|(w, v)| match *v != 0 {
+                        // SAFETY: the words stay untouched until the sort has synchronized.
+                        true => unsafe { copies.upload_buffer_words(gpu, w, n) },
+                        false => gpu.alloc_words(1),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                (words, k.varying.clone(), k.encoder.layout().total_bits())
+            }
+            None => {
+                let start = Instant::now();
+                let (kinds, _) = device_keys.as_ref().expect("keys encoded on the device");
+                let key_columns: Vec<DeviceKeyColumn<'_>> = kinds
+                    .iter()
+                    .map(|&(k, kind)| DeviceKeyColumn {
+                        values: &values[k],
+                        valid: bitmaps[k].as_ref(),
+                        kind,
+                    })
+                    .collect();
+                let column_stats = gpu.native_key_stats(&key_columns, n)?;
+                let layout = KeyLayout::from_native_stats(&self.spec, &column_stats)?;
+                let (words, varying) = gpu.encode_native_keys(&key_columns, &layout, n)?;
+                let words = words
+                    .into_iter()
+                    .zip(&varying)
+                    .map(|(w, v)| match *v != 0 {
+                        true => Ok(w),
+                        false => gpu.alloc_words(1),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                stats.encode_time = start.elapsed();
+                log::debug!(target: "gpusort::timeline", "session: keys encoded on the device");
+                (words, varying, layout.total_bits())
+            }
+        };
+        let passes = radix_passes(&varying, self.digit_bits);
+        stats.key_bits = key_bits;
+        stats.passes = passes.len();
         let mut table = DeviceTable {
             num_rows: n,
-            keys: words
-                .iter()
-                .zip(&varying)
-                .map(|(w, v)| {
-                    if *v != 0 {
-                        // SAFETY: the words stay untouched until the sort has synchronized.
-                        unsafe { copies.upload_buffer_words(gpu, w, n) }
-                    } else {
-                        gpu.alloc_words(1)
-                    }
-                })
-                .collect::<Result<Vec<_>>>()?,
+            keys: key_words,
             columns: vec![],
             records: None,
         };
@@ -773,7 +825,8 @@ impl GpuSortSession {
             unsafe { copies.download_words(&perm_dev, &mut perm) }?;
             stream.synchronize()?;
         }
-        if inexact && n > 1 {
+        if let Some(HostKeys { encoder, words, .. }) = host_keys.as_ref().filter(|_| inexact && n > 1) {
+            let layout = encoder.layout();
             let mut sorted: Vec<Option<HostBuffer>> = vec![];
             for (w, v) in table.keys.iter().zip(&varying) {
                 sorted.push(if *v != 0 {
@@ -789,7 +842,7 @@ impl GpuSortSession {
             // Constant words are sorted in any order.
             let views: Vec<&[u32]> = sorted
                 .iter()
-                .zip(&words)
+                .zip(words)
                 .map(|(s, original)| s.as_ref().unwrap_or(original).as_words())
                 .collect();
             let ties = gpusort::ties::resolve_ties(layout, encoder.sort_columns(), &views, perm.as_words_mut())?;
@@ -840,7 +893,7 @@ impl GpuSortSession {
                 }
             });
         }
-        if !perm_first {
+        if !perm_first && self.want_permutation {
             // SAFETY: read only after the stream synchronizes below.
             unsafe { copies.download_words(&perm_dev, &mut perm) }?;
         }
@@ -888,9 +941,78 @@ impl GpuSortSession {
         log::debug!(target: "gpusort::timeline", "session: output batch built");
         stats.bytes_to_device += copies.to_device;
         stats.bytes_from_device = copies.from_device;
-        perm.truncate(4 * limit);
-        let indices = UInt32Array::new(ScalarBuffer::new(perm.into_buffer(), 0, limit), None);
+        let kept = if self.want_permutation { limit } else { 0 };
+        perm.truncate(4 * kept);
+        let indices = UInt32Array::new(ScalarBuffer::new(perm.into_buffer(), 0, kept), None);
+        drop((copies, _device));
+        // The input's batches (and their concatenated columns) are released on another core:
+        // thousands of arrays whose reference counts other threads last touched.
+        let input = (std::mem::take(&mut self.batches), concatenated);
+        rayon::spawn(move || drop(input));
+        log::debug!(target: "gpusort::timeline", "session: input released");
         Ok(SortOutput { batch, indices, stats })
+    }
+
+    /// For keys the device encodes itself: each sort key's device column (its index in
+    /// `self.columns`) and ordinal kind, and the most key words the key's types can take.
+    /// `None` when the host encodes the key: some sort column is not native or not on the
+    /// device, the key could be longer than [`KEY_MAX_WORDS`], or `GPUSORT_DEVICE_KEYS=0`.
+    #[allow(clippy::type_complexity)]
+    fn device_key_kinds(&self) -> Option<(Vec<(usize, OrdinalKind)>, usize)> {
+        if std::env::var("GPUSORT_DEVICE_KEYS").is_ok_and(|v| v == "0") {
+            return None;
+        }
+        let max_words = KeyLayout::native_max_words(&self.spec, &self.schema)?;
+        if max_words > KEY_MAX_WORDS {
+            return None;
+        }
+        let kinds = self
+            .spec
+            .keys()
+            .iter()
+            .map(|key| {
+                let k = self.columns.iter().position(|(c, _)| *c == key.column)?;
+                Some((k, native_ordinal_kind(self.schema.field(key.column).data_type())?))
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some((kinds, max_words))
+    }
+
+    /// The keys encoded on the host into pinned buffers, from the concatenated columns
+    /// `concatenated` (of the columns `on_host`, which hold every sort column).
+    fn encode_on_host(&self, concatenated: &[ArrayRef], on_host: &[usize]) -> Result<HostKeys> {
+        let n = self.rows;
+        let host_column = |c: usize| &concatenated[on_host.binary_search(&c).expect("a host column")];
+        let key_columns: Vec<usize> = {
+            let mut k: Vec<usize> = self.spec.keys().iter().map(|k| k.column).collect();
+            k.sort_unstable();
+            k.dedup();
+            k
+        };
+        let key_batch = RecordBatch::try_new_with_options(
+            Arc::new(self.schema.project(&key_columns).map_err(gpusort::GpusortError::from)?),
+            key_columns.iter().map(|&c| Arc::clone(host_column(c))).collect(),
+            &RecordBatchOptions::new().with_row_count(Some(n)),
+        )
+        .map_err(gpusort::GpusortError::from)?;
+        let key_spec = SortSpec::new(self.spec.keys().iter().map(|k| SortKey {
+            column: key_columns.binary_search(&k.column).expect("a key column"),
+            options: k.options,
+        }));
+        let encoder = KeyEncoder::try_new(&key_batch, &key_spec, &self.encoder)?;
+        let pool = PinnedPool::global();
+        let mut words: Vec<HostBuffer> = (0..encoder.layout().num_words())
+            .map(|_| pool.transfer_buffer(4 * n))
+            .collect();
+        let varying = {
+            let mut views: Vec<&mut [u32]> = words.iter_mut().map(|w| w.as_words_mut()).collect();
+            encoder.encode_into(&mut views)
+        };
+        Ok(HostKeys {
+            encoder,
+            words,
+            varying,
+        })
     }
 
     /// Columns `columns` (sorted) of every batch pushed, each in one array.

@@ -371,3 +371,32 @@ fn columns_over_the_fresh_pin_limit_cross_through_the_ring() {
         pool.stats()
     );
 }
+
+/// Without the permutation the rows are the same, no indices come back and the permutation
+/// does not cross PCIe (the host gathers no column of this table).
+#[test]
+fn sessions_without_the_permutation_return_the_same_rows() {
+    let Some(gpu) = backend() else { return };
+    let (mut rng, _) = rng_from_env(21);
+    let n = 50_000;
+    let batch = fixed_table(&mut rng, n);
+    let spec = SortSpec::new([SortKey::sql(0, false), SortKey::sql(1, true)]);
+    let parts = split(&mut rng, &batch, 3000);
+    let with = check_session(gpu, &batch, &spec, &parts, 4096, None, "with the permutation");
+    let mut session = gpu
+        .begin_sort(batch.schema(), spec.clone())
+        .unwrap()
+        .with_expected_rows(4096)
+        .with_permutation(false);
+    for p in &parts {
+        session.push(p).unwrap();
+    }
+    let without = session.finish(None).unwrap();
+    assert!(without.indices.is_empty());
+    assert_eq!(without.batch, with.batch);
+    assert_eq!(
+        with.stats.bytes_from_device - without.stats.bytes_from_device,
+        4 * n as u64,
+        "only the permutation's bytes are saved"
+    );
+}
