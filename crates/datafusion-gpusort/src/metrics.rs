@@ -75,6 +75,9 @@ impl CustomMetricValue for TextMetric {
 pub struct GpuSortMetrics {
     /// Output rows and elapsed compute.
     pub baseline: BaselineMetrics,
+    /// Memory of the output batches, where the operator counts it itself
+    /// ([`GpuSortMetrics::record_output_slice`]); shown as `output_bytes` with the baseline's.
+    pub output_bytes: Count,
     /// Sorts that ran on the GPU.
     pub gpu_sorts: Count,
     /// Sorts that ran on the CPU backend.
@@ -151,6 +154,7 @@ impl GpuSortMetrics {
         };
         Self {
             baseline: BaselineMetrics::new(set, partition),
+            output_bytes: summary().output_bytes(partition),
             gpu_sorts: summary().counter("gpu_sorts", partition),
             cpu_sorts: summary().counter("cpu_sorts", partition),
             path: text("path"),
@@ -178,6 +182,16 @@ impl GpuSortMetrics {
             merge_time: summary().subset_time("merge_time", partition),
             spill: SpillMetrics::new(set, partition),
         }
+    }
+
+    /// Records an output batch of `rows` rows that is a slice of a larger sorted batch and
+    /// holds `bytes` of it: DataFusion's `record_output` would walk every column of every slice
+    /// and count the whole shared buffers each time (apache/datafusion#16841); slices of one
+    /// sorted batch count their share of it instead, which sums to the batch's size.
+    pub fn record_output_slice(&self, rows: usize, bytes: usize) {
+        self.baseline.record_output(rows);
+        self.baseline.output_batches().add(1);
+        self.output_bytes.add(bytes);
     }
 
     /// Records what one sort did.

@@ -243,6 +243,7 @@ impl GpuSorter {
             let batches = self.take_batches();
             let sorted = self.sort_batches(batches, self.fetch).await?;
             self.reservation.try_resize(get_record_batch_memory_size(&sorted))?;
+            log::debug!(target: "gpusort::timeline", "GpuSortExec: sorted rows reserved");
             return self.stream_sorted(sorted);
         }
         if self.rows > 0 {
@@ -267,6 +268,7 @@ impl GpuSorter {
             let session = gpu.begin_sort(extended.schema(), spec).map(|s| {
                 s.with_strategy(self.options.strategy.strategy())
                     .with_memory_limit(self.gpu_limit())
+                    .with_permutation(false)
             });
             match session {
                 Ok(s) => self.session = Some((s, gpu)),
@@ -287,18 +289,22 @@ impl GpuSorter {
     /// Streams `sorted` (which the reservation holds) in `batch_size` slices.
     fn stream_sorted(self, sorted: RecordBatch) -> Result<SendableRecordBatchStream> {
         let schema = Arc::clone(&self.schema);
-        let slices = {
+        let (slices, bytes) = {
             let _timer = self.metrics.output_time.timer();
-            self.slices(&sorted)?
+            (self.slices(&sorted)?, get_record_batch_memory_size(&sorted))
         };
+        log::debug!(target: "gpusort::timeline", "GpuSortExec: {} output slices cut", slices.len());
+        let rows = sorted.num_rows().max(1);
         drop(sorted);
         let reservation = self.reservation;
-        let baseline = self.metrics.baseline.clone();
+        let metrics = self.metrics.clone();
         // The reservation lives as long as the stream; it is freed when the stream is dropped.
         let last = slices.len().saturating_sub(1);
         let stream = futures::stream::iter(slices).enumerate().map(move |(i, batch)| {
             let _held = &reservation;
-            (&batch).record_output(&baseline);
+            // Each slice's share of the sorted batch's memory.
+            let share = (bytes as u128 * batch.num_rows() as u128 / rows as u128) as usize;
+            metrics.record_output_slice(batch.num_rows(), share);
             if i == last {
                 log::debug!(target: "gpusort::timeline", "GpuSortExec: last output batch");
             }
@@ -753,7 +759,11 @@ impl GpuSorter {
         if let (SortPath::Gpu(_), Some((session, gpu))) = (&path, self.session.take()) {
             debug_assert_eq!(session.num_rows(), rows, "the session holds the buffered rows");
             match self.finish_session(session, gpu, limit).await? {
-                Ok(sorted) => return Ok(sorted),
+                Ok(sorted) => {
+                    // Released on another core (see GpuSortSession::finish).
+                    rayon::spawn(move || drop(batches));
+                    return Ok(sorted);
+                }
                 Err(reason) => path = SortPath::Cpu { reason: Some(reason) },
             }
         }
@@ -819,6 +829,21 @@ impl GpuSorter {
     /// The batch to sort (the input, with the values of sort expressions that are not plain
     /// columns appended) and the sort specification over it.
     fn sort_input(&self, input: &RecordBatch) -> Result<(RecordBatch, SortSpec)> {
+        let plain: Option<Vec<SortKey>> = self
+            .expr
+            .iter()
+            .map(|e| match e.expr.downcast_ref::<Column>() {
+                Some(c) if c.index() < input.num_columns() => Some(SortKey {
+                    column: c.index(),
+                    options: e.options,
+                }),
+                _ => None,
+            })
+            .collect();
+        if let Some(keys) = plain {
+            // Every sort expression is a column of the input: the input as it is.
+            return Ok((input.clone(), SortSpec::new(keys)));
+        }
         let mut columns: Vec<ArrayRef> = input.columns().to_vec();
         let mut fields: Vec<Arc<Field>> = input.schema().fields().iter().cloned().collect();
         let mut keys = Vec::with_capacity(self.expr.len());
@@ -1173,10 +1198,13 @@ impl RangeMerge {
         let rows: usize = parts.iter().map(|p| p.num_rows()).sum();
         log::debug!(target: "gpusort::timeline", "merge step {step}: {rows} rows in {} slices", parts.len());
         if let Some(sorted) = self.sort_on_gpu(&parts, rows, limit).await? {
-            drop(parts);
+            // The step's input (slices of the loaded run batches, often their last
+            // references) is freed on another core.
+            rayon::spawn(move || drop(parts));
             let slices = self.sorter.slices(&sorted)?;
+            let shared = (get_record_batch_memory_size(&sorted), sorted.num_rows());
             log::debug!(target: "gpusort::timeline", "merge step {step}: sorted on the GPU");
-            return Ok(Some(self.emit(slices)));
+            return Ok(Some(self.emit_slices(slices, Some(shared))));
         }
         let permutation = self.sorter.sort_keys(&parts, limit).await?;
         log::debug!(target: "gpusort::timeline", "merge step {step}: keys sorted");
@@ -1232,6 +1260,13 @@ impl RangeMerge {
 
     /// Counts `batches` as output (cut to what the `LIMIT` has left).
     fn emit(&mut self, batches: Vec<RecordBatch>) -> Vec<RecordBatch> {
+        self.emit_slices(batches, None)
+    }
+
+    /// As [`Self::emit`]; with `shared = Some((bytes, rows))` the batches are slices of one
+    /// batch of `rows` rows holding `bytes`, and each counts its share of them
+    /// ([`GpuSortMetrics::record_output_slice`]).
+    fn emit_slices(&mut self, batches: Vec<RecordBatch>, shared: Option<(usize, usize)>) -> Vec<RecordBatch> {
         let mut out = Vec::with_capacity(batches.len());
         for b in batches {
             if self.remaining == 0 {
@@ -1243,7 +1278,15 @@ impl RangeMerge {
                 b
             };
             self.remaining = self.remaining.saturating_sub(b.num_rows());
-            (&b).record_output(&self.sorter.metrics.baseline);
+            match shared {
+                Some((bytes, rows)) => {
+                    let share = (bytes as u128 * b.num_rows() as u128 / rows.max(1) as u128) as usize;
+                    self.sorter.metrics.record_output_slice(b.num_rows(), share);
+                }
+                None => {
+                    (&b).record_output(&self.sorter.metrics.baseline);
+                }
+            }
             out.push(b);
         }
         out

@@ -111,3 +111,46 @@ async fn memory_limits_fail_clearly_and_return_to_zero() {
         assert_eq!(pool.reserved(), 0, "limit {limit}");
     }
 }
+
+#[tokio::test]
+async fn output_metrics_count_rows_batches_and_the_sorted_bytes_once() {
+    use datafusion::common::utils::memory::RecordBatchMemoryCounter;
+    use datafusion::physical_plan::{ExecutionPlan, collect};
+    let ctx = context(true, 2000, 3);
+    let plan = ctx
+        .sql("SELECT * FROM t ORDER BY a, b")
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    let out = collect(Arc::clone(&plan), ctx.task_ctx()).await.unwrap();
+    fn find(p: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
+        if p.name() == "GpuSortExec" {
+            return Some(Arc::clone(p));
+        }
+        p.children().into_iter().find_map(find)
+    }
+    let m = find(&plan)
+        .expect("a GpuSortExec")
+        .metrics()
+        .unwrap()
+        .aggregate_by_name();
+    let sum = |name: &str| -> usize {
+        m.iter()
+            .filter(|x| x.value().name() == name)
+            .map(|x| x.value().as_usize())
+            .sum()
+    };
+    assert_eq!(m.output_rows(), Some(2000));
+    assert_eq!(sum("output_batches"), out.len());
+    assert_eq!(out.len(), 20, "2000 rows in batches of 100");
+    // The slices share the sorted batch's buffers: the bytes are counted once, not per slice.
+    let mut counter = RecordBatchMemoryCounter::new();
+    let held: usize = out.iter().map(|b| counter.count_batch(b)).sum();
+    let bytes = sum("output_bytes");
+    assert!(
+        bytes <= held && bytes + out.len() >= held,
+        "output_bytes {bytes}, the output holds {held}"
+    );
+}
