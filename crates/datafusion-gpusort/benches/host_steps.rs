@@ -9,7 +9,9 @@
 //! - `encode keys`: the key analysis and encoding into reused buffers (`KeyEncoder`);
 //! - `gather host columns`: the columns the GPU does not move (strings), through a
 //!   permutation of the rows;
-//! - `cut output batches`: the sorted rows as `batch_size` slices.
+//! - `cut output batches`: the sorted rows as `batch_size` slices;
+//! - `record output per slice`: DataFusion's output metrics of every slice (rows, and the
+//!   memory size of its arrays, which walks every column).
 //!
 //! ```text
 //! BENCH_ROWS=1000000 cargo bench -p datafusion-gpusort --bench host_steps
@@ -18,6 +20,7 @@
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, RecordOutput};
 use gpusort::cpu::gather::{concat_batches, fixed_width, gather_column};
 use gpusort::{EncoderOptions, KeyEncoder, SortKey, SortSpec};
 use rand::prelude::*;
@@ -101,6 +104,18 @@ fn main() {
                     .step_by(batch_size)
                     .map(|s| whole.slice(s, batch_size.min(rows - s)).num_rows())
                     .sum()
+            }),
+        );
+        let slices: Vec<RecordBatch> = (0..rows)
+            .step_by(batch_size)
+            .map(|s| whole.slice(s, batch_size.min(rows - s)))
+            .collect();
+        let metrics = ExecutionPlanMetricsSet::new();
+        let baseline = BaselineMetrics::new(&metrics, 0);
+        report(
+            "record output per slice (DataFusion)",
+            time(runs, || {
+                slices.iter().map(|b| b.record_output(&baseline).num_rows()).sum()
             }),
         );
     }

@@ -5,7 +5,8 @@
 //! `gpusort.device = cpu`. Prints a table of median and minimum times with ratios to stock
 //! DataFusion, what the `GpuSortExec` metrics say (path, CPU fallback reason, kernel time,
 //! bytes over PCIe and the PCIe round trip they cost), and whether every contender's output
-//! is sorted with the same keys and rows as stock DataFusion's.
+//! is sorted with the same keys and rows as stock DataFusion's. It also times the input alone
+//! (`SELECT * FROM t`, no sort): what reading the table through DataFusion costs.
 //!
 //! ```text
 //! cargo bench -p datafusion-gpusort --bench sql                  # 10M rows, 5 runs
@@ -319,6 +320,7 @@ fn main() -> Result<()> {
 
     let timelines = timeline::from_env()?;
     let mut table: Vec<Row> = vec![];
+    let mut scans: Vec<(&str, Duration, Duration)> = vec![];
     for Scenario { name, batch, spec, sql } in scenarios(rows) {
         let data = partitioned(&batch, partitions, batch_size);
         let schema = batch.schema();
@@ -373,11 +375,36 @@ fn main() -> Result<()> {
                 metrics: c.gpusort.then(|| sort_metrics(&plan)),
             });
         }
+        // What reading the table costs without a sort: DataFusion's scan of every partition
+        // through the CoalescePartitionsExec that `collect` adds (the input side of the
+        // one-GpuSortExec plan).
+        let ctx = runtime.block_on(session(
+            &CONTENDERS[0],
+            partitions,
+            batch_size,
+            &data,
+            Arc::clone(&schema),
+        ))?;
+        let (median, min) = time(runs, || {
+            runtime.block_on(async {
+                let out = ctx.sql("SELECT * FROM t").await.unwrap().collect().await.unwrap();
+                out.iter().map(|b| b.num_rows()).sum()
+            })
+        });
+        scans.push((name, median, min));
     }
 
     let round_trip =
         |m: &SortMetrics| (m.bytes_to_device as f64 / (h2d * 1e9) + m.bytes_from_device as f64 / (d2h * 1e9)) * 1e3;
     let mut out = String::new();
+    writeln!(out)?;
+    writeln!(
+        out,
+        "The input alone, `SELECT * FROM t` (no sort; DataFusion coalesces the partitions):"
+    )?;
+    for (name, median, min) in &scans {
+        writeln!(out, "  {name}: median {:.1} ms, min {:.1} ms", ms(*median), ms(*min))?;
+    }
     writeln!(out)?;
     writeln!(
         out,
