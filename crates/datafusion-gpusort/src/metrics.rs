@@ -184,14 +184,15 @@ impl GpuSortMetrics {
         }
     }
 
-    /// Records an output batch of `rows` rows that is a slice of a larger sorted batch and
-    /// holds `bytes` of it: DataFusion's `record_output` would walk every column of every slice
-    /// and count the whole shared buffers each time (apache/datafusion#16841); slices of one
-    /// sorted batch count their share of it instead, which sums to the batch's size.
-    pub fn record_output_slice(&self, rows: usize, bytes: usize) {
+    /// Records an output batch of `rows` rows that is a slice of a sorted batch of `of_rows`
+    /// rows holding `of_bytes`: DataFusion's `record_output` would walk every column of every
+    /// slice and count the whole shared buffers each time (apache/datafusion#16841); slices of
+    /// one sorted batch count their share of its bytes instead, which sums to its size.
+    pub fn record_output_slice(&self, rows: usize, of_rows: usize, of_bytes: usize) {
         self.baseline.record_output(rows);
         self.baseline.output_batches().add(1);
-        self.output_bytes.add(bytes);
+        self.output_bytes
+            .add((of_bytes as u128 * rows as u128 / of_rows.max(1) as u128) as usize);
     }
 
     /// Records what one sort did.

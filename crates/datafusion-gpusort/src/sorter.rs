@@ -294,7 +294,7 @@ impl GpuSorter {
             (self.slices(&sorted)?, get_record_batch_memory_size(&sorted))
         };
         log::debug!(target: "gpusort::timeline", "GpuSortExec: {} output slices cut", slices.len());
-        let rows = sorted.num_rows().max(1);
+        let rows = sorted.num_rows();
         drop(sorted);
         let reservation = self.reservation;
         let metrics = self.metrics.clone();
@@ -302,9 +302,7 @@ impl GpuSorter {
         let last = slices.len().saturating_sub(1);
         let stream = futures::stream::iter(slices).enumerate().map(move |(i, batch)| {
             let _held = &reservation;
-            // Each slice's share of the sorted batch's memory.
-            let share = (bytes as u128 * batch.num_rows() as u128 / rows as u128) as usize;
-            metrics.record_output_slice(batch.num_rows(), share);
+            metrics.record_output_slice(batch.num_rows(), rows, bytes);
             if i == last {
                 log::debug!(target: "gpusort::timeline", "GpuSortExec: last output batch");
             }
@@ -1202,7 +1200,7 @@ impl RangeMerge {
             // references) is freed on another core.
             rayon::spawn(move || drop(parts));
             let slices = self.sorter.slices(&sorted)?;
-            let shared = (get_record_batch_memory_size(&sorted), sorted.num_rows());
+            let shared = (sorted.num_rows(), get_record_batch_memory_size(&sorted));
             log::debug!(target: "gpusort::timeline", "merge step {step}: sorted on the GPU");
             return Ok(Some(self.emit_slices(slices, Some(shared))));
         }
@@ -1263,7 +1261,7 @@ impl RangeMerge {
         self.emit_slices(batches, None)
     }
 
-    /// As [`Self::emit`]; with `shared = Some((bytes, rows))` the batches are slices of one
+    /// As [`Self::emit`]; with `shared = Some((rows, bytes))` the batches are slices of one
     /// batch of `rows` rows holding `bytes`, and each counts its share of them
     /// ([`GpuSortMetrics::record_output_slice`]).
     fn emit_slices(&mut self, batches: Vec<RecordBatch>, shared: Option<(usize, usize)>) -> Vec<RecordBatch> {
@@ -1279,10 +1277,7 @@ impl RangeMerge {
             };
             self.remaining = self.remaining.saturating_sub(b.num_rows());
             match shared {
-                Some((bytes, rows)) => {
-                    let share = (bytes as u128 * b.num_rows() as u128 / rows.max(1) as u128) as usize;
-                    self.sorter.metrics.record_output_slice(b.num_rows(), share);
-                }
+                Some((rows, bytes)) => self.sorter.metrics.record_output_slice(b.num_rows(), rows, bytes),
                 None => {
                     (&b).record_output(&self.sorter.metrics.baseline);
                 }

@@ -247,6 +247,20 @@ struct HostKeys {
     varying: Vec<u32>,
 }
 
+/// A key the device encodes from its columns: each sort key's device column (its index in
+/// the session's device columns) and ordinal kind, and the most key words the key's types
+/// can take.
+struct DeviceKeys {
+    columns: Vec<(usize, OrdinalKind)>,
+    max_words: usize,
+}
+
+/// Where a sort's key is encoded.
+enum KeySource {
+    Host(HostKeys),
+    Device(DeviceKeys),
+}
+
 /// The uploader thread of a session (see the module docs).
 struct Uploader {
     jobs: Option<mpsc::Sender<SegmentJob>>,
@@ -630,7 +644,7 @@ impl GpuSortSession {
         }
 
         // Keys of native columns are encoded on the device, from the columns it holds.
-        let device_keys = self.device_key_kinds();
+        let device_keys = self.device_keys();
         // The host's columns: the keys (unless the device encodes them), and every column the
         // device does not move.
         let start = Instant::now();
@@ -646,14 +660,14 @@ impl GpuSortSession {
         stats.concat_time = start.elapsed();
 
         let pool = PinnedPool::global();
-        let host_keys = match device_keys {
-            Some(_) => None,
+        let keys = match device_keys {
+            Some(d) => KeySource::Device(d),
             None => {
                 let start = Instant::now();
                 let keys = self.encode_on_host(&concatenated, &on_host)?;
                 stats.encode_time = start.elapsed();
                 log::debug!(target: "gpusort::timeline", "session: keys encoded");
-                Some(keys)
+                KeySource::Host(keys)
             }
         };
 
@@ -666,7 +680,7 @@ impl GpuSortSession {
         stats.stage_time = uploaded.stage_time;
         stats.upload_time = uploaded.upload_time;
         stats.bytes_to_device = uploaded.to_device;
-        let inexact = host_keys.as_ref().is_some_and(|k| !k.encoder.layout().is_exact());
+        let inexact = matches!(&keys, KeySource::Host(k) if !k.encoder.layout().is_exact());
         // Tie resolution needs the permutation before the columns move: indirect.
         let direct = strategy.record_move == RecordMove::Direct && !inexact;
         let record_move = if direct {
@@ -687,10 +701,9 @@ impl GpuSortSession {
         let nullable: Vec<usize> = (0..columns.len()).filter(|&k| columns[k].nullable).collect();
         // Key words on the device: those that vary, or (encoded there) at most every word
         // the key's types can take.
-        let key_words = match (&host_keys, &device_keys) {
-            (Some(k), _) => k.varying.iter().filter(|v| **v != 0).count(),
-            (None, Some((_, max_words))) => *max_words,
-            (None, None) => unreachable!("keys are encoded on the host or on the device"),
+        let key_words = match &keys {
+            KeySource::Host(k) => k.varying.iter().filter(|v| **v != 0).count(),
+            KeySource::Device(d) => d.max_words,
         };
         let needed = |pack| {
             device_bytes_needed(
@@ -730,8 +743,8 @@ impl GpuSortSession {
         let (values, bitmaps) = self.assemble(uploaded.segments, &columns)?;
         mark(1)?;
         // Keys: only words that vary are kept on the device (no pass reads the others).
-        let (key_words, varying, key_bits) = match &host_keys {
-            Some(k) => {
+        let (key_words, varying, key_bits) = match &keys {
+            KeySource::Host(k) => {
                 let words = k
                     .words
                     .iter()
@@ -744,10 +757,10 @@ impl GpuSortSession {
                     .collect::<Result<Vec<_>>>()?;
                 (words, k.varying.clone(), k.encoder.layout().total_bits())
             }
-            None => {
+            KeySource::Device(d) => {
                 let start = Instant::now();
-                let (kinds, _) = device_keys.as_ref().expect("keys encoded on the device");
-                let key_columns: Vec<DeviceKeyColumn<'_>> = kinds
+                let key_columns: Vec<DeviceKeyColumn<'_>> = d
+                    .columns
                     .iter()
                     .map(|&(k, kind)| DeviceKeyColumn {
                         values: &values[k],
@@ -825,7 +838,7 @@ impl GpuSortSession {
             unsafe { copies.download_words(&perm_dev, &mut perm) }?;
             stream.synchronize()?;
         }
-        if let Some(HostKeys { encoder, words, .. }) = host_keys.as_ref().filter(|_| inexact && n > 1) {
+        if let (KeySource::Host(HostKeys { encoder, words, .. }), true) = (&keys, inexact && n > 1) {
             let layout = encoder.layout();
             let mut sorted: Vec<Option<HostBuffer>> = vec![];
             for (w, v) in table.keys.iter().zip(&varying) {
@@ -953,12 +966,10 @@ impl GpuSortSession {
         Ok(SortOutput { batch, indices, stats })
     }
 
-    /// For keys the device encodes itself: each sort key's device column (its index in
-    /// `self.columns`) and ordinal kind, and the most key words the key's types can take.
-    /// `None` when the host encodes the key: some sort column is not native or not on the
-    /// device, the key could be longer than [`KEY_MAX_WORDS`], or `GPUSORT_DEVICE_KEYS=0`.
-    #[allow(clippy::type_complexity)]
-    fn device_key_kinds(&self) -> Option<(Vec<(usize, OrdinalKind)>, usize)> {
+    /// The key's columns on the device, when the device encodes the key itself; `None` when
+    /// the host encodes it: some sort column is not native or not on the device, the key
+    /// could be longer than [`KEY_MAX_WORDS`], or `GPUSORT_DEVICE_KEYS=0`.
+    fn device_keys(&self) -> Option<DeviceKeys> {
         if std::env::var("GPUSORT_DEVICE_KEYS").is_ok_and(|v| v == "0") {
             return None;
         }
@@ -966,7 +977,7 @@ impl GpuSortSession {
         if max_words > KEY_MAX_WORDS {
             return None;
         }
-        let kinds = self
+        let columns = self
             .spec
             .keys()
             .iter()
@@ -975,7 +986,7 @@ impl GpuSortSession {
                 Some((k, native_ordinal_kind(self.schema.field(key.column).data_type())?))
             })
             .collect::<Option<Vec<_>>>()?;
-        Some((kinds, max_words))
+        Some(DeviceKeys { columns, max_words })
     }
 
     /// The keys encoded on the host into pinned buffers, from the concatenated columns

@@ -432,16 +432,10 @@ fn check_device_keys(gpu: &Gpu, batch: &RecordBatch, spec: &SortSpec, what: &str
             let values = s
                 .clone_htod(&pad(fixed_values(col.as_ref(), width).as_slice()))
                 .unwrap();
-            let valid = col.nulls().filter(|nb| nb.null_count() > 0).map(|nb| {
-                let bits: Vec<u8> = (0..n.div_ceil(8))
-                    .map(|b| {
-                        (0..8).fold(0u8, |acc, j| {
-                            acc | ((b * 8 + j < n && nb.is_valid(b * 8 + j)) as u8) << j
-                        })
-                    })
-                    .collect();
-                s.clone_htod(&pad(&bits)).unwrap()
-            });
+            let valid = col
+                .nulls()
+                .filter(|nb| nb.null_count() > 0)
+                .map(|nb| s.clone_htod(&pad(nb.inner().sliced().as_slice())).unwrap());
             (values, valid)
         })
         .collect();
