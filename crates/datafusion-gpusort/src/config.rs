@@ -156,6 +156,11 @@ extensions_options! {
         /// Most rows of one sorted run of the external sort; 0 sizes runs by the GPU memory
         /// budget (and the memory pool) alone.
         pub max_run_rows: usize, default = 0
+        /// `ORDER BY ... LIMIT n` with `n` (plus any `OFFSET`) at most this stays DataFusion's
+        /// TopK: a streaming heap of `n` rows that buffers nothing else and tightens a dynamic
+        /// filter on the scan as it goes, faster than buffering the whole input for a sort
+        /// (see the `topk` bench). Larger `n` sort in `GpuSortExec`; 0 sends every TopK there.
+        pub topk_max_fetch: usize, default = 10_000
     }
 }
 
@@ -202,5 +207,7 @@ mod tests {
         assert!(c.set("no_such_option", "1").is_err());
         let keys: Vec<String> = c.entries().into_iter().map(|e| e.key).collect();
         assert!(keys.contains(&"merge_partitions".to_string()), "{keys:?}");
+        c.set("topk_max_fetch", "0").unwrap();
+        assert_eq!(c.topk_max_fetch, 0);
     }
 }

@@ -17,8 +17,15 @@ use crate::exec::GpuSortExec;
 /// A physical optimizer rule that replaces each `SortExec` with a [`GpuSortExec`] of the same
 /// semantics (sort expressions, `fetch`, `preserve_partitioning`), configured by the session's
 /// `gpusort.*` options. It leaves a `SortExec` alone when `gpusort.enabled` is false, when its
-/// input is already sorted (DataFusion's sort then passes rows through), or when a sort key
-/// has a type gpusort cannot encode.
+/// input is already sorted (DataFusion's sort then passes rows through), when a sort key
+/// has a type gpusort cannot encode, or when it is a TopK of at most `gpusort.topk_max_fetch`
+/// rows.
+///
+/// That last case is DataFusion's best plan, not a fallback: its TopK streams the input through
+/// a heap of `fetch` rows and publishes the heap's bound as a dynamic filter that the scan
+/// applies (pruning Parquet row groups), while a sort must first buffer every input row. The
+/// results are DataFusion's own, including which of several rows tied at the `LIMIT` boundary
+/// come out and in what order (DataFusion's sqllogictest files expect its heap's order there).
 ///
 /// With `gpusort.merge_partitions` (the default), a `SortPreservingMergeExec` over
 /// per-partition sorts becomes one `GpuSortExec` over all partitions
@@ -37,6 +44,9 @@ impl GpuSortRule {
 }
 
 fn replace_sort(sort: &SortExec, options: &GpuSortConfig) -> Result<Option<GpuSortExec>> {
+    if sort.fetch().is_some_and(|fetch| fetch <= options.topk_max_fetch) {
+        return Ok(None);
+    }
     let input = sort.input();
     if input.equivalence_properties().ordering_satisfy(sort.expr().clone())? {
         return Ok(None);

@@ -8,16 +8,16 @@
 
 mod common;
 
-use common::slt::{SORT_SLT_FILES, TIE_ORDER_DIFFERENCES, is_explain, run_slt_suite};
+use common::slt::{SORT_SLT_FILES, is_explain, run_slt_suite};
 
 /// The suite with `datafusion_gpusort::register`: `GpuSortRule` replaces DataFusion's sorts
 /// with `GpuSortExec`, which sorts on the CPU backend here (no GPU, and the files' inputs are
-/// far below `gpusort.min_rows`). The four records of `TIE_ORDER_DIFFERENCES` expect
-/// DataFusion's TopK order of tied rows and may fail (`GPUSORT_SLT_STRICT=1`: they may not).
+/// far below `gpusort.min_rows`). Small `LIMIT`s stay DataFusion's TopK
+/// (`gpusort.topk_max_fetch`), whose order of rows tied at the limit four records expect.
 #[tokio::test(flavor = "multi_thread")]
 async fn datafusion_sort_slt_files_pass_with_gpusort() {
     let report = run_slt_suite(datafusion_gpusort::register, SORT_SLT_FILES).await;
-    report.assert_all_passed_except(TIE_ORDER_DIFFERENCES);
+    report.assert_all_passed();
 }
 
 /// The same files on stock DataFusion: a check of the harness itself (it must give no failures

@@ -23,7 +23,6 @@
 //! binary therefore run one at a time, and no other test of that binary should rely on the
 //! working directory. `GPUSORT_SLT_FILES=order,topk` runs only the listed files (substring
 //! match); `GPUSORT_SLT_REQUIRED=1` makes a missing folder a failure instead of a loud notice.
-//! `GPUSORT_SLT_STRICT=1` makes the records a test lists as [`KnownDifference`]s failures again.
 
 use std::any::Any;
 use std::fmt::Write as _;
@@ -54,36 +53,6 @@ pub const SORT_SLT_FILES: &[&str] = &[
     "window.slt",
 ];
 
-/// Records whose expected results encode the order in which DataFusion's `TopK` (a `SortExec`
-/// with a fetch) returns rows with equal sort keys. The SQL leaves that order open; `GpuSortExec`
-/// returns tied rows in input order (a stable sort), so at a `LIMIT` boundary it keeps other tied
-/// rows than DataFusion's heap does. Checked by hand for each record: `GpuSortExec`'s result is
-/// the stable-sort result, computed independently from the CSV data.
-pub const TIE_ORDER_DIFFERENCES: &[KnownDifference] = &[
-    KnownDifference {
-        file: "limit.slt",
-        line: 691,
-        reason: "ORDER BY b DESC, d DESC OFFSET 1 LIMIT 4 over 6 rows tied on (3, 4): TopK keeps c = 79, 82, 87, 96 \
-                 (after the offset); a stable sort keeps c = 82, 87, 89, 96",
-    },
-    KnownDifference {
-        file: "limit.slt",
-        line: 718,
-        reason: "the same subqueries as limit.slt:691, then OFFSET 3 LIMIT 2",
-    },
-    KnownDifference {
-        file: "window.slt",
-        line: 4450,
-        reason: "ORDER BY c2 LIMIT 5 over null_cases with c2 = 1.0 twice and 1.1 six times: TopK returns rows \
-                 97, 76, 1, 4, 40; a stable sort returns rows 76, 97, 1, 4, 26",
-    },
-    KnownDifference {
-        file: "window.slt",
-        line: 4469,
-        reason: "window.slt:4450 again with batch_size = 1",
-    },
-];
-
 /// Where the `.slt` folder is by default, relative to this crate's manifest directory.
 const DEFAULT_SLT_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/datafusion-slt");
 /// The runner directory inside the folder; the `.slt` files' relative paths start here.
@@ -100,18 +69,6 @@ const SLOWEST_KEPT: usize = 3;
 
 /// Only one suite at a time may hold the process's working directory.
 static SUITE_LOCK: futures::lock::Mutex<()> = futures::lock::Mutex::new(());
-
-/// A record (by file name and the line of its `query`/`statement`) whose expected result a
-/// configuration legitimately does not reproduce, and why.
-#[derive(Debug, Clone, Copy)]
-pub struct KnownDifference {
-    /// The file's name, e.g. `limit.slt`.
-    pub file: &'static str,
-    /// The line of the record's `query` or `statement` line.
-    pub line: u32,
-    /// Why its expected result does not hold.
-    pub reason: &'static str,
-}
 
 /// What one `.slt` file did.
 #[derive(Debug, Clone, Default)]
@@ -326,13 +283,6 @@ impl SuiteReport {
     /// at least one record ran. A suite that did not run passes (its loud notice is on stderr)
     /// unless `GPUSORT_SLT_REQUIRED` is set.
     pub fn assert_all_passed(&self) {
-        self.assert_all_passed_except(&[]);
-    }
-
-    /// [`Self::assert_all_passed`], except that the records in `known` may fail (they are still
-    /// run, counted as failed in the table and listed on stdout). `GPUSORT_SLT_STRICT=1` ignores
-    /// `known`. A known record that passes is only noted.
-    pub fn assert_all_passed_except(&self, known: &[KnownDifference]) {
         if !self.ran {
             let reason = self.not_run_reason.as_deref().unwrap_or("unknown reason");
             if env_flag("GPUSORT_SLT_REQUIRED") {
@@ -346,9 +296,6 @@ impl SuiteReport {
             "the sqllogictest suite ran no records:\n{}",
             self.table()
         );
-        let known = if env_flag("GPUSORT_SLT_STRICT") { &[][..] } else { known };
-        let is_known = |file: &str, line: u32| known.iter().any(|k| k.file == file && k.line == line);
-
         let mut unexpected = Vec::new();
         for f in &self.files {
             unexpected.extend(
@@ -356,22 +303,11 @@ impl SuiteReport {
                     .iter()
                     .map(|e| format!("{}: {}", f.file, e.lines().next().unwrap_or(""))),
             );
-            for &line in &f.failed_lines {
-                if is_known(&f.file, line) {
-                    println!("known difference (allowed): test_files/{}:{line}", f.file);
-                } else {
-                    unexpected.push(format!("test_files/{}:{line}", f.file));
-                }
-            }
-        }
-        for k in known {
-            let ran_file = self.files.iter().find(|f| f.file == k.file);
-            if ran_file.is_some_and(|f| !f.failed_lines.contains(&k.line)) {
-                println!(
-                    "note: known difference test_files/{}:{} passed this time ({})",
-                    k.file, k.line, k.reason
-                );
-            }
+            unexpected.extend(
+                f.failed_lines
+                    .iter()
+                    .map(|line| format!("test_files/{}:{line}", f.file)),
+            );
         }
         if !unexpected.is_empty() {
             panic!(

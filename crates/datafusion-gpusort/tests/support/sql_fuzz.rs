@@ -13,7 +13,9 @@
 //! * the output rows must be equal as multisets, leaving out, under `LIMIT` or `OFFSET`, the
 //!   rows tied with the last (first) key value, which either sort may pick differently;
 //! * the plan that ran must hold a `GpuSortExec` and no `SortExec` wherever stock DataFusion
-//!   sorts, so the test cannot silently compare DataFusion with itself;
+//!   sorts, so the test cannot silently compare DataFusion with itself, but for the TopKs of
+//!   at most `gpusort.topk_max_fetch` rows that the rule leaves to DataFusion (a case sets
+//!   that option to 0, sending every TopK to `GpuSortExec`, three times in four);
 //! * a query fails on one session exactly when it fails on the other.
 //!
 //! Under `LIMIT`, stock DataFusion 55.2 can be wrong: its TopK treats -0.0 and +0.0 as equal
@@ -87,6 +89,8 @@ pub struct FuzzReport {
     pub column_subset: usize,
     /// Queries whose gpusort plan sorts with `GpuSortExec` (stock DataFusion planned a sort).
     pub gpu_sort_plans: usize,
+    /// Queries whose gpusort plan kept DataFusion's TopK (`gpusort.topk_max_fetch`).
+    pub kept_topk: usize,
     /// Queries where stock DataFusion planned no sort (e.g. `LIMIT 0`, constant keys).
     pub no_sort_needed: usize,
     /// Queries that failed on both sessions (e.g. division by zero in a key expression).
@@ -122,6 +126,7 @@ impl FuzzReport {
         self.keys_selected += other.keys_selected;
         self.column_subset += other.column_subset;
         self.gpu_sort_plans += other.gpu_sort_plans;
+        self.kept_topk += other.kept_topk;
         self.no_sort_needed += other.no_sort_needed;
         self.both_failed += other.both_failed;
         self.stock_topk_wrong += other.stock_topk_wrong;
@@ -156,8 +161,8 @@ impl fmt::Display for FuzzReport {
         )?;
         writeln!(
             f,
-            "plans: {} sorted by GpuSortExec, {} needed no sort; {} failed on both sessions, {} ran out of memory",
-            self.gpu_sort_plans, self.no_sort_needed, self.both_failed, self.exhausted
+            "plans: {} sorted by GpuSortExec, {} kept DataFusion's TopK, {} needed no sort; {} failed on both sessions, {} ran out of memory",
+            self.gpu_sort_plans, self.kept_topk, self.no_sort_needed, self.both_failed, self.exhausted
         )?;
         writeln!(
             f,
@@ -852,6 +857,8 @@ pub struct FuzzSetup {
     pub merge_partitions: bool,
     /// `gpusort.strategy`.
     pub strategy: &'static str,
+    /// `gpusort.topk_max_fetch`.
+    pub topk_max_fetch: usize,
 }
 
 impl FuzzSetup {
@@ -870,6 +877,11 @@ impl FuzzSetup {
             target_partitions: rng.random_range(1..=8),
             batch_size,
             merge_partitions: rng.random_bool(0.7),
+            topk_max_fetch: if rng.random_bool(0.75) {
+                0
+            } else {
+                GpuSortConfig::default().topk_max_fetch
+            },
             strategy: [
                 "auto",
                 "auto",
@@ -893,6 +905,7 @@ impl FuzzSetup {
             batch_size,
             merge_partitions: true,
             strategy: "auto",
+            topk_max_fetch: 0,
         }
     }
 }
@@ -920,7 +933,8 @@ pub fn sessions(
     let config = configure(
         config
             .set_bool("gpusort.merge_partitions", setup.merge_partitions)
-            .set_str("gpusort.strategy", setup.strategy),
+            .set_str("gpusort.strategy", setup.strategy)
+            .set_usize("gpusort.topk_max_fetch", setup.topk_max_fetch),
     );
     let mut builder = SessionStateBuilder::new()
         .with_config(config)
@@ -957,6 +971,8 @@ pub enum Outcome {
         stock_topk_wrong: Option<String>,
         /// Whether the gpusort plan sorted with `GpuSortExec`.
         gpu_sort_plan: bool,
+        /// Whether the gpusort plan kept DataFusion's TopK (`gpusort.topk_max_fetch`).
+        kept_topk: bool,
         /// Whether stock DataFusion planned no sort at all.
         no_sort_needed: bool,
         /// `GpuSortExec` sorts on the GPU / CPU, from its metrics.
@@ -974,7 +990,17 @@ pub enum Outcome {
 
 /// The nodes of type `T` in `plan`.
 fn count_nodes<T: ExecutionPlan + 'static>(plan: &Arc<dyn ExecutionPlan>) -> usize {
-    plan.downcast_ref::<T>().is_some() as usize + plan.children().into_iter().map(count_nodes::<T>).sum::<usize>()
+    count_matching::<T>(plan, &|_| true)
+}
+
+/// The nodes of type `T` in `plan` for which `f` holds.
+fn count_matching<T: ExecutionPlan + 'static>(plan: &Arc<dyn ExecutionPlan>, f: &dyn Fn(&T) -> bool) -> usize {
+    plan.downcast_ref::<T>().is_some_and(f) as usize
+        + plan
+            .children()
+            .into_iter()
+            .map(|c| count_matching::<T>(c, f))
+            .sum::<usize>()
 }
 
 fn gpusort_metrics(plan: &Arc<dyn ExecutionPlan>, gpu: &mut usize, cpu: &mut usize, paths: &mut Vec<String>) {
@@ -1189,18 +1215,20 @@ pub async fn check_query(
         (Err(e), Ok(_)) => return Err(format!("gpusort succeeded where DataFusion failed: {e}")),
     };
 
-    // The plan really uses gpusort.
+    // The plan really uses gpusort, but for the small TopKs the rule leaves to DataFusion.
+    let topk_max_fetch = GpuSortConfig::from_config(ours.state().config().options()).topk_max_fetch;
     let stock_sorts = count_nodes::<SortExec>(&stock_plan);
     let gpu_sort_nodes = count_nodes::<GpuSortExec>(&plan);
-    let left_sorts = count_nodes::<SortExec>(&plan);
+    let kept_topks = count_matching::<SortExec>(&plan, &|s| s.fetch().is_some_and(|f| f <= topk_max_fetch));
+    let left_sorts = count_nodes::<SortExec>(&plan) - kept_topks;
     let show = |p: &Arc<dyn ExecutionPlan>| {
         datafusion::physical_plan::displayable(p.as_ref())
             .indent(false)
             .to_string()
     };
-    if stock_sorts > 0 && (gpu_sort_nodes == 0 || left_sorts > 0) {
+    if stock_sorts > 0 && ((gpu_sort_nodes == 0 && kept_topks == 0) || left_sorts > 0) {
         return Err(format!(
-            "stock DataFusion sorts ({stock_sorts} SortExec) but the gpusort plan has {gpu_sort_nodes} GpuSortExec and {left_sorts} SortExec:\n{}",
+            "stock DataFusion sorts ({stock_sorts} SortExec) but the gpusort plan has {gpu_sort_nodes} GpuSortExec and {left_sorts} SortExec (besides {kept_topks} TopK within gpusort.topk_max_fetch = {topk_max_fetch}):\n{}",
             show(&plan)
         ));
     }
@@ -1256,6 +1284,7 @@ pub async fn check_query(
         rows: n,
         stock_topk_wrong,
         gpu_sort_plan: gpu_sort_nodes > 0,
+        kept_topk: kept_topks > 0,
         no_sort_needed: stock_sorts == 0,
         gpu_sorts,
         cpu_sorts,
@@ -1304,7 +1333,7 @@ fn failure(
 ) -> String {
     let options = GpuSortConfig::from_config(ours.state().config().options());
     format!(
-        "SQL FUZZ FAILURE ({what})\n  query: {}\n  settings: target_partitions={}, batch_size={}, gpusort: enabled={}, min_rows={}, device={}, strategy={}, merge_partitions={}, gpu_memory_limit={}\n  table t: {}\n  problem: {msg}",
+        "SQL FUZZ FAILURE ({what})\n  query: {}\n  settings: target_partitions={}, batch_size={}, gpusort: enabled={}, min_rows={}, device={}, strategy={}, merge_partitions={}, gpu_memory_limit={}, topk_max_fetch={}\n  table t: {}\n  problem: {msg}",
         query.sql,
         setup.target_partitions,
         setup.batch_size,
@@ -1314,6 +1343,7 @@ fn failure(
         options.strategy,
         options.merge_partitions,
         options.gpu_memory_limit,
+        options.topk_max_fetch,
         table.describe(),
     )
 }
@@ -1331,6 +1361,7 @@ fn tally(report: &mut FuzzReport, query: &FuzzQuery, outcome: Outcome) {
             rows,
             stock_topk_wrong,
             gpu_sort_plan,
+            kept_topk,
             no_sort_needed,
             gpu_sorts,
             cpu_sorts,
@@ -1344,6 +1375,7 @@ fn tally(report: &mut FuzzReport, query: &FuzzQuery, outcome: Outcome) {
                 }
             }
             report.gpu_sort_plans += gpu_sort_plan as usize;
+            report.kept_topk += kept_topk as usize;
             report.no_sort_needed += no_sort_needed as usize;
             report.gpu_sorts += gpu_sorts;
             report.cpu_sorts += cpu_sorts;

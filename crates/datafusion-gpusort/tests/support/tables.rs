@@ -86,8 +86,10 @@ pub const TOTAL_ORDER_QUERIES: &[&str] = &[
 ];
 
 /// Runs every query of [`TOTAL_ORDER_QUERIES`] on both sessions and compares the rows; checks
-/// that gpusort's plans hold no DataFusion sort.
+/// that gpusort's plans hold no DataFusion sort. Sets `gpusort.topk_max_fetch = 0` on `ours`
+/// first, so that its `LIMIT`s sort in `GpuSortExec` too.
 pub async fn compare_with_stock(stock: &SessionContext, ours: &SessionContext, what: &str) {
+    ours.sql("SET gpusort.topk_max_fetch = 0").await.unwrap();
     for q in TOTAL_ORDER_QUERIES {
         let (expected, _) = rows(stock, q).await;
         let (actual, batches) = rows(ours, q).await;
