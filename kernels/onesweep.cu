@@ -118,20 +118,32 @@ __device__ __forceinline__ void onesweep_store(u32* p, u32 v) {
     asm volatile("st.relaxed.gpu.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-// Where the rows of digit d of `tile` start in the output: walk back over the predecessors' words, waiting
-// while one is unpublished, adding AGGREGATE values and going on, adding an INCLUSIVE value
-// (which counts the digit's global offset, digit_offsets[d], and every row of the digit up to
-// that tile) and stopping there. Tile 0 publishes INCLUSIVE directly, so the walk ends.
+// Where the rows of digit d of `tile` start in the output: walk back over the predecessors' words,
+// adding AGGREGATE values and going on, adding an INCLUSIVE value (which counts the digit's
+// global offset, digit_offsets[d], and every row of the digit up to that tile) and stopping
+// there, waiting while a word on the way is unpublished. Tile 0 publishes INCLUSIVE directly, so
+// the walk ends. The words of ONESWEEP_LOOKBACK_WINDOW predecessors are loaded at once, so a long
+// walk (tiles taken together, none of them inclusive yet) costs one L2 round trip per window
+// instead of one per tile; a word loaded before its tile published it is loaded again.
+#ifndef ONESWEEP_LOOKBACK_WINDOW
+#define ONESWEEP_LOOKBACK_WINDOW 8
+#endif
 __device__ __forceinline__ u32 onesweep_look_back(const u32* lookback, u32 tile, u32 d) {
     u32 prefix = 0;
-    for (u32 t = tile; t-- > 0;) {
-        const u32* w = lookback + (size_t)t * 256 + d;
-        u32 v;
-        do {
-            v = onesweep_load(w);
-        } while ((v & ONESWEEP_FLAGS) == 0);
-        prefix += v & ONESWEEP_VALUE;
-        if (v & ONESWEEP_INCLUSIVE) break;
+    for (u32 t = tile; t > 0;) {  // tiles [0, t) are still to walk
+        u32 v[ONESWEEP_LOOKBACK_WINDOW];
+#pragma unroll
+        for (u32 i = 0; i < ONESWEEP_LOOKBACK_WINDOW; i++) {
+            v[i] = i < t ? onesweep_load(lookback + (size_t)(t - 1 - i) * 256 + d) : 0;
+        }
+#pragma unroll
+        for (u32 i = 0; i < ONESWEEP_LOOKBACK_WINDOW; i++) {
+            if (i >= t) break;
+            while ((v[i] & ONESWEEP_FLAGS) == 0) v[i] = onesweep_load(lookback + (size_t)(t - 1 - i) * 256 + d);
+            prefix += v[i] & ONESWEEP_VALUE;
+            if (v[i] & ONESWEEP_INCLUSIVE) return prefix;
+        }
+        t -= min(t, (u32)ONESWEEP_LOOKBACK_WINDOW);
     }
     return prefix;
 }

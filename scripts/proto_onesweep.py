@@ -3,7 +3,7 @@
 # CUB (through CuPy), on the GPU machine (it has no Rust). Run from the repository root:
 #
 #   python3 scripts/proto_onesweep.py            # correctness cases, then the timing table
-#   IPT=12 ONESWEEP_MIN_BLOCKS=2 python3 scripts/proto_onesweep.py
+#   IPT=12 ONESWEEP_MIN_BLOCKS=2 ONESWEEP_LOOKBACK_WINDOW=1 python3 scripts/proto_onesweep.py
 #   PROTO_SKIP_CHECKS=1 / PROTO_SKIP_TIMING=1    # one half only
 #   PROTO_OS_GRID=tiles                          # one block per tile instead of persistent blocks
 #
@@ -83,6 +83,8 @@ LANE_IOTA, LANE_DIGIT = 1, 2
 opts = ["-std=c++17", f"-DIPT={IPT}"]
 if os.environ.get("ONESWEEP_MIN_BLOCKS"):
     opts.append(f"-DONESWEEP_MIN_BLOCKS={int(os.environ['ONESWEEP_MIN_BLOCKS'])}")
+if os.environ.get("ONESWEEP_LOOKBACK_WINDOW"):
+    opts.append(f"-DONESWEEP_LOOKBACK_WINDOW={int(os.environ['ONESWEEP_LOOKBACK_WINDOW'])}")
 src = ""
 for name in ("common.cuh", "grs.cu", "srts.cu", "onesweep.cu"):
     src += f"// ---- {name} ----\n" + open(os.path.join(ROOT, "kernels", name)).read() + "\n"
