@@ -5,6 +5,11 @@
 #   tests     GPU tests with GPUSORT_REQUIRE_GPU=1
 #   sanitize  compute-sanitizer memcheck and racecheck on the small-input test
 #   bench     CUB's baseline, then the paper's evaluation with ratios to CUB
+#   topk      the datafusion-gpusort `topk` bench (ORDER BY k LIMIT n: DataFusion's TopK against
+#             GpuSortExec, for the default of gpusort.topk_max_fetch)
+#   proto     the one-sweep prototype's timing for each IPT in $IPTS (default 16) and
+#             ONESWEEP_LOOKBACK_WINDOW in $WINDOWS (default "1 8"; the window exists on the
+#             onesweep-lookback-window branch), then its correctness cases (scripts/proto_onesweep.py)
 set -u
 . "$(dirname "$0")/device-unpack.sh"
 export GPUSORT_REQUIRE_GPU=1 PYTHONUNBUFFERED=1
@@ -23,5 +28,13 @@ for step in $STEPS; do
     bench)
       { echo "## CUB (cub_baseline.py), same machine, same run"; timeout 120 python3 .gpu/cub_baseline.py --json "$OUT/cub.json" 2>&1; } | tee "$OUT/paper.txt" | tail -14
       timeout "${BENCH_TIMEOUT:-300}" .gpu/paper ${BENCH_ARGS:-} --cub "$OUT/cub.json" --csv "$OUT/paper.csv" --svg "$OUT/paper.svg" 2>&1 | tee -a "$OUT/paper.txt" ;;
+    topk) BENCH_CSV="$OUT/topk.csv" timeout "${BENCH_TIMEOUT:-300}" .gpu/topk 2>&1 | tee "$OUT/topk.txt" | tail -10 ;;
+    proto)
+      for ipt in ${IPTS:-16}; do for w in ${WINDOWS:-1 8}; do
+        PROTO_SKIP_CHECKS=1 IPT=$ipt ONESWEEP_LOOKBACK_WINDOW=$w timeout 150 python3 scripts/proto_onesweep.py > "$OUT/proto_ipt${ipt}_window$w.txt" 2>&1
+        echo "IPT $ipt, look-back window $w:"; grep -E "^(100M|10M)|pass|WRONG" "$OUT/proto_ipt${ipt}_window$w.txt"
+      done; done
+      PROTO_SKIP_TIMING=1 timeout 200 python3 scripts/proto_onesweep.py > "$OUT/proto_checks.txt" 2>&1
+      tail -3 "$OUT/proto_checks.txt" ;;
   esac
 done

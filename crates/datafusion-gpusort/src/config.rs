@@ -157,10 +157,11 @@ extensions_options! {
         /// budget (and the memory pool) alone.
         pub max_run_rows: usize, default = 0
         /// `ORDER BY ... LIMIT n` with `n` (plus any `OFFSET`) at most this stays DataFusion's
-        /// TopK: a streaming heap of `n` rows that buffers nothing else and tightens a dynamic
-        /// filter on the scan as it goes, faster than buffering the whole input for a sort
-        /// (see the `topk` bench). Larger `n` sort in `GpuSortExec`; 0 sends every TopK there.
-        pub topk_max_fetch: usize, default = 10_000
+        /// TopK: a heap of `n` rows fed as the input streams, with a dynamic filter on the scan,
+        /// which for small `n` beats buffering the whole input for a sort. Its cost grows with
+        /// `n` (the `topk` bench measures the crossover). Larger `n` sort in `GpuSortExec`; 0
+        /// sends every TopK there.
+        pub topk_max_fetch: usize, default = 1000
     }
 }
 

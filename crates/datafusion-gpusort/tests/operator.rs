@@ -31,18 +31,18 @@ fn has_stock_sort(plan: &str) -> bool {
 #[tokio::test]
 async fn plans_show_gpu_sort_and_options_apply() {
     let ctx = context(true, 2000, 3);
-    // A small TopK stays DataFusion's streaming heap (gpusort.topk_max_fetch = 10000) ...
+    // A small TopK stays DataFusion's streaming heap (gpusort.topk_max_fetch = 1000) ...
     let p = plan(&ctx, "SELECT * FROM t ORDER BY a DESC LIMIT 10").await;
     assert!(
         has_stock_sort(&p) && p.contains("SortExec: TopK(fetch=10), expr=[a@0 DESC]") && !p.contains("GpuSortExec"),
         "{p}"
     );
-    let p = plan(&ctx, "SELECT * FROM t ORDER BY a DESC LIMIT 9990 OFFSET 10").await;
+    let p = plan(&ctx, "SELECT * FROM t ORDER BY a DESC LIMIT 990 OFFSET 10").await;
     assert!(!p.contains("GpuSortExec"), "{p}");
     // ... a larger one (the fetch counts the OFFSET) sorts in GpuSortExec.
-    let p = plan(&ctx, "SELECT * FROM t ORDER BY a DESC LIMIT 9990 OFFSET 11").await;
+    let p = plan(&ctx, "SELECT * FROM t ORDER BY a DESC LIMIT 990 OFFSET 11").await;
     assert!(
-        p.contains("GpuSortExec: TopK(fetch=10001), expr=[a@0 DESC]") && !has_stock_sort(&p),
+        p.contains("GpuSortExec: TopK(fetch=1001), expr=[a@0 DESC]") && !has_stock_sort(&p),
         "{p}"
     );
     ctx.sql("SET gpusort.topk_max_fetch = 0").await.unwrap();
