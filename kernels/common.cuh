@@ -269,24 +269,20 @@ __device__ __forceinline__ void stage_iota(const Lane& lane, size_t base, u32 va
     __syncthreads();
 }
 
-// The tile scatter. Needs s.base (global position of the tile's first element of each digit),
-// s.r.bin_start, and each item's slot pos[j]. `smem` is dynamic shared memory: TILE u32 for the
-// slots' global positions, then TILE * (widest lane up to 8 bytes, at least 4) bytes of staging.
+// The tile scatter, once each slot's digit word is staged (scatter_tile below). Needs s.base
+// (global position of the tile's first element of each digit), s.r.bin_start, and each item's
+// slot pos[j]. `smem` is dynamic shared memory: TILE u32 for the slots' global positions, then
+// TILE * (widest lane up to 8 bytes, at least 4) bytes of staging, whose first TILE u32 hold the
+// digit word of every slot on entry.
 template <int BINS, typename C>
-__device__ __forceinline__ void scatter_tile(size_t base, u32 valid, const u32* digit_word, u32 shift, u32 mask,
-                                             const u32 (&pos)[IPT], RankSmem<BINS, C>& s, const Lane* lanes,
-                                             u32 num_lanes, Records recs, u8* smem) {
+__device__ __forceinline__ void scatter_staged_tile(size_t base, u32 valid, u32 shift, u32 mask, const u32 (&pos)[IPT],
+                                                    RankSmem<BINS, C>& s, const Lane* lanes, u32 num_lanes,
+                                                    Records recs, u8* smem) {
     u32* gdst = reinterpret_cast<u32*>(smem);
     u8* stage = smem + TILE * sizeof(u32);
-    // The digit word of every slot, then every slot's global position; the digit word's own
-    // lane (if it moves) is written from here.
-    u32* sw = reinterpret_cast<u32*>(stage);
-#pragma unroll
-    for (u32 j = 0; j < IPT; j++) {
-        const u32 e = tile_elem(j);
-        if (e < valid) sw[pos[j]] = digit_word[base + e];
-    }
-    __syncthreads();
+    // Every slot's global position, from its digit word; the digit word's own lane (if it
+    // moves) is written from here.
+    const u32* sw = reinterpret_cast<const u32*>(stage);
     u32* digit_dst = nullptr;
     for (u32 l = 0; l < num_lanes; l++) {
         if (lanes[l].flags & LANE_DIGIT) digit_dst = reinterpret_cast<u32*>(lanes[l].dst);
@@ -347,6 +343,22 @@ __device__ __forceinline__ void scatter_tile(size_t base, u32 valid, const u32* 
         }
     }
     __syncthreads();
+}
+
+// The tile scatter: stages the digit word of every slot (read again from `digit_word`), then
+// scatter_staged_tile.
+template <int BINS, typename C>
+__device__ __forceinline__ void scatter_tile(size_t base, u32 valid, const u32* digit_word, u32 shift, u32 mask,
+                                             const u32 (&pos)[IPT], RankSmem<BINS, C>& s, const Lane* lanes,
+                                             u32 num_lanes, Records recs, u8* smem) {
+    u32* sw = reinterpret_cast<u32*>(smem + TILE * sizeof(u32));
+#pragma unroll
+    for (u32 j = 0; j < IPT; j++) {
+        const u32 e = tile_elem(j);
+        if (e < valid) sw[pos[j]] = digit_word[base + e];
+    }
+    __syncthreads();
+    scatter_staged_tile<BINS>(base, valid, shift, mask, pos, s, lanes, num_lanes, recs, smem);
 }
 
 // In-place exclusive scan of `n` values by one block of BLOCK threads: each thread scans a

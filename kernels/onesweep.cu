@@ -125,6 +125,12 @@ __device__ __forceinline__ void onesweep_store(u32* p, u32 v) {
 // the walk ends. The words of ONESWEEP_LOOKBACK_WINDOW predecessors are loaded at once, so a long
 // walk (tiles taken together, none of them inclusive yet) costs one L2 round trip per window
 // instead of one per tile; a word loaded before its tile published it is loaded again.
+// ONESWEEP_KEEP_WORDS=1: the pass keeps each item's whole digit word in registers from its one
+// load, and stages the words for the scatter from there (16 more registers a thread) instead of
+// reading them from global memory (L2) a second time.
+#ifndef ONESWEEP_KEEP_WORDS
+#define ONESWEEP_KEEP_WORDS 0
+#endif
 #ifndef ONESWEEP_LOOKBACK_WINDOW
 #define ONESWEEP_LOOKBACK_WINDOW 8
 #endif
@@ -179,7 +185,17 @@ extern "C" __global__ void __launch_bounds__(BLOCK, ONESWEEP_MIN_BLOCKS)
         const size_t base = (size_t)tile * TILE;
         const u32 valid = (u32)min((size_t)TILE, (size_t)n - base);
         u32 d[IPT], pos[IPT];
+#if ONESWEEP_KEEP_WORDS
+        u32 words[IPT];
+#pragma unroll
+        for (u32 j = 0; j < IPT; j++) {
+            const u32 e = tile_elem(j);
+            words[j] = e < valid ? digit_word[base + e] : 0;
+            d[j] = e < valid ? (words[j] >> shift) & mask : 256;
+        }
+#else
         load_digits<256>(digit_word, base, valid, shift, mask, d);
+#endif
         tile_rank<256>(d, pos, s);  // ends with s.r.bin_count / bin_start complete and visible
         u32* mine = lookback + (size_t)tile * 256;
         for (u32 b = threadIdx.x; b < 256; b += BLOCK) {
@@ -195,6 +211,16 @@ extern "C" __global__ void __launch_bounds__(BLOCK, ONESWEEP_MIN_BLOCKS)
             s.base[b] = start;
         }
         __syncthreads();
+#if ONESWEEP_KEEP_WORDS
+        u32* sw = reinterpret_cast<u32*>(onesweep_stage + TILE * sizeof(u32));
+#pragma unroll
+        for (u32 j = 0; j < IPT; j++) {
+            if (tile_elem(j) < valid) sw[pos[j]] = words[j];
+        }
+        __syncthreads();
+        scatter_staged_tile<256>(base, valid, shift, mask, pos, s, lanes, num_lanes, recs, onesweep_stage);
+#else
         scatter_tile<256>(base, valid, digit_word, shift, mask, pos, s, lanes, num_lanes, recs, onesweep_stage);
+#endif
     }
 }

@@ -83,6 +83,8 @@ LANE_IOTA, LANE_DIGIT = 1, 2
 opts = ["-std=c++17", f"-DIPT={IPT}"]
 if os.environ.get("ONESWEEP_MIN_BLOCKS"):
     opts.append(f"-DONESWEEP_MIN_BLOCKS={int(os.environ['ONESWEEP_MIN_BLOCKS'])}")
+if os.environ.get("ONESWEEP_KEEP_WORDS"):
+    opts.append(f"-DONESWEEP_KEEP_WORDS={int(os.environ['ONESWEEP_KEEP_WORDS'])}")
 if os.environ.get("ONESWEEP_LOOKBACK_WINDOW"):
     opts.append(f"-DONESWEEP_LOOKBACK_WINDOW={int(os.environ['ONESWEEP_LOOKBACK_WINDOW'])}")
 src = ""
