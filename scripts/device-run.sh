@@ -7,9 +7,10 @@
 #   bench     CUB's baseline, then the paper's evaluation with ratios to CUB
 #   topk      the datafusion-gpusort `topk` bench (ORDER BY k LIMIT n: DataFusion's TopK against
 #             GpuSortExec, for the default of gpusort.topk_max_fetch)
-#   proto     the one-sweep prototype's timing for each IPT in $IPTS (default 16) and
-#             ONESWEEP_LOOKBACK_WINDOW in $WINDOWS (default "1 8"; the window exists on the
-#             onesweep-lookback-window branch), then its correctness cases (scripts/proto_onesweep.py)
+#   proto     the one-sweep prototype (scripts/proto_onesweep.py): its timing for each variant in
+#             $PROTO_VARIANTS, then its correctness cases for each in $PROTO_CHECK_VARIANTS. A variant
+#             is comma-separated settings, e.g. "IPT=16,ONESWEEP_LOOKBACK_WINDOW=8,ONESWEEP_KEEP_WORDS=1"
+#             (the last two exist on the onesweep-lookback-window branch)
 set -u
 . "$(dirname "$0")/device-unpack.sh"
 export GPUSORT_REQUIRE_GPU=1 PYTHONUNBUFFERED=1
@@ -30,11 +31,13 @@ for step in $STEPS; do
       timeout "${BENCH_TIMEOUT:-300}" .gpu/paper ${BENCH_ARGS:-} --cub "$OUT/cub.json" --csv "$OUT/paper.csv" --svg "$OUT/paper.svg" 2>&1 | tee -a "$OUT/paper.txt" ;;
     topk) BENCH_CSV="$OUT/topk.csv" timeout "${BENCH_TIMEOUT:-300}" .gpu/topk 2>&1 | tee "$OUT/topk.txt" | tail -10 ;;
     proto)
-      for ipt in ${IPTS:-16}; do for w in ${WINDOWS:-1 8}; do
-        PROTO_SKIP_CHECKS=1 IPT=$ipt ONESWEEP_LOOKBACK_WINDOW=$w timeout 150 python3 scripts/proto_onesweep.py > "$OUT/proto_ipt${ipt}_window$w.txt" 2>&1
-        echo "IPT $ipt, look-back window $w:"; grep -E "^(100M|10M)|pass|WRONG" "$OUT/proto_ipt${ipt}_window$w.txt"
-      done; done
-      PROTO_SKIP_TIMING=1 timeout 200 python3 scripts/proto_onesweep.py > "$OUT/proto_checks.txt" 2>&1
-      tail -3 "$OUT/proto_checks.txt" ;;
+      for v in ${PROTO_VARIANTS:-IPT=16}; do
+        env PROTO_SKIP_CHECKS=1 ${v//,/ } timeout 150 python3 scripts/proto_onesweep.py > "$OUT/proto_$v.txt" 2>&1
+        echo "variant $v:"; grep -E "^(100M|10M)|pass|WRONG" "$OUT/proto_$v.txt"
+      done
+      for v in ${PROTO_CHECK_VARIANTS:-IPT=16}; do
+        env PROTO_SKIP_TIMING=1 ${v//,/ } timeout 200 python3 scripts/proto_onesweep.py > "$OUT/proto_checks_$v.txt" 2>&1
+        echo "checks, variant $v:"; tail -2 "$OUT/proto_checks_$v.txt"
+      done ;;
   esac
 done

@@ -21,11 +21,12 @@ use crate::exec::GpuSortExec;
 /// has a type gpusort cannot encode, or when it is a TopK of at most `gpusort.topk_max_fetch`
 /// rows.
 ///
-/// That last case is DataFusion's best plan, not a fallback: its TopK streams the input through
-/// a heap of `fetch` rows and publishes the heap's bound as a dynamic filter that the scan
-/// applies (pruning Parquet row groups), while a sort must first buffer every input row. The
-/// results are DataFusion's own, including which of several rows tied at the `LIMIT` boundary
-/// come out and in what order (DataFusion's sqllogictest files expect its heap's order there).
+/// That last case is DataFusion's better plan, not a fallback: its TopK streams the input
+/// through a heap of `fetch` rows and publishes the heap's bound as a dynamic filter (which a
+/// Parquet scan uses to skip data), while a sort must first buffer every input row; the `topk`
+/// bench measures where that stops paying. The results are DataFusion's own, including which
+/// of several rows tied at the `LIMIT` boundary come out and in what order (DataFusion's
+/// sqllogictest files expect its heap's order there).
 ///
 /// With `gpusort.merge_partitions` (the default), a `SortPreservingMergeExec` over
 /// per-partition sorts becomes one `GpuSortExec` over all partitions
