@@ -18,7 +18,7 @@
 use cudarc::driver::{CudaSlice, DevicePtr, PushKernelArg};
 use gpusort::keys::{FieldEncoding, KeyLayout, NativeColumnStats, OrdinalKind};
 
-use crate::engine::Gpu;
+use crate::engine::{Gpu, rows_u32};
 use crate::error::{CudaSortError, Result};
 
 /// Most key words [`Gpu::encode_native_keys`] writes (`KEY_MAX_WORDS` in kernels/keys.cu).
@@ -65,7 +65,7 @@ impl Gpu {
         let init: Vec<u64> = columns.iter().flat_map(|_| [u64::MAX, 0, 0]).collect();
         let out = s.clone_htod(&init)?;
         let base = out.device_ptr(s).0;
-        let n32 = u32::try_from(n).map_err(|_| CudaSortError::Unsupported(format!("{n} rows in one sort")))?;
+        let n32 = rows_u32(n)?;
         for (i, c) in columns.iter().enumerate() {
             let (kind, width) = kind_code(c.kind)?;
             check_len(c, n, width)?;
@@ -108,6 +108,7 @@ impl Gpu {
         layout: &KeyLayout,
         n: usize,
     ) -> Result<(Vec<CudaSlice<u32>>, Vec<u32>)> {
+        let n32 = rows_u32(n)?;
         let num_words = layout.num_words();
         if num_words > KEY_MAX_WORDS {
             return Err(CudaSortError::Unsupported(format!(
@@ -160,7 +161,7 @@ impl Gpu {
             ptrs_dev.device_ptr(s).0,
             varying_dev.device_ptr(s).0,
         );
-        let (n32, nfields, nwords) = (n as u32, columns.len() as u32, num_words as u32);
+        let (nfields, nwords) = (columns.len() as u32, num_words as u32);
         // SAFETY: every field's column holds n values (and bits), checked above; `ptrs` lists
         // `nwords` arrays of n words; `varying` holds 2 * nwords words.
         unsafe {

@@ -118,6 +118,11 @@ pub const ONESWEEP_MIN_BITS: u32 = 5;
 /// table starts 128 bytes in.
 const ONESWEEP_HEADER_WORDS: usize = 32;
 
+/// `n` as the row count kernels take (a u32): one sort holds at most 2^32 - 1 rows.
+pub(crate) fn rows_u32(n: usize) -> Result<u32> {
+    u32::try_from(n).map_err(|_| CudaSortError::Unsupported(format!("{n} rows in one sort (at most 2^32 - 1)")))
+}
+
 /// Words of the one-sweep state of a pass over `num_tiles` tiles: the header (tile counter)
 /// and one look-back word per (tile, digit of 256). Zeroed before every pass.
 pub(crate) fn onesweep_state_words(num_tiles: usize) -> usize {
@@ -616,9 +621,9 @@ impl Gpu {
 
     /// `0, 1, ..., n - 1` on the device.
     pub fn iota(&self, n: usize) -> Result<CudaSlice<u32>> {
+        let n32 = rows_u32(n)?;
         let out = self.alloc_words(n)?;
         let p = out.device_ptr(&self.stream).0;
-        let n32 = n as u32;
         // SAFETY: the kernel writes n words of `out`.
         unsafe {
             self.stream
@@ -645,9 +650,7 @@ impl Gpu {
     /// Sorts `table` in place following `plan`.
     pub fn sort(&self, table: &mut DeviceTable, plan: &GpuSortPlan) -> Result<GpuSortResult> {
         let n = table.num_rows;
-        if n > u32::MAX as usize {
-            return Err(CudaSortError::Unsupported(format!("{n} rows exceed 2^32 - 1")));
-        }
+        rows_u32(n)?;
         if let Some(p) = plan
             .passes
             .iter()
@@ -1522,6 +1525,15 @@ impl Gpu {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn row_counts_above_u32_are_refused() {
+        assert_eq!(rows_u32(0).unwrap(), 0);
+        assert_eq!(rows_u32(u32::MAX as usize).unwrap(), u32::MAX);
+        let err = rows_u32(u32::MAX as usize + 1).unwrap_err();
+        assert!(matches!(err, CudaSortError::Unsupported(_)), "{err:?}");
+        assert!(err.to_string().contains("4294967296 rows"), "{err}");
+    }
 
     #[test]
     fn pack_groups_fill_rows_widest_first() {
