@@ -53,10 +53,12 @@ __device__ __forceinline__ u32 lanemask_lt() {
 }
 
 // Element of the tile held as item j by this thread: warp w owns elements
-// [w * IPT * 32, (w + 1) * IPT * 32), taken 32 at a time, so tile order is (warp, item, lane)
-// and global loads of one item are coalesced.
+// [w * ITEMS * 32, (w + 1) * ITEMS * 32), taken 32 at a time, so tile order is (warp, item,
+// lane) and global loads of one item are coalesced. The tile helpers below take their items per
+// thread from the size of their arrays: IPT for GRS and SRTS, ONESWEEP_IPT for one sweep.
+template <int ITEMS = IPT>
 __device__ __forceinline__ u32 tile_elem(u32 j) {
-    return (threadIdx.x / 32) * (IPT * 32) + j * 32 + (threadIdx.x % 32);
+    return (threadIdx.x / 32) * (ITEMS * 32) + j * 32 + (threadIdx.x % 32);
 }
 
 // Exclusive scan of one value per thread over a block of THREADS threads (thread order); every
@@ -158,9 +160,15 @@ struct RankShared {
 //
 // Per warp, the lanes holding the same digit are found by one ballot per digit bit; the first
 // of them adds their number to the warp's counter of the digit. Counters are then combined
-// across warps (per digit) and across digits (a block scan).
-template <int BINS, int THREADS, int ITEMS, typename C>
-__device__ __forceinline__ void rank_items(u32 (&dp)[ITEMS], RankShared<BINS, THREADS, C>& s) {
+// across warps (per digit) and across digits (a block scan). on_counts(b, count) is called by
+// the thread that sums digit b's count, as soon as it has it (before the scan): the one-sweep
+// pass publishes its counts there.
+struct NoCounts {
+    __device__ void operator()(u32, u32) const {}
+};
+template <int BINS, int THREADS, int ITEMS, typename C, typename OnCounts = NoCounts>
+__device__ __forceinline__ void rank_items(u32 (&dp)[ITEMS], RankShared<BINS, THREADS, C>& s,
+                                           OnCounts on_counts = OnCounts()) {
     static_assert(BINS < 65536 && 32 * ITEMS < 65536, "digit and warp rank share a word");
     constexpr u32 NW = THREADS / 32;
     for (u32 i = threadIdx.x; i < NW * (BINS + 1); i += THREADS) (&s.warp_counts[0][0])[i] = 0;
@@ -189,6 +197,7 @@ __device__ __forceinline__ void rank_items(u32 (&dp)[ITEMS], RankShared<BINS, TH
             sum += c;
         }
         s.bin_count[b] = sum;
+        on_counts(b, sum);
     }
     __syncthreads();
     scan_bins<BINS, THREADS>(s.bin_count, s.bin_start, s.scan);
@@ -207,21 +216,22 @@ struct RankSmem {
     u32 base[BINS];
 };
 
-// The tile rank of GRS and SRTS: rank_items over a tile of BLOCK threads x IPT items.
-template <int BINS, typename C>
-__device__ __forceinline__ void tile_rank(const u32 (&d)[IPT], u32 (&pos)[IPT], RankSmem<BINS, C>& s) {
+// The tile rank of GRS and SRTS: rank_items over a tile of BLOCK threads x ITEMS items.
+template <int BINS, int ITEMS, typename C, typename OnCounts = NoCounts>
+__device__ __forceinline__ void tile_rank(const u32 (&d)[ITEMS], u32 (&pos)[ITEMS], RankSmem<BINS, C>& s,
+                                          OnCounts on_counts = OnCounts()) {
 #pragma unroll
-    for (u32 j = 0; j < IPT; j++) pos[j] = d[j];
-    rank_items<BINS, BLOCK, IPT, C>(pos, s.r);
+    for (u32 j = 0; j < ITEMS; j++) pos[j] = d[j];
+    rank_items<BINS, BLOCK, ITEMS, C>(pos, s.r, on_counts);
 }
 
 // Loads the digits of the tile at `base` (`valid` elements) in item order.
-template <int BINS>
+template <int BINS, int ITEMS>
 __device__ __forceinline__ void load_digits(const u32* digit_word, size_t base, u32 valid, u32 shift, u32 mask,
-                                            u32 (&d)[IPT]) {
+                                            u32 (&d)[ITEMS]) {
 #pragma unroll
-    for (u32 j = 0; j < IPT; j++) {
-        const u32 e = tile_elem(j);
+    for (u32 j = 0; j < ITEMS; j++) {
+        const u32 e = tile_elem<ITEMS>(j);
         d[j] = e < valid ? (digit_word[base + e] >> shift) & mask : BINS;
     }
 }
@@ -230,20 +240,20 @@ __device__ __forceinline__ void load_digits(const u32* digit_word, size_t base, 
 // thread writes its slots (k = threadIdx.x + i * BLOCK) to their global positions gdst[k].
 // A row is SCALE values of T, of which value `part` moves (16-byte rows move as two 8-byte
 // halves, which keeps the registers of 16 loads in flight within bounds).
-template <typename T, int SCALE>
-__device__ __forceinline__ void stage_lane(const Lane& lane, size_t base, u32 valid, const u32 (&pos)[IPT],
+template <typename T, int SCALE, int ITEMS>
+__device__ __forceinline__ void stage_lane(const Lane& lane, size_t base, u32 valid, const u32 (&pos)[ITEMS],
                                            const u32* gdst, u8* stage, u32 part) {
     T* s = reinterpret_cast<T*>(stage);
     const T* src = reinterpret_cast<const T*>(lane.src) + part;
 #pragma unroll
-    for (u32 j = 0; j < IPT; j++) {
-        const u32 e = tile_elem(j);
+    for (u32 j = 0; j < ITEMS; j++) {
+        const u32 e = tile_elem<ITEMS>(j);
         if (e < valid) s[pos[j]] = src[(base + e) * SCALE];
     }
     __syncthreads();
     T* dst = reinterpret_cast<T*>(lane.dst) + part;
 #pragma unroll
-    for (u32 i = 0; i < IPT; i++) {
+    for (u32 i = 0; i < ITEMS; i++) {
         const u32 k = threadIdx.x + i * BLOCK;
         if (k < valid) dst[(size_t)gdst[k] * SCALE] = s[k];
     }
@@ -251,18 +261,19 @@ __device__ __forceinline__ void stage_lane(const Lane& lane, size_t base, u32 va
 }
 
 // The row index lane of the first pass: the value is the element's own index.
-__device__ __forceinline__ void stage_iota(const Lane& lane, size_t base, u32 valid, const u32 (&pos)[IPT],
+template <int ITEMS>
+__device__ __forceinline__ void stage_iota(const Lane& lane, size_t base, u32 valid, const u32 (&pos)[ITEMS],
                                            const u32* gdst, u8* stage) {
     u32* s = reinterpret_cast<u32*>(stage);
 #pragma unroll
-    for (u32 j = 0; j < IPT; j++) {
-        const u32 e = tile_elem(j);
+    for (u32 j = 0; j < ITEMS; j++) {
+        const u32 e = tile_elem<ITEMS>(j);
         if (e < valid) s[pos[j]] = (u32)(base + e);
     }
     __syncthreads();
     u32* dst = reinterpret_cast<u32*>(lane.dst);
 #pragma unroll
-    for (u32 i = 0; i < IPT; i++) {
+    for (u32 i = 0; i < ITEMS; i++) {
         const u32 k = threadIdx.x + i * BLOCK;
         if (k < valid) dst[gdst[k]] = s[k];
     }
@@ -273,13 +284,13 @@ __device__ __forceinline__ void stage_iota(const Lane& lane, size_t base, u32 va
 // (global position of the tile's first element of each digit), s.r.bin_start, and each item's
 // slot pos[j]. `smem` is dynamic shared memory: TILE u32 for the slots' global positions, then
 // TILE * (widest lane up to 8 bytes, at least 4) bytes of staging, whose first TILE u32 hold the
-// digit word of every slot on entry.
-template <int BINS, typename C>
-__device__ __forceinline__ void scatter_staged_tile(size_t base, u32 valid, u32 shift, u32 mask, const u32 (&pos)[IPT],
-                                                    RankSmem<BINS, C>& s, const Lane* lanes, u32 num_lanes,
-                                                    Records recs, u8* smem) {
+// digit word of every slot on entry (TILE = BLOCK * ITEMS).
+template <int BINS, int ITEMS, typename C>
+__device__ __forceinline__ void scatter_staged_tile(size_t base, u32 valid, u32 shift, u32 mask,
+                                                    const u32 (&pos)[ITEMS], RankSmem<BINS, C>& s, const Lane* lanes,
+                                                    u32 num_lanes, Records recs, u8* smem) {
     u32* gdst = reinterpret_cast<u32*>(smem);
-    u8* stage = smem + TILE * sizeof(u32);
+    u8* stage = smem + BLOCK * ITEMS * sizeof(u32);
     // Every slot's global position, from its digit word; the digit word's own lane (if it
     // moves) is written from here.
     const u32* sw = reinterpret_cast<const u32*>(stage);
@@ -288,7 +299,7 @@ __device__ __forceinline__ void scatter_staged_tile(size_t base, u32 valid, u32 
         if (lanes[l].flags & LANE_DIGIT) digit_dst = reinterpret_cast<u32*>(lanes[l].dst);
     }
 #pragma unroll
-    for (u32 i = 0; i < IPT; i++) {
+    for (u32 i = 0; i < ITEMS; i++) {
         const u32 k = threadIdx.x + i * BLOCK;
         if (k < valid) {
             const u32 word = sw[k];
@@ -323,8 +334,8 @@ __device__ __forceinline__ void scatter_staged_tile(size_t base, u32 valid, u32 
     // tile.
     u16* slot_from = reinterpret_cast<u16*>(stage);
 #pragma unroll
-    for (u32 j = 0; j < IPT; j++) {
-        const u32 e = tile_elem(j);
+    for (u32 j = 0; j < ITEMS; j++) {
+        const u32 e = tile_elem<ITEMS>(j);
         if (e < valid) slot_from[pos[j]] = (u16)e;
     }
     __syncthreads();
@@ -345,18 +356,25 @@ __device__ __forceinline__ void scatter_staged_tile(size_t base, u32 valid, u32 
     __syncthreads();
 }
 
-// The tile scatter: stages the digit word of every slot (read again from `digit_word`), then
-// scatter_staged_tile.
-template <int BINS, typename C>
-__device__ __forceinline__ void scatter_tile(size_t base, u32 valid, const u32* digit_word, u32 shift, u32 mask,
-                                             const u32 (&pos)[IPT], RankSmem<BINS, C>& s, const Lane* lanes,
-                                             u32 num_lanes, Records recs, u8* smem) {
-    u32* sw = reinterpret_cast<u32*>(smem + TILE * sizeof(u32));
+// The digit word of every item to its slot in the staging area of scatter_staged_tile, read
+// again from `digit_word`. No barrier: the caller puts one before scatter_staged_tile.
+template <int ITEMS>
+__device__ __forceinline__ void stage_digit_words(size_t base, u32 valid, const u32* digit_word,
+                                                  const u32 (&pos)[ITEMS], u8* smem) {
+    u32* sw = reinterpret_cast<u32*>(smem + BLOCK * ITEMS * sizeof(u32));
 #pragma unroll
-    for (u32 j = 0; j < IPT; j++) {
-        const u32 e = tile_elem(j);
+    for (u32 j = 0; j < ITEMS; j++) {
+        const u32 e = tile_elem<ITEMS>(j);
         if (e < valid) sw[pos[j]] = digit_word[base + e];
     }
+}
+
+// The tile scatter: stage_digit_words, then scatter_staged_tile.
+template <int BINS, int ITEMS, typename C>
+__device__ __forceinline__ void scatter_tile(size_t base, u32 valid, const u32* digit_word, u32 shift, u32 mask,
+                                             const u32 (&pos)[ITEMS], RankSmem<BINS, C>& s, const Lane* lanes,
+                                             u32 num_lanes, Records recs, u8* smem) {
+    stage_digit_words(base, valid, digit_word, pos, smem);
     __syncthreads();
     scatter_staged_tile<BINS>(base, valid, shift, mask, pos, s, lanes, num_lanes, recs, smem);
 }

@@ -125,12 +125,6 @@ __device__ __forceinline__ void onesweep_store(u32* p, u32 v) {
 // the walk ends. The words of ONESWEEP_LOOKBACK_WINDOW predecessors are loaded at once, so a long
 // walk (tiles taken together, none of them inclusive yet) costs one L2 round trip per window
 // instead of one per tile; a word loaded before its tile published it is loaded again.
-// ONESWEEP_KEEP_WORDS=1: the pass keeps each item's whole digit word in registers from its one
-// load, and stages the words for the scatter from there (16 more registers a thread) instead of
-// reading them from global memory (L2) a second time.
-#ifndef ONESWEEP_KEEP_WORDS
-#define ONESWEEP_KEEP_WORDS 0
-#endif
 #ifndef ONESWEEP_LOOKBACK_WINDOW
 #define ONESWEEP_LOOKBACK_WINDOW 8
 #endif
@@ -154,19 +148,37 @@ __device__ __forceinline__ u32 onesweep_look_back(const u32* lookback, u32 tile,
     return prefix;
 }
 
-// One LSD pass over an 8-bit digit, with the dynamic shared memory of srts_downsweep_b8. Any
-// grid works: each block takes tiles in turn (atomicAdd on tile_counter, so in the order blocks
-// ask, not by blockIdx) until none is left; a persistent grid (SMs x resident blocks per SM)
-// saves the start of a block per tile. The look-back cannot deadlock whatever the scheduling: a
-// block waits only on tiles taken before its own, each held by a running block that is working
-// on it (a block takes its next tile only when done with the last) and waits in turn only on
-// tiles before it, down to tile 0, which waits on none. Per tile:
-//   * load and rank the tile's digits (load_digits, tile_rank: SRTS's tile rank);
-//   * publish AGGREGATE|count of each digit (tile 0: INCLUSIVE at once);
+// Rows per thread of a one-sweep tile (a tile is BLOCK * ONESWEEP_IPT rows): by default those of
+// SRTS and GRS; the host may define it apart from IPT (engine.rs: GPUSORT_ONESWEEP_IPT), since a
+// larger tile shares the pass's fixed costs (barriers, scans, look-back) among more rows.
+#ifndef ONESWEEP_IPT
+#define ONESWEEP_IPT IPT
+#endif
+#define ONESWEEP_TILE (BLOCK * ONESWEEP_IPT)
+// Where the scatter's digit words come from (each slot needs its row's digit word):
+//   0: read again from global memory (L2, most often), between the rank and the look-back;
+//   1: kept in registers from the one load (ONESWEEP_IPT more registers a thread);
+//   2: kept in shared memory from the one load, in the slots' positions area, free until the
+//      scatter.
+#ifndef ONESWEEP_KEEP_WORDS
+#define ONESWEEP_KEEP_WORDS 0
+#endif
+
+// One LSD pass over an 8-bit digit, with the dynamic shared memory of srts_downsweep_b8 for a
+// tile of ONESWEEP_TILE rows. Any grid works: each block takes tiles in turn (atomicAdd on
+// tile_counter, so in the order blocks ask, not by blockIdx) until none is left; a persistent
+// grid (SMs x resident blocks per SM) saves the start of a block per tile. The look-back cannot
+// deadlock whatever the scheduling: a block waits only on tiles taken before its own, each held
+// by a running block that is working on it (a block takes its next tile only when done with the
+// last) and waits in turn only on tiles before it, down to tile 0, which waits on none. Per tile:
+//   * load and rank the tile's digits (SRTS's tile rank), publishing AGGREGATE|count of each
+//     digit as soon as the rank has summed it, before its scans (tile 0: INCLUSIVE at once);
+//   * stage every row's digit word in its slot (ONESWEEP_KEEP_WORDS), before the look-back, so
+//     that the two wait together;
 //   * one thread per digit looks back over the tiles before for where the tile's rows of the
 //     digit start (digit_offsets[d], from onesweep_scan, plus the digit's rows in those tiles),
 //     publishes INCLUSIVE|start+count, and puts the start in s.base[d];
-//   * scatter every lane through shared memory (scatter_tile, as SRTS).
+//   * scatter every lane through shared memory (scatter_staged_tile, as SRTS).
 // tile_counter (1 word) and lookback (num_tiles * 256 words) must be zero at launch: each pass
 // needs its own zeroed words (one memset can clear the words of all passes before the first).
 // n < 2^30.
@@ -176,51 +188,68 @@ extern "C" __global__ void __launch_bounds__(BLOCK, ONESWEEP_MIN_BLOCKS)
     __shared__ RankSmem<256> s;
     __shared__ u32 s_tile;
     extern __shared__ __align__(16) u8 onesweep_stage[];  // (a name of its own: extern "C" linkage)
+    u32* sw = reinterpret_cast<u32*>(onesweep_stage + ONESWEEP_TILE * sizeof(u32));  // slots' digit words
     for (;;) {
         // The last tile's scatter ended with a barrier after its last use of shared memory.
         if (threadIdx.x == 0) s_tile = atomicAdd(tile_counter, 1u);
         __syncthreads();
         const u32 tile = s_tile;
         if (tile >= num_tiles) return;  // the whole block
-        const size_t base = (size_t)tile * TILE;
-        const u32 valid = (u32)min((size_t)TILE, (size_t)n - base);
-        u32 d[IPT], pos[IPT];
-#if ONESWEEP_KEEP_WORDS
-        u32 words[IPT];
+        const size_t base = (size_t)tile * ONESWEEP_TILE;
+        const u32 valid = (u32)min((size_t)ONESWEEP_TILE, (size_t)n - base);
+        u32* mine = lookback + (size_t)tile * 256;
+        u32 d[ONESWEEP_IPT], pos[ONESWEEP_IPT];
+#if ONESWEEP_KEEP_WORDS == 1
+        u32 words[ONESWEEP_IPT];
 #pragma unroll
-        for (u32 j = 0; j < IPT; j++) {
-            const u32 e = tile_elem(j);
+        for (u32 j = 0; j < ONESWEEP_IPT; j++) {
+            const u32 e = tile_elem<ONESWEEP_IPT>(j);
             words[j] = e < valid ? digit_word[base + e] : 0;
             d[j] = e < valid ? (words[j] >> shift) & mask : 256;
+        }
+#elif ONESWEEP_KEEP_WORDS == 2
+        u32* kept = reinterpret_cast<u32*>(onesweep_stage);
+#pragma unroll
+        for (u32 j = 0; j < ONESWEEP_IPT; j++) {
+            const u32 e = tile_elem<ONESWEEP_IPT>(j);
+            const u32 w = e < valid ? digit_word[base + e] : 0;
+            if (e < valid) kept[e] = w;
+            d[j] = e < valid ? (w >> shift) & mask : 256;
         }
 #else
         load_digits<256>(digit_word, base, valid, shift, mask, d);
 #endif
-        tile_rank<256>(d, pos, s);  // ends with s.r.bin_count / bin_start complete and visible
-        u32* mine = lookback + (size_t)tile * 256;
-        for (u32 b = threadIdx.x; b < 256; b += BLOCK) {
-            const u32 count = s.r.bin_count[b];
-            u32 start;
+        tile_rank<256>(d, pos, s, [&](u32 b, u32 count) {
             if (tile == 0) {
-                start = digit_offsets[b];
+                const u32 start = digit_offsets[b];
+                onesweep_store(mine + b, ONESWEEP_INCLUSIVE | (start + count));
+                s.base[b] = start;
             } else {
                 onesweep_store(mine + b, ONESWEEP_AGGREGATE | count);
-                start = onesweep_look_back(lookback, tile, b);
             }
-            onesweep_store(mine + b, ONESWEEP_INCLUSIVE | (start + count));
-            s.base[b] = start;
-        }
-        __syncthreads();
-#if ONESWEEP_KEEP_WORDS
-        u32* sw = reinterpret_cast<u32*>(onesweep_stage + TILE * sizeof(u32));
+        });
+#if ONESWEEP_KEEP_WORDS == 1
 #pragma unroll
-        for (u32 j = 0; j < IPT; j++) {
-            if (tile_elem(j) < valid) sw[pos[j]] = words[j];
+        for (u32 j = 0; j < ONESWEEP_IPT; j++) {
+            if (tile_elem<ONESWEEP_IPT>(j) < valid) sw[pos[j]] = words[j];
+        }
+#elif ONESWEEP_KEEP_WORDS == 2
+#pragma unroll
+        for (u32 j = 0; j < ONESWEEP_IPT; j++) {
+            const u32 e = tile_elem<ONESWEEP_IPT>(j);
+            if (e < valid) sw[pos[j]] = kept[e];
+        }
+#else
+        stage_digit_words(base, valid, digit_word, pos, onesweep_stage);
+#endif
+        if (tile > 0) {
+            for (u32 b = threadIdx.x; b < 256; b += BLOCK) {
+                const u32 start = onesweep_look_back(lookback, tile, b);
+                onesweep_store(mine + b, ONESWEEP_INCLUSIVE | (start + s.r.bin_count[b]));
+                s.base[b] = start;
+            }
         }
         __syncthreads();
         scatter_staged_tile<256>(base, valid, shift, mask, pos, s, lanes, num_lanes, recs, onesweep_stage);
-#else
-        scatter_tile<256>(base, valid, digit_word, shift, mask, pos, s, lanes, num_lanes, recs, onesweep_stage);
-#endif
     }
 }

@@ -2,15 +2,18 @@
 # Runs on the GPU machine (the `device` tool), from the repository root, with the binaries
 # xz-compressed in .gpu/ (scripts/pack-gpu.sh). Unpacks them, then runs the steps named in $STEPS (default:
 # all) with their logs under $OUT:
-#   tests     GPU tests with GPUSORT_REQUIRE_GPU=1
+#   tests     GPU tests with GPUSORT_REQUIRE_GPU=1 (and the settings in $TESTS_ENV, comma-separated,
+#             e.g. "GPUSORT_ONESWEEP_IPT=24,GPUSORT_ONESWEEP_KEEP_WORDS=2")
 #   sanitize  compute-sanitizer memcheck and racecheck on the small-input test
 #   bench     CUB's baseline, then the paper's evaluation with ratios to CUB
 #   topk      the datafusion-gpusort `topk` bench (ORDER BY k LIMIT n: DataFusion's TopK against
 #             GpuSortExec, for the default of gpusort.topk_max_fetch)
 #   proto     the one-sweep prototype (scripts/proto_onesweep.py): its timing for each variant in
 #             $PROTO_VARIANTS, then its correctness cases for each in $PROTO_CHECK_VARIANTS. A variant
-#             is comma-separated settings, e.g. "IPT=16,ONESWEEP_LOOKBACK_WINDOW=8,ONESWEEP_KEEP_WORDS=1"
-#             (the last two exist on the onesweep-lookback-window branch)
+#             is comma-separated settings, e.g. "IPT=16,ONESWEEP_IPT=24,ONESWEEP_KEEP_WORDS=2"
+#   tune      the paper bench's goal rows (keys only, 8-bit digits; ByField m = 2 and 20) once per
+#             engine variant in $TUNE_VARIANTS: comma-separated GPUSORT_* settings (kernels.rs
+#             KernelTuning), or "default"
 set -u
 . "$(dirname "$0")/device-unpack.sh"
 export GPUSORT_REQUIRE_GPU=1 PYTHONUNBUFFERED=1
@@ -19,7 +22,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --f
 for step in $STEPS; do
   case $step in
     unit) timeout 120 .gpu/gpusort_cuda --test-threads=1 2>&1 | tee "$OUT/unit.log" | tail -15 ;;
-    tests) timeout "${TESTS_TIMEOUT:-300}" .gpu/gpu --test-threads=1 ${TESTS_FILTER:-} 2>&1 | tee "$OUT/gpu_tests.log" | tail -40 ;;
+    tests) te=${TESTS_ENV:-}; env ${te//,/ } timeout "${TESTS_TIMEOUT:-300}" .gpu/gpu --test-threads=1 ${TESTS_FILTER:-} 2>&1 | tee "$OUT/gpu_tests.log" | tail -40 ;;
     sanitize)
       for tool in memcheck racecheck; do
         timeout 200 compute-sanitizer --tool $tool --error-exitcode 99 .gpu/gpu --test-threads=1 sanitize \
@@ -38,6 +41,15 @@ for step in $STEPS; do
       for v in ${PROTO_CHECK_VARIANTS:-IPT=16}; do
         env PROTO_SKIP_TIMING=1 ${v//,/ } timeout 200 python3 scripts/proto_onesweep.py > "$OUT/proto_checks_$v.txt" 2>&1
         echo "checks, variant $v:"; tail -2 "$OUT/proto_checks_$v.txt"
+      done ;;
+    tune)
+      for v in ${TUNE_VARIANTS:-default}; do
+        settings=${v//,/ }
+        [ "$v" = default ] && settings=
+        echo "== engine variant $v"
+        env $settings timeout 150 .gpu/paper --only keys --bits 8 --reps 7 > "$OUT/tune_$v.txt" 2>&1
+        env $settings timeout 150 .gpu/paper --only records --fields 2,20 --bits 8 --reps 7 >> "$OUT/tune_$v.txt" 2>&1
+        grep -E "^\| (u32|u64|ByField|Hybrid) |panicked|error" "$OUT/tune_$v.txt"
       done ;;
   esac
 done

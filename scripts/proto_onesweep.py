@@ -4,6 +4,7 @@
 #
 #   python3 scripts/proto_onesweep.py            # correctness cases, then the timing table
 #   IPT=12 ONESWEEP_MIN_BLOCKS=2 ONESWEEP_LOOKBACK_WINDOW=1 python3 scripts/proto_onesweep.py
+#   ONESWEEP_IPT=24 ONESWEEP_KEEP_WORDS=2 python3 ...  # the one-sweep tile apart from SRTS's (IPT)
 #   PROTO_SKIP_CHECKS=1 / PROTO_SKIP_TIMING=1    # one half only
 #   PROTO_OS_GRID=tiles                          # one block per tile instead of persistent blocks
 #
@@ -78,9 +79,13 @@ import cupy as cp
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IPT = int(os.environ.get("IPT", "16"))
 TILE = 256 * IPT
+OS_IPT = int(os.environ.get("ONESWEEP_IPT", str(IPT)))
+OS_TILE = 256 * OS_IPT  # the one-sweep pass's tile (ONESWEEP_IPT rows per thread)
 BLOCK = 256
 LANE_IOTA, LANE_DIGIT = 1, 2
 opts = ["-std=c++17", f"-DIPT={IPT}"]
+if os.environ.get("ONESWEEP_IPT"):
+    opts.append(f"-DONESWEEP_IPT={OS_IPT}")
 if os.environ.get("ONESWEEP_MIN_BLOCKS"):
     opts.append(f"-DONESWEEP_MIN_BLOCKS={int(os.environ['ONESWEEP_MIN_BLOCKS'])}")
 if os.environ.get("ONESWEEP_KEEP_WORDS"):
@@ -104,7 +109,7 @@ dev = cp.cuda.Device()
 SMS = cp.cuda.runtime.getDeviceProperties(dev.id)["multiProcessorCount"]
 U = np.uint32
 if HEADER: print(f"device {cp.cuda.runtime.getDeviceProperties(dev.id)['name'].decode()} SMs={SMS} IPT={IPT} "
-      f"TILE={TILE} cupy {cp.__version__} options {opts} onesweep grid "
+      f"TILE={TILE} ONESWEEP_TILE={OS_TILE} cupy {cp.__version__} options {opts} onesweep grid "
       f"{'a block per tile' if os.environ.get('PROTO_OS_GRID') == 'tiles' else 'persistent'}")
 
 # struct Records {const u8* src; u8* dst; u32 bytes; u32 piece;} by value (24 bytes). CuPy
@@ -186,6 +191,8 @@ class Sort:
         self._bufs = (kb, ib, cb)
         self.num_tiles = (n + TILE - 1) // TILE
         self.dyn_smem = TILE * 4 + TILE * 4  # slots' positions + staging (every lane is 4 bytes)
+        self.os_tiles = (n + OS_TILE - 1) // OS_TILE
+        self.os_smem = OS_TILE * 4 + OS_TILE * 4
         # SRTS geometry, as engine.rs srts_grid.
         per_sm = occupancy(K["srts_downsweep_b8"], self.dyn_smem, 3)
         want = SMS * per_sm
@@ -197,19 +204,19 @@ class Sort:
         self.spine_sums = cp.empty(max(1, self.chunks), dtype=cp.uint32)
         # One-sweep state, cleared by one memset per sort: the 4 x 256 histogram, then per pass
         # a 256-word header (word 0: the tile counter) and num_tiles * 256 look-back words.
-        self.region = 256 + self.num_tiles * 256
+        self.region = 256 + self.os_tiles * 256
         self.state = cp.empty(4 * 256 + self.PASSES * self.region, dtype=cp.uint32)
         self.hist = self.state[: 4 * 256]
         self.counter = [self.state[4 * 256 + p * self.region:][:1] for p in range(self.PASSES)]
-        self.lookback = [self.state[4 * 256 + p * self.region + 256:][: self.num_tiles * 256]
+        self.lookback = [self.state[4 * 256 + p * self.region + 256:][: self.os_tiles * 256]
                          for p in range(self.PASSES)]
         self.constant = cp.zeros(4, dtype=cp.uint32)
         self.hist_grid = SMS * occupancy(K["onesweep_histogram"], 0, 4)
         # The pass: persistent blocks taking tiles in turn (default), or one block per tile.
         if os.environ.get("PROTO_OS_GRID") == "tiles":
-            self.os_grid = self.num_tiles
+            self.os_grid = self.os_tiles
         else:
-            self.os_grid = min(self.num_tiles, SMS * occupancy(K["onesweep_pass_b8"], self.dyn_smem, 3))
+            self.os_grid = min(self.os_tiles, SMS * occupancy(K["onesweep_pass_b8"], self.os_smem, 3))
 
     # Each step is (label, launch) so that timing can put events between kernels.
     def srts_steps(self):
@@ -242,9 +249,9 @@ class Sort:
         for p in range(self.PASSES):
             src, (lanes, nl) = self.digit_src[p], self.tables[p]
             steps.append(("os_pass", lambda src=src, lanes=lanes, nl=nl, p=p: K["onesweep_pass_b8"](
-                (self.os_grid,), (BLOCK,), (n, src, U(8 * p), U(255), U(self.num_tiles), self.hist[256 * p:],
+                (self.os_grid,), (BLOCK,), (n, src, U(8 * p), U(255), U(self.os_tiles), self.hist[256 * p:],
                                               self.counter[p], self.lookback[p], lanes, U(nl), NOREC),
-                shared_mem=self.dyn_smem)))
+                shared_mem=self.os_smem)))
         return steps
 
     def srts(self):
@@ -253,11 +260,11 @@ class Sort:
     def onesweep(self, constant=False):
         for _, f in self.onesweep_steps(constant): f()
 
-for k in ("srts_downsweep_b8", "onesweep_pass_b8"):
-    allow_dyn_smem(K[k], 2 * TILE * 4)
+allow_dyn_smem(K["srts_downsweep_b8"], 2 * TILE * 4)
+allow_dyn_smem(K["onesweep_pass_b8"], 2 * OS_TILE * 4)
 if HEADER: print("blocks/SM (occupancy query, or the assumed default): " + ", ".join(
     f"{k} {occupancy(K[k], d, '?')}" for k, d in (("srts_downsweep_b8", 2 * TILE * 4),
-                                                  ("onesweep_pass_b8", 2 * TILE * 4), ("onesweep_histogram", 0))))
+                                                  ("onesweep_pass_b8", 2 * OS_TILE * 4), ("onesweep_histogram", 0))))
 
 def sync():
     cp.cuda.get_current_stream().synchronize()
@@ -340,7 +347,7 @@ def check(n, dist, mode, algo):
 # ---- correctness ----
 if CHILD == "checks":
     cases = [(n, dist, mode, algo)
-             for n in (1, 4095, 4096, 4097, 100003, 10_000_000)
+             for n in sorted({1, 4095, 4096, 4097, OS_TILE - 1, OS_TILE, OS_TILE + 1, 100003, 10_000_000})
              for dist in ("uniform", "equal", "two", "sorted", "reverse")
              for mode in ("keys", "index", "cols2")
              for algo in ("onesweep",) + (("srts",) if n in (4097, 100003) and dist == "uniform" else ())]

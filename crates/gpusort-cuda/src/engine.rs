@@ -33,23 +33,13 @@ use gpusort::plan::{Algorithm, RadixPass, RecordMove, Strategy};
 use crate::device::{self, DeviceInfo};
 use crate::error::{CudaSortError, Result};
 use crate::kernels::{
-    CacheOutcome, KernelCache, Kernels, MSD_LOCAL_CAP, MSD_LOCAL_MAX_WORDS, ONESWEEP_HIST_IPT, ONESWEEP_MAX_DIGITS,
-    ONESWEEP_MAX_ROWS, program_source,
+    CacheOutcome, KernelCache, KernelTuning, Kernels, MSD_LOCAL_CAP, MSD_LOCAL_MAX_WORDS, ONESWEEP_HIST_IPT,
+    ONESWEEP_MAX_DIGITS, ONESWEEP_MAX_ROWS,
 };
 use crate::msd::MSD_MAX_DIGIT_BITS;
 
-/// The program with `IPT` rows per thread and, if given, `ONESWEEP_MIN_BLOCKS` (the defines
-/// come first, so they are part of the source hash and the cache key).
-fn program_source_with(ipt: usize, onesweep_min_blocks: Option<u32>) -> String {
-    let min_blocks = onesweep_min_blocks.map_or(String::new(), |b| format!("#define ONESWEEP_MIN_BLOCKS {b}\n"));
-    format!("#define IPT {ipt}\n{min_blocks}{}", program_source())
-}
-
 /// Threads per block of every sort kernel (`BLOCK` in `kernels/common.cuh`).
 pub const BLOCK: u32 = 256;
-/// Rows per thread of a tile by default (`IPT` in `kernels/common.cuh`); `GPUSORT_IPT` picks
-/// another (a tuning knob, like the per-GPU parameter search of Huang, Gao & Li).
-pub const DEFAULT_IPT: usize = 16;
 
 /// Rows each thread of the gather kernels moves at once (`GATHER_ROWS` in gather.cu).
 const GATHER_ROWS: usize = 8;
@@ -107,6 +97,12 @@ pub fn gather_bytes_per_row(widths: &[usize], pack: bool) -> usize {
         .max()
         .unwrap_or(0)
 }
+/// Dynamic shared memory of a tile scatter (common.cuh `scatter_staged_tile`) of `tile` rows:
+/// the slots' global positions, then the staging of values of `stage_width` bytes.
+fn scatter_smem(tile: usize, stage_width: usize) -> u32 {
+    (tile * 4 + tile * stage_width) as u32
+}
+
 /// Longest SRTS spine scanned by a single block.
 const SINGLE_BLOCK_SPINE: usize = 16 * 1024;
 
@@ -232,6 +228,8 @@ pub struct Gpu {
     info: DeviceInfo,
     compile: CacheOutcome,
     tile: usize,
+    /// Rows of a one-sweep tile (`ONESWEEP_IPT` rows per thread).
+    onesweep_tile: usize,
     /// Segments of at most this many rows go to the MSD sort's block-local sort.
     msd_local_rows: AtomicUsize,
     /// Widest MSD partition digit.
@@ -403,6 +401,9 @@ struct PassInputs<'a> {
     offsets: &'a [usize],
     lane_base: u64,
     recs: &'a [Records],
+    /// Bytes a staged value takes in the scatters' shared memory (4 or 8).
+    stage_width: usize,
+    /// The dynamic shared memory of a GRS / SRTS scatter ([`scatter_smem`] of a tile).
     dyn_smem: u32,
 }
 
@@ -447,21 +448,8 @@ impl Gpu {
         // SAFETY: every buffer of this context is used on `stream` or synchronized explicitly.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream()?;
-        let ipt = match std::env::var("GPUSORT_IPT") {
-            Ok(v) => v
-                .parse::<usize>()
-                .ok()
-                .filter(|i| (1..=32).contains(i))
-                .ok_or_else(|| CudaSortError::Unsupported(format!("GPUSORT_IPT={v} (1 to 32 rows per thread)")))?,
-            Err(_) => DEFAULT_IPT,
-        };
-        let onesweep_min_blocks = match std::env::var("GPUSORT_ONESWEEP_MIN_BLOCKS") {
-            Ok(v) => Some(v.parse::<u32>().ok().filter(|b| (1..=8).contains(b)).ok_or_else(|| {
-                CudaSortError::Unsupported(format!("GPUSORT_ONESWEEP_MIN_BLOCKS={v} (1 to 8 blocks per SM)"))
-            })?),
-            Err(_) => None,
-        };
-        let source = program_source_with(ipt, onesweep_min_blocks);
+        let tuning = KernelTuning::from_env()?;
+        let source = tuning.program_source();
         let (cubin, compile) = cache.load_or_compile(&source, &info.arch(), info.nvrtc_version)?;
         let kernels = Kernels::load(&ctx, cubin)?;
         let msd_max_bits = match std::env::var("GPUSORT_MSD_BITS") {
@@ -499,7 +487,8 @@ impl Gpu {
             kernels,
             info,
             compile,
-            tile: BLOCK as usize * ipt,
+            tile: BLOCK as usize * tuning.ipt,
+            onesweep_tile: BLOCK as usize * tuning.onesweep_ipt(),
             msd_local_rows: AtomicUsize::new(MSD_LOCAL_CAP),
             msd_max_bits: AtomicU32::new(msd_max_bits),
             onesweep: AtomicBool::new(std::env::var("GPUSORT_ONESWEEP").as_deref() != Ok("0")),
@@ -556,6 +545,11 @@ impl Gpu {
     /// Rows per tile of the sort kernels.
     pub fn tile(&self) -> usize {
         self.tile
+    }
+
+    /// Rows per tile of the one-sweep pass.
+    pub fn onesweep_tile(&self) -> usize {
+        self.onesweep_tile
     }
 
     /// The device.
@@ -867,7 +861,7 @@ impl Gpu {
         let lane_base = lane_buf.device_ptr(s).0;
         // 16-byte rows are staged as two 8-byte halves.
         let stage_width = max_width.clamp(4, 8);
-        let dyn_smem = (self.tile * 4 + self.tile * stage_width) as u32;
+        let dyn_smem = scatter_smem(self.tile, stage_width);
         let inputs = PassInputs {
             n,
             passes,
@@ -877,6 +871,7 @@ impl Gpu {
             offsets: &offsets,
             lane_base,
             recs: &recs,
+            stage_width,
             dyn_smem,
         };
         match plan.strategy.algorithm {
@@ -1083,7 +1078,7 @@ impl Gpu {
         let n = x.n;
         let s = &self.stream;
         let k = &self.kernels;
-        let num_tiles = n.div_ceil(self.tile);
+        let num_tiles = n.div_ceil(self.onesweep_tile);
         let mut hist = self.alloc_words(256 * plan.slots())?;
         s.memset_zeros(&mut hist)?;
         let state = self.alloc_words(onesweep_state_words(num_tiles))?;
@@ -1128,7 +1123,7 @@ impl Gpu {
         };
         prof.mark(self, "onesweep_scan")?;
         Ok(OnesweepBufs {
-            grid: self.onesweep_grid(x.dyn_smem, num_tiles)?,
+            grid: self.onesweep_grid(scatter_smem(self.onesweep_tile, x.stage_width), num_tiles)?,
             hist,
             state,
         })
@@ -1147,7 +1142,7 @@ impl Gpu {
     ) -> Result<()> {
         let s = &self.stream;
         let pass = &x.passes[p];
-        let num_tiles = x.n.div_ceil(self.tile);
+        let num_tiles = x.n.div_ceil(self.onesweep_tile);
         let (n32, tiles32, mask) = (x.n as u32, num_tiles as u32, (1u32 << pass.bits) - 1);
         let (lanes, num_lanes) = x.lanes(p);
         let offsets = b.hist.device_ptr(s).0 + (slot * 256 * 4) as u64;
@@ -1175,7 +1170,7 @@ impl Gpu {
                 .launch(LaunchConfig {
                     grid_dim: (b.grid, 1, 1),
                     block_dim: (BLOCK, 1, 1),
-                    shared_mem_bytes: x.dyn_smem,
+                    shared_mem_bytes: scatter_smem(self.onesweep_tile, x.stage_width),
                 })?
         };
         prof.mark(self, "onesweep_pass")
@@ -1692,13 +1687,6 @@ mod tests {
         // The look-back table starts 128 bytes in, after the tile counter.
         const { assert!(ONESWEEP_HEADER_WORDS * 4 == 128) };
         assert!(onesweep_state_words(tiles) * 4 <= 100_000_000 / 256 * 1024);
-    }
-
-    #[test]
-    fn program_defines_come_first() {
-        let with = program_source_with(12, Some(4));
-        assert!(with.starts_with("#define IPT 12\n#define ONESWEEP_MIN_BLOCKS 4\n// ---- common.cuh"));
-        assert!(program_source_with(16, None).starts_with("#define IPT 16\n// ---- common.cuh"));
     }
 
     #[test]

@@ -36,6 +36,101 @@ pub fn program_source() -> String {
     s
 }
 
+/// The kernels' compile-time settings the host may choose: each is a `#define` put before the
+/// sources, so it is part of the source hash and the cache key. `None` keeps the default that
+/// the sources define.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelTuning {
+    /// Rows per thread of a GRS / SRTS / MSD tile (`IPT`; `GPUSORT_IPT`).
+    pub ipt: usize,
+    /// Rows per thread of a one-sweep tile (`ONESWEEP_IPT`, default `ipt`;
+    /// `GPUSORT_ONESWEEP_IPT`).
+    pub onesweep_ipt: Option<usize>,
+    /// Blocks per SM the one-sweep pass is compiled for (`ONESWEEP_MIN_BLOCKS`;
+    /// `GPUSORT_ONESWEEP_MIN_BLOCKS`).
+    pub onesweep_min_blocks: Option<u32>,
+    /// Where the one-sweep scatter's digit words come from: 0 read again, 1 registers, 2 shared
+    /// memory (`ONESWEEP_KEEP_WORDS`; `GPUSORT_ONESWEEP_KEEP_WORDS`).
+    pub onesweep_keep_words: Option<u32>,
+    /// Look-back words loaded at once (`ONESWEEP_LOOKBACK_WINDOW`;
+    /// `GPUSORT_ONESWEEP_LOOKBACK_WINDOW`).
+    pub onesweep_lookback_window: Option<u32>,
+}
+
+/// Rows per thread of a tile by default (`IPT` in `kernels/common.cuh`).
+pub const DEFAULT_IPT: usize = 16;
+
+impl Default for KernelTuning {
+    fn default() -> Self {
+        Self {
+            ipt: DEFAULT_IPT,
+            onesweep_ipt: None,
+            onesweep_min_blocks: None,
+            onesweep_keep_words: None,
+            onesweep_lookback_window: None,
+        }
+    }
+}
+
+impl KernelTuning {
+    /// The defaults, with what the `GPUSORT_*` variables above set (tuning knobs, like the
+    /// per-GPU parameter search of Huang, Gao & Li). A value out of range is an error that
+    /// names the variable.
+    pub fn from_env() -> Result<Self> {
+        Self::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// As [`Self::from_env`], reading variables through `var`.
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let get = |name: &str, lo: u64, hi: u64, what: &str| -> Result<Option<u64>> {
+            match var(name) {
+                None => Ok(None),
+                Some(v) => v
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|x| (lo..=hi).contains(x))
+                    .map(Some)
+                    .ok_or_else(|| CudaSortError::Unsupported(format!("{name}={v} ({lo} to {hi} {what})"))),
+            }
+        };
+        Ok(Self {
+            ipt: get("GPUSORT_IPT", 1, 32, "rows per thread")?.map_or(DEFAULT_IPT, |v| v as usize),
+            onesweep_ipt: get("GPUSORT_ONESWEEP_IPT", 1, 32, "rows per thread")?.map(|v| v as usize),
+            onesweep_min_blocks: get("GPUSORT_ONESWEEP_MIN_BLOCKS", 1, 8, "blocks per SM")?.map(|v| v as u32),
+            onesweep_keep_words: get(
+                "GPUSORT_ONESWEEP_KEEP_WORDS",
+                0,
+                2,
+                "(0 read again, 1 registers, 2 shared)",
+            )?
+            .map(|v| v as u32),
+            onesweep_lookback_window: get("GPUSORT_ONESWEEP_LOOKBACK_WINDOW", 1, 32, "words")?.map(|v| v as u32),
+        })
+    }
+
+    /// Rows per thread of a one-sweep tile.
+    pub fn onesweep_ipt(&self) -> usize {
+        self.onesweep_ipt.unwrap_or(self.ipt)
+    }
+
+    /// The program: the defines, then every source.
+    pub fn program_source(&self) -> String {
+        let mut s = format!("#define IPT {}\n", self.ipt);
+        for (name, value) in [
+            ("ONESWEEP_IPT", self.onesweep_ipt.map(|v| v as u64)),
+            ("ONESWEEP_MIN_BLOCKS", self.onesweep_min_blocks.map(u64::from)),
+            ("ONESWEEP_KEEP_WORDS", self.onesweep_keep_words.map(u64::from)),
+            ("ONESWEEP_LOOKBACK_WINDOW", self.onesweep_lookback_window.map(u64::from)),
+        ] {
+            if let Some(v) = value {
+                s.push_str(&format!("#define {name} {v}\n"));
+            }
+        }
+        s + &program_source()
+    }
+}
+
 /// 128-bit FNV-1a: a stable hash (unlike std's `DefaultHasher`) for cache file names.
 fn fnv1a128(parts: &[&[u8]]) -> u128 {
     const OFFSET: u128 = 0x6c62272e07bb014262b821756295c58d;
@@ -369,6 +464,63 @@ impl Kernels {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn program_defines_come_first() {
+        let t = KernelTuning {
+            ipt: 12,
+            onesweep_min_blocks: Some(4),
+            ..KernelTuning::default()
+        };
+        assert!(
+            t.program_source()
+                .starts_with("#define IPT 12\n#define ONESWEEP_MIN_BLOCKS 4\n// ---- common.cuh")
+        );
+        assert!(
+            KernelTuning::default()
+                .program_source()
+                .starts_with("#define IPT 16\n// ---- common.cuh")
+        );
+        let all = KernelTuning {
+            ipt: 16,
+            onesweep_ipt: Some(24),
+            onesweep_min_blocks: Some(2),
+            onesweep_keep_words: Some(1),
+            onesweep_lookback_window: Some(4),
+        };
+        assert!(all.program_source().starts_with(
+            "#define IPT 16\n#define ONESWEEP_IPT 24\n#define ONESWEEP_MIN_BLOCKS 2\n\
+             #define ONESWEEP_KEEP_WORDS 1\n#define ONESWEEP_LOOKBACK_WINDOW 4\n// ---- common.cuh"
+        ));
+        assert_eq!(all.onesweep_ipt(), 24);
+        assert_eq!(KernelTuning::default().onesweep_ipt(), DEFAULT_IPT);
+    }
+
+    #[test]
+    fn tuning_variables_are_read_and_checked() {
+        let vars = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string())
+        };
+        assert_eq!(KernelTuning::from_vars(vars(&[])).unwrap(), KernelTuning::default());
+        let t = KernelTuning::from_vars(vars(&[
+            ("GPUSORT_IPT", "12"),
+            ("GPUSORT_ONESWEEP_IPT", "20"),
+            ("GPUSORT_ONESWEEP_KEEP_WORDS", "2"),
+            ("GPUSORT_ONESWEEP_LOOKBACK_WINDOW", "1"),
+        ]))
+        .unwrap();
+        assert_eq!((t.ipt, t.onesweep_ipt(), t.onesweep_min_blocks), (12, 20, None));
+        assert_eq!((t.onesweep_keep_words, t.onesweep_lookback_window), (Some(2), Some(1)));
+        for (name, bad) in [
+            ("GPUSORT_IPT", "0"),
+            ("GPUSORT_ONESWEEP_IPT", "33"),
+            ("GPUSORT_ONESWEEP_KEEP_WORDS", "3"),
+            ("GPUSORT_ONESWEEP_MIN_BLOCKS", "x"),
+        ] {
+            let err = KernelTuning::from_vars(|n: &str| (n == name).then(|| bad.to_string())).unwrap_err();
+            assert!(err.to_string().contains(&format!("{name}={bad}")), "{err}");
+        }
+    }
 
     #[test]
     fn cache_keys_change_with_every_input() {

@@ -308,8 +308,13 @@ fn engine_srts_one_sweep_and_three_kernels() {
     let gpu = b.gpu();
     let _restore = OnesweepKnob(gpu);
     let mut rng = SmallRng::seed_from_u64(17);
-    let (tile, sms) = (gpu.tile(), gpu.info().multiprocessors as usize);
+    // The one-sweep pass has a tile size of its own (GPUSORT_ONESWEEP_IPT); the three kernels'
+    // tile gets its edge cases too.
+    let (tile, sms) = (gpu.onesweep_tile(), gpu.info().multiprocessors as usize);
     let mut cases: Vec<(usize, usize, &str, u32)> = vec![];
+    if gpu.tile() != tile {
+        cases.extend([(gpu.tile() - 1, 1, "random", 8), (gpu.tile() + 1, 2, "random", 8)]);
+    }
     for blocks in [2, 3, 4] {
         let round = sms * blocks * tile;
         cases.extend([
