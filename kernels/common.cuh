@@ -208,21 +208,23 @@ __device__ __forceinline__ void rank_items(u32 (&dp)[ITEMS], RankShared<BINS, TH
     }
 }
 
-// Shared memory of the tile rank and scatter for digits of up to BINS values: the rank's, and
-// where the tile's elements of each digit go globally.
-template <int BINS, typename C = u32>
+// Shared memory of the tile rank and scatter for digits of up to BINS values, by a block of
+// THREADS threads: the rank's, and where the tile's elements of each digit go globally. The tile
+// helpers below take their block size from it (BLOCK for GRS, SRTS and MSD; ONESWEEP_BLOCK for
+// one sweep).
+template <int BINS, typename C = u32, int THREADS = BLOCK>
 struct RankSmem {
-    RankShared<BINS, BLOCK, C> r;
+    RankShared<BINS, THREADS, C> r;
     u32 base[BINS];
 };
 
-// The tile rank of GRS and SRTS: rank_items over a tile of BLOCK threads x ITEMS items.
-template <int BINS, int ITEMS, typename C, typename OnCounts = NoCounts>
-__device__ __forceinline__ void tile_rank(const u32 (&d)[ITEMS], u32 (&pos)[ITEMS], RankSmem<BINS, C>& s,
+// The tile rank of GRS and SRTS: rank_items over a tile of THREADS threads x ITEMS items.
+template <int BINS, int ITEMS, typename C, int THREADS, typename OnCounts = NoCounts>
+__device__ __forceinline__ void tile_rank(const u32 (&d)[ITEMS], u32 (&pos)[ITEMS], RankSmem<BINS, C, THREADS>& s,
                                           OnCounts on_counts = OnCounts()) {
 #pragma unroll
     for (u32 j = 0; j < ITEMS; j++) pos[j] = d[j];
-    rank_items<BINS, BLOCK, ITEMS, C>(pos, s.r, on_counts);
+    rank_items<BINS, THREADS, ITEMS, C>(pos, s.r, on_counts);
 }
 
 // Loads the digits of the tile at `base` (`valid` elements) in item order.
@@ -237,10 +239,10 @@ __device__ __forceinline__ void load_digits(const u32* digit_word, size_t base, 
 }
 
 // One lane through shared memory: rows of the tile in item order go to their slots, then each
-// thread writes its slots (k = threadIdx.x + i * BLOCK) to their global positions gdst[k].
+// thread writes its slots (k = threadIdx.x + i * THREADS) to their global positions gdst[k].
 // A row is SCALE values of T, of which value `part` moves (16-byte rows move as two 8-byte
 // halves, which keeps the registers of 16 loads in flight within bounds).
-template <typename T, int SCALE, int ITEMS>
+template <typename T, int SCALE, int THREADS, int ITEMS>
 __device__ __forceinline__ void stage_lane(const Lane& lane, size_t base, u32 valid, const u32 (&pos)[ITEMS],
                                            const u32* gdst, u8* stage, u32 part) {
     T* s = reinterpret_cast<T*>(stage);
@@ -254,14 +256,14 @@ __device__ __forceinline__ void stage_lane(const Lane& lane, size_t base, u32 va
     T* dst = reinterpret_cast<T*>(lane.dst) + part;
 #pragma unroll
     for (u32 i = 0; i < ITEMS; i++) {
-        const u32 k = threadIdx.x + i * BLOCK;
+        const u32 k = threadIdx.x + i * THREADS;
         if (k < valid) dst[(size_t)gdst[k] * SCALE] = s[k];
     }
     __syncthreads();
 }
 
 // The row index lane of the first pass: the value is the element's own index.
-template <int ITEMS>
+template <int THREADS, int ITEMS>
 __device__ __forceinline__ void stage_iota(const Lane& lane, size_t base, u32 valid, const u32 (&pos)[ITEMS],
                                            const u32* gdst, u8* stage) {
     u32* s = reinterpret_cast<u32*>(stage);
@@ -274,7 +276,7 @@ __device__ __forceinline__ void stage_iota(const Lane& lane, size_t base, u32 va
     u32* dst = reinterpret_cast<u32*>(lane.dst);
 #pragma unroll
     for (u32 i = 0; i < ITEMS; i++) {
-        const u32 k = threadIdx.x + i * BLOCK;
+        const u32 k = threadIdx.x + i * THREADS;
         if (k < valid) dst[gdst[k]] = s[k];
     }
     __syncthreads();
@@ -284,13 +286,13 @@ __device__ __forceinline__ void stage_iota(const Lane& lane, size_t base, u32 va
 // (global position of the tile's first element of each digit), s.r.bin_start, and each item's
 // slot pos[j]. `smem` is dynamic shared memory: TILE u32 for the slots' global positions, then
 // TILE * (widest lane up to 8 bytes, at least 4) bytes of staging, whose first TILE u32 hold the
-// digit word of every slot on entry (TILE = BLOCK * ITEMS).
-template <int BINS, int ITEMS, typename C>
+// digit word of every slot on entry (TILE = THREADS * ITEMS).
+template <int BINS, int ITEMS, typename C, int THREADS>
 __device__ __forceinline__ void scatter_staged_tile(size_t base, u32 valid, u32 shift, u32 mask,
-                                                    const u32 (&pos)[ITEMS], RankSmem<BINS, C>& s, const Lane* lanes,
-                                                    u32 num_lanes, Records recs, u8* smem) {
+                                                    const u32 (&pos)[ITEMS], RankSmem<BINS, C, THREADS>& s,
+                                                    const Lane* lanes, u32 num_lanes, Records recs, u8* smem) {
     u32* gdst = reinterpret_cast<u32*>(smem);
-    u8* stage = smem + BLOCK * ITEMS * sizeof(u32);
+    u8* stage = smem + THREADS * ITEMS * sizeof(u32);
     // Every slot's global position, from its digit word; the digit word's own lane (if it
     // moves) is written from here.
     const u32* sw = reinterpret_cast<const u32*>(stage);
@@ -300,7 +302,7 @@ __device__ __forceinline__ void scatter_staged_tile(size_t base, u32 valid, u32 
     }
 #pragma unroll
     for (u32 i = 0; i < ITEMS; i++) {
-        const u32 k = threadIdx.x + i * BLOCK;
+        const u32 k = threadIdx.x + i * THREADS;
         if (k < valid) {
             const u32 word = sw[k];
             const u32 dk = (word >> shift) & mask;
@@ -314,17 +316,17 @@ __device__ __forceinline__ void scatter_staged_tile(size_t base, u32 valid, u32 
         const Lane lane = lanes[l];
         if (lane.flags & LANE_DIGIT) continue;
         if (lane.flags & LANE_IOTA) {
-            stage_iota(lane, base, valid, pos, gdst, stage);
+            stage_iota<THREADS>(lane, base, valid, pos, gdst, stage);
             continue;
         }
         switch (lane.width) {
-            case 1: stage_lane<u8, 1>(lane, base, valid, pos, gdst, stage, 0); break;
-            case 2: stage_lane<u16, 1>(lane, base, valid, pos, gdst, stage, 0); break;
-            case 4: stage_lane<u32, 1>(lane, base, valid, pos, gdst, stage, 0); break;
-            case 8: stage_lane<u64, 1>(lane, base, valid, pos, gdst, stage, 0); break;
+            case 1: stage_lane<u8, 1, THREADS>(lane, base, valid, pos, gdst, stage, 0); break;
+            case 2: stage_lane<u16, 1, THREADS>(lane, base, valid, pos, gdst, stage, 0); break;
+            case 4: stage_lane<u32, 1, THREADS>(lane, base, valid, pos, gdst, stage, 0); break;
+            case 8: stage_lane<u64, 1, THREADS>(lane, base, valid, pos, gdst, stage, 0); break;
             default:
-                stage_lane<u64, 2>(lane, base, valid, pos, gdst, stage, 0);
-                stage_lane<u64, 2>(lane, base, valid, pos, gdst, stage, 1);
+                stage_lane<u64, 2, THREADS>(lane, base, valid, pos, gdst, stage, 0);
+                stage_lane<u64, 2, THREADS>(lane, base, valid, pos, gdst, stage, 1);
                 break;
         }
     }
@@ -341,7 +343,7 @@ __device__ __forceinline__ void scatter_staged_tile(size_t base, u32 valid, u32 
     __syncthreads();
     const u32 per = recs.bytes / recs.piece;
     const u32 total = valid * per;
-    for (u32 q = threadIdx.x; q < total; q += BLOCK) {
+    for (u32 q = threadIdx.x; q < total; q += THREADS) {
         const u32 k = q / per, p = q - k * per;
         const size_t from = (base + slot_from[k]) * (size_t)recs.bytes + (size_t)p * recs.piece;
         const size_t to = (size_t)gdst[k] * recs.bytes + (size_t)p * recs.piece;
@@ -358,10 +360,10 @@ __device__ __forceinline__ void scatter_staged_tile(size_t base, u32 valid, u32 
 
 // The digit word of every item to its slot in the staging area of scatter_staged_tile, read
 // again from `digit_word`. No barrier: the caller puts one before scatter_staged_tile.
-template <int ITEMS>
+template <int THREADS, int ITEMS>
 __device__ __forceinline__ void stage_digit_words(size_t base, u32 valid, const u32* digit_word,
                                                   const u32 (&pos)[ITEMS], u8* smem) {
-    u32* sw = reinterpret_cast<u32*>(smem + BLOCK * ITEMS * sizeof(u32));
+    u32* sw = reinterpret_cast<u32*>(smem + THREADS * ITEMS * sizeof(u32));
 #pragma unroll
     for (u32 j = 0; j < ITEMS; j++) {
         const u32 e = tile_elem<ITEMS>(j);
@@ -370,11 +372,11 @@ __device__ __forceinline__ void stage_digit_words(size_t base, u32 valid, const 
 }
 
 // The tile scatter: stage_digit_words, then scatter_staged_tile.
-template <int BINS, int ITEMS, typename C>
+template <int BINS, int ITEMS, typename C, int THREADS>
 __device__ __forceinline__ void scatter_tile(size_t base, u32 valid, const u32* digit_word, u32 shift, u32 mask,
-                                             const u32 (&pos)[ITEMS], RankSmem<BINS, C>& s, const Lane* lanes,
-                                             u32 num_lanes, Records recs, u8* smem) {
-    stage_digit_words(base, valid, digit_word, pos, smem);
+                                             const u32 (&pos)[ITEMS], RankSmem<BINS, C, THREADS>& s,
+                                             const Lane* lanes, u32 num_lanes, Records recs, u8* smem) {
+    stage_digit_words<THREADS>(base, valid, digit_word, pos, smem);
     __syncthreads();
     scatter_staged_tile<BINS>(base, valid, shift, mask, pos, s, lanes, num_lanes, recs, smem);
 }

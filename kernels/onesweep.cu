@@ -148,13 +148,20 @@ __device__ __forceinline__ u32 onesweep_look_back(const u32* lookback, u32 tile,
     return prefix;
 }
 
-// Rows per thread of a one-sweep tile (a tile is BLOCK * ONESWEEP_IPT rows): by default those of
+// Rows per thread of a one-sweep tile (a tile is ONESWEEP_BLOCK * ONESWEEP_IPT rows): by default those of
 // SRTS and GRS; the host may define it apart from IPT (engine.rs: GPUSORT_ONESWEEP_IPT), since a
 // larger tile shares the pass's fixed costs (barriers, scans, look-back) among more rows.
 #ifndef ONESWEEP_IPT
 #define ONESWEEP_IPT IPT
 #endif
-#define ONESWEEP_TILE (BLOCK * ONESWEEP_IPT)
+// Threads of a one-sweep block: by default BLOCK, as every other kernel; 384 or 512 makes a bigger
+// tile without more registers a thread (engine.rs: GPUSORT_ONESWEEP_BLOCK).
+#ifndef ONESWEEP_BLOCK
+#define ONESWEEP_BLOCK BLOCK
+#endif
+static_assert(ONESWEEP_BLOCK % 32 == 0 && ONESWEEP_BLOCK >= 256 && ONESWEEP_BLOCK <= 512,
+              "whole warps, at least one thread per digit");
+#define ONESWEEP_TILE (ONESWEEP_BLOCK * ONESWEEP_IPT)
 // Where the scatter's digit words come from (each slot needs its row's digit word):
 //   0: read again from global memory (L2, most often), between the rank and the look-back;
 //   1: kept in registers from the one load (ONESWEEP_IPT more registers a thread);
@@ -182,10 +189,10 @@ __device__ __forceinline__ u32 onesweep_look_back(const u32* lookback, u32 tile,
 // tile_counter (1 word) and lookback (num_tiles * 256 words) must be zero at launch: each pass
 // needs its own zeroed words (one memset can clear the words of all passes before the first).
 // n < 2^30.
-extern "C" __global__ void __launch_bounds__(BLOCK, ONESWEEP_MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(ONESWEEP_BLOCK, ONESWEEP_MIN_BLOCKS)
     onesweep_pass_b8(u32 n, const u32* digit_word, u32 shift, u32 mask, u32 num_tiles, const u32* digit_offsets,
                      u32* tile_counter, u32* lookback, const Lane* lanes, u32 num_lanes, Records recs) {
-    __shared__ RankSmem<256> s;
+    __shared__ RankSmem<256, u32, ONESWEEP_BLOCK> s;
     __shared__ u32 s_tile;
     extern __shared__ __align__(16) u8 onesweep_stage[];  // (a name of its own: extern "C" linkage)
     u32* sw = reinterpret_cast<u32*>(onesweep_stage + ONESWEEP_TILE * sizeof(u32));  // slots' digit words
@@ -240,10 +247,10 @@ extern "C" __global__ void __launch_bounds__(BLOCK, ONESWEEP_MIN_BLOCKS)
             if (e < valid) sw[pos[j]] = kept[e];
         }
 #else
-        stage_digit_words(base, valid, digit_word, pos, onesweep_stage);
+        stage_digit_words<ONESWEEP_BLOCK>(base, valid, digit_word, pos, onesweep_stage);
 #endif
         if (tile > 0) {
-            for (u32 b = threadIdx.x; b < 256; b += BLOCK) {
+            for (u32 b = threadIdx.x; b < 256; b += ONESWEEP_BLOCK) {  // one thread per digit
                 const u32 start = onesweep_look_back(lookback, tile, b);
                 onesweep_store(mine + b, ONESWEEP_INCLUSIVE | (start + s.r.bin_count[b]));
                 s.base[b] = start;

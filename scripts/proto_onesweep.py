@@ -80,12 +80,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IPT = int(os.environ.get("IPT", "16"))
 TILE = 256 * IPT
 OS_IPT = int(os.environ.get("ONESWEEP_IPT", str(IPT)))
-OS_TILE = 256 * OS_IPT  # the one-sweep pass's tile (ONESWEEP_IPT rows per thread)
+OS_BLOCK = int(os.environ.get("ONESWEEP_BLOCK", "256"))
+OS_TILE = OS_BLOCK * OS_IPT  # the one-sweep pass's tile (ONESWEEP_BLOCK threads x ONESWEEP_IPT rows)
 BLOCK = 256
 LANE_IOTA, LANE_DIGIT = 1, 2
 opts = ["-std=c++17", f"-DIPT={IPT}"]
 if os.environ.get("ONESWEEP_IPT"):
     opts.append(f"-DONESWEEP_IPT={OS_IPT}")
+if os.environ.get("ONESWEEP_BLOCK"):
+    opts.append(f"-DONESWEEP_BLOCK={OS_BLOCK}")
 if os.environ.get("ONESWEEP_MIN_BLOCKS"):
     opts.append(f"-DONESWEEP_MIN_BLOCKS={int(os.environ['ONESWEEP_MIN_BLOCKS'])}")
 if os.environ.get("ONESWEEP_KEEP_WORDS"):
@@ -109,7 +112,7 @@ dev = cp.cuda.Device()
 SMS = cp.cuda.runtime.getDeviceProperties(dev.id)["multiProcessorCount"]
 U = np.uint32
 if HEADER: print(f"device {cp.cuda.runtime.getDeviceProperties(dev.id)['name'].decode()} SMs={SMS} IPT={IPT} "
-      f"TILE={TILE} ONESWEEP_TILE={OS_TILE} cupy {cp.__version__} options {opts} onesweep grid "
+      f"TILE={TILE} ONESWEEP_TILE={OS_TILE} ({OS_BLOCK} threads) cupy {cp.__version__} options {opts} onesweep grid "
       f"{'a block per tile' if os.environ.get('PROTO_OS_GRID') == 'tiles' else 'persistent'}")
 
 # struct Records {const u8* src; u8* dst; u32 bytes; u32 piece;} by value (24 bytes). CuPy
@@ -136,9 +139,9 @@ if REC_FORM is None:
 NOREC = records_arg(form=REC_FORM)
 if HEADER: print(f"Records passed as a numpy {'void scalar' if REC_FORM == 'void' else '1-element structured array'}")
 
-def occupancy(kernel, dyn_smem, default):
+def occupancy(kernel, dyn_smem, default, threads=BLOCK):
     try:
-        return max(1, cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, BLOCK, dyn_smem))
+        return max(1, cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, threads, dyn_smem))
     except Exception:  # noqa: BLE001
         return default
 
@@ -216,7 +219,7 @@ class Sort:
         if os.environ.get("PROTO_OS_GRID") == "tiles":
             self.os_grid = self.os_tiles
         else:
-            self.os_grid = min(self.os_tiles, SMS * occupancy(K["onesweep_pass_b8"], self.os_smem, 3))
+            self.os_grid = min(self.os_tiles, SMS * occupancy(K["onesweep_pass_b8"], self.os_smem, 2, OS_BLOCK))
 
     # Each step is (label, launch) so that timing can put events between kernels.
     def srts_steps(self):
@@ -249,7 +252,7 @@ class Sort:
         for p in range(self.PASSES):
             src, (lanes, nl) = self.digit_src[p], self.tables[p]
             steps.append(("os_pass", lambda src=src, lanes=lanes, nl=nl, p=p: K["onesweep_pass_b8"](
-                (self.os_grid,), (BLOCK,), (n, src, U(8 * p), U(255), U(self.os_tiles), self.hist[256 * p:],
+                (self.os_grid,), (OS_BLOCK,), (n, src, U(8 * p), U(255), U(self.os_tiles), self.hist[256 * p:],
                                               self.counter[p], self.lookback[p], lanes, U(nl), NOREC),
                 shared_mem=self.os_smem)))
         return steps
@@ -263,8 +266,9 @@ class Sort:
 allow_dyn_smem(K["srts_downsweep_b8"], 2 * TILE * 4)
 allow_dyn_smem(K["onesweep_pass_b8"], 2 * OS_TILE * 4)
 if HEADER: print("blocks/SM (occupancy query, or the assumed default): " + ", ".join(
-    f"{k} {occupancy(K[k], d, '?')}" for k, d in (("srts_downsweep_b8", 2 * TILE * 4),
-                                                  ("onesweep_pass_b8", 2 * OS_TILE * 4), ("onesweep_histogram", 0))))
+    f"{k} {occupancy(K[k], d, '?', t)}" for k, d, t in (("srts_downsweep_b8", 2 * TILE * 4, BLOCK),
+                                                        ("onesweep_pass_b8", 2 * OS_TILE * 4, OS_BLOCK),
+                                                        ("onesweep_histogram", 0, BLOCK))))
 
 def sync():
     cp.cuda.get_current_stream().synchronize()

@@ -38,8 +38,7 @@ use crate::kernels::{
 };
 use crate::msd::MSD_MAX_DIGIT_BITS;
 
-/// Threads per block of every sort kernel (`BLOCK` in `kernels/common.cuh`).
-pub const BLOCK: u32 = 256;
+pub use crate::kernels::BLOCK;
 
 /// Rows each thread of the gather kernels moves at once (`GATHER_ROWS` in gather.cu).
 const GATHER_ROWS: usize = 8;
@@ -228,7 +227,9 @@ pub struct Gpu {
     info: DeviceInfo,
     compile: CacheOutcome,
     tile: usize,
-    /// Rows of a one-sweep tile (`ONESWEEP_IPT` rows per thread).
+    /// Threads of a one-sweep block (`ONESWEEP_BLOCK`).
+    onesweep_block: u32,
+    /// Rows of a one-sweep tile (`ONESWEEP_BLOCK` threads x `ONESWEEP_IPT` rows).
     onesweep_tile: usize,
     /// Segments of at most this many rows go to the MSD sort's block-local sort.
     msd_local_rows: AtomicUsize,
@@ -488,7 +489,8 @@ impl Gpu {
             info,
             compile,
             tile: BLOCK as usize * tuning.ipt,
-            onesweep_tile: BLOCK as usize * tuning.onesweep_ipt(),
+            onesweep_block: tuning.onesweep_block(),
+            onesweep_tile: tuning.onesweep_tile(),
             msd_local_rows: AtomicUsize::new(MSD_LOCAL_CAP),
             msd_max_bits: AtomicU32::new(msd_max_bits),
             onesweep: AtomicBool::new(std::env::var("GPUSORT_ONESWEEP").as_deref() != Ok("0")),
@@ -1065,7 +1067,7 @@ impl Gpu {
         let per_sm = self
             .kernels
             .onesweep_pass
-            .occupancy_max_active_blocks_per_multiprocessor(BLOCK, dyn_smem as usize, None)?
+            .occupancy_max_active_blocks_per_multiprocessor(self.onesweep_block, dyn_smem as usize, None)?
             .max(1);
         Ok(((self.info.multiprocessors * per_sm) as usize).min(num_tiles).max(1) as u32)
     }
@@ -1169,7 +1171,7 @@ impl Gpu {
                 .arg(&x.recs[p])
                 .launch(LaunchConfig {
                     grid_dim: (b.grid, 1, 1),
-                    block_dim: (BLOCK, 1, 1),
+                    block_dim: (self.onesweep_block, 1, 1),
                     shared_mem_bytes: scatter_smem(self.onesweep_tile, x.stage_width),
                 })?
         };

@@ -46,6 +46,9 @@ pub struct KernelTuning {
     /// Rows per thread of a one-sweep tile (`ONESWEEP_IPT`, default `ipt`;
     /// `GPUSORT_ONESWEEP_IPT`).
     pub onesweep_ipt: Option<usize>,
+    /// Threads of a one-sweep block (`ONESWEEP_BLOCK`, default [`BLOCK`]; 256 to 512, whole
+    /// warps; `GPUSORT_ONESWEEP_BLOCK`).
+    pub onesweep_block: Option<u32>,
     /// Blocks per SM the one-sweep pass is compiled for (`ONESWEEP_MIN_BLOCKS`;
     /// `GPUSORT_ONESWEEP_MIN_BLOCKS`).
     pub onesweep_min_blocks: Option<u32>,
@@ -60,11 +63,16 @@ pub struct KernelTuning {
 /// Rows per thread of a tile by default (`IPT` in `kernels/common.cuh`).
 pub const DEFAULT_IPT: usize = 16;
 
+/// Threads per block of every sort kernel (`BLOCK` in `kernels/common.cuh`), and of the one-sweep
+/// pass unless [`KernelTuning::onesweep_block`] says otherwise.
+pub const BLOCK: u32 = 256;
+
 impl Default for KernelTuning {
     fn default() -> Self {
         Self {
             ipt: DEFAULT_IPT,
             onesweep_ipt: None,
+            onesweep_block: None,
             onesweep_min_blocks: None,
             onesweep_keep_words: None,
             onesweep_lookback_window: None,
@@ -94,9 +102,17 @@ impl KernelTuning {
                     .ok_or_else(|| CudaSortError::Unsupported(format!("{name}={v} ({lo} to {hi} {what})"))),
             }
         };
-        Ok(Self {
+        let t = Self {
             ipt: get("GPUSORT_IPT", 1, 32, "rows per thread")?.map_or(DEFAULT_IPT, |v| v as usize),
             onesweep_ipt: get("GPUSORT_ONESWEEP_IPT", 1, 32, "rows per thread")?.map(|v| v as usize),
+            onesweep_block: match get("GPUSORT_ONESWEEP_BLOCK", 256, 512, "threads, whole warps")? {
+                Some(b) if b % 32 != 0 => {
+                    return Err(CudaSortError::Unsupported(format!(
+                        "GPUSORT_ONESWEEP_BLOCK={b} (256 to 512 threads, whole warps)"
+                    )));
+                }
+                b => b.map(|b| b as u32),
+            },
             onesweep_min_blocks: get("GPUSORT_ONESWEEP_MIN_BLOCKS", 1, 8, "blocks per SM")?.map(|v| v as u32),
             onesweep_keep_words: get(
                 "GPUSORT_ONESWEEP_KEEP_WORDS",
@@ -106,7 +122,11 @@ impl KernelTuning {
             )?
             .map(|v| v as u32),
             onesweep_lookback_window: get("GPUSORT_ONESWEEP_LOOKBACK_WINDOW", 1, 32, "words")?.map(|v| v as u32),
-        })
+        };
+        // The pass's dynamic shared memory at its widest (the largest tile, 8-byte staging) fits
+        // what Kernels::load allows it.
+        const { assert!(512 * 32 * (4 + 8) <= ONESWEEP_MAX_DYNAMIC_SMEM as usize) };
+        Ok(t)
     }
 
     /// Rows per thread of a one-sweep tile.
@@ -114,11 +134,22 @@ impl KernelTuning {
         self.onesweep_ipt.unwrap_or(self.ipt)
     }
 
+    /// Threads of a one-sweep block.
+    pub fn onesweep_block(&self) -> u32 {
+        self.onesweep_block.unwrap_or(BLOCK)
+    }
+
+    /// Rows of a one-sweep tile.
+    pub fn onesweep_tile(&self) -> usize {
+        self.onesweep_block() as usize * self.onesweep_ipt()
+    }
+
     /// The program: the defines, then every source.
     pub fn program_source(&self) -> String {
         let mut s = format!("#define IPT {}\n", self.ipt);
         for (name, value) in [
             ("ONESWEEP_IPT", self.onesweep_ipt.map(|v| v as u64)),
+            ("ONESWEEP_BLOCK", self.onesweep_block.map(u64::from)),
             ("ONESWEEP_MIN_BLOCKS", self.onesweep_min_blocks.map(u64::from)),
             ("ONESWEEP_KEEP_WORDS", self.onesweep_keep_words.map(u64::from)),
             ("ONESWEEP_LOOKBACK_WINDOW", self.onesweep_lookback_window.map(u64::from)),
@@ -375,6 +406,9 @@ pub const ONESWEEP_MAX_ROWS: usize = (1 << 30) - 1;
 
 /// Dynamic shared memory the scatter kernels may use (more than the default 48 KiB).
 pub const SCATTER_MAX_DYNAMIC_SMEM: i32 = 96 * 1024;
+/// Dynamic shared memory the one-sweep pass may use: tiles of up to 16K rows
+/// ([`KernelTuning::onesweep_tile`]) with 8-byte staging.
+pub const ONESWEEP_MAX_DYNAMIC_SMEM: i32 = 192 * 1024;
 
 impl Kernels {
     /// Loads `cubin` into `ctx` and looks up every kernel.
@@ -427,13 +461,16 @@ impl Kernels {
             &k.grs_scatter.b8,
             &k.srts_downsweep.b4,
             &k.srts_downsweep.b8,
-            &k.onesweep_pass,
         ] {
             func.set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 SCATTER_MAX_DYNAMIC_SMEM,
             )?;
         }
+        k.onesweep_pass.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            ONESWEEP_MAX_DYNAMIC_SMEM,
+        )?;
         for func in &k.msd_scatter {
             func.set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -484,15 +521,19 @@ mod tests {
         let all = KernelTuning {
             ipt: 16,
             onesweep_ipt: Some(24),
+            onesweep_block: Some(384),
             onesweep_min_blocks: Some(2),
             onesweep_keep_words: Some(1),
             onesweep_lookback_window: Some(4),
         };
         assert!(all.program_source().starts_with(
-            "#define IPT 16\n#define ONESWEEP_IPT 24\n#define ONESWEEP_MIN_BLOCKS 2\n\
+            "#define IPT 16\n#define ONESWEEP_IPT 24\n#define ONESWEEP_BLOCK 384\n#define ONESWEEP_MIN_BLOCKS 2\n\
              #define ONESWEEP_KEEP_WORDS 1\n#define ONESWEEP_LOOKBACK_WINDOW 4\n// ---- common.cuh"
         ));
-        assert_eq!(all.onesweep_ipt(), 24);
+        assert_eq!(
+            (all.onesweep_ipt(), all.onesweep_block(), all.onesweep_tile()),
+            (24, 384, 9216)
+        );
         assert_eq!(KernelTuning::default().onesweep_ipt(), DEFAULT_IPT);
     }
 
@@ -511,8 +552,16 @@ mod tests {
         .unwrap();
         assert_eq!((t.ipt, t.onesweep_ipt(), t.onesweep_min_blocks), (12, 20, None));
         assert_eq!((t.onesweep_keep_words, t.onesweep_lookback_window), (Some(2), Some(1)));
+        let t = KernelTuning::from_vars(vars(&[
+            ("GPUSORT_ONESWEEP_BLOCK", "512"),
+            ("GPUSORT_ONESWEEP_IPT", "32"),
+        ]));
+        assert_eq!(t.unwrap().onesweep_tile(), 16384);
         for (name, bad) in [
             ("GPUSORT_IPT", "0"),
+            ("GPUSORT_ONESWEEP_BLOCK", "300"),
+            ("GPUSORT_ONESWEEP_BLOCK", "128"),
+            ("GPUSORT_ONESWEEP_BLOCK", "544"),
             ("GPUSORT_ONESWEEP_IPT", "33"),
             ("GPUSORT_ONESWEEP_KEEP_WORDS", "3"),
             ("GPUSORT_ONESWEEP_MIN_BLOCKS", "x"),
