@@ -11,9 +11,9 @@
 #   proto     the one-sweep prototype (scripts/proto_onesweep.py): its timing for each variant in
 #             $PROTO_VARIANTS, then its correctness cases for each in $PROTO_CHECK_VARIANTS. A variant
 #             is comma-separated settings, e.g. "IPT=16,ONESWEEP_IPT=24,ONESWEEP_KEEP_WORDS=2"
-#   tune      the paper bench's goal rows (keys only, 8-bit digits; ByField m = 2 and 20) once per
-#             engine variant in $TUNE_VARIANTS: comma-separated GPUSORT_* settings (kernels.rs
-#             KernelTuning), or "default"
+#   tune      per engine variant in $TUNE_VARIANTS (comma-separated GPUSORT_* settings, kernels.rs
+#             KernelTuning, or "default"): the one-sweep GPU test, then the paper bench's goal rows
+#             (keys only, 8-bit digits; ByField m = 2 and 20)
 set -u
 . "$(dirname "$0")/device-unpack.sh"
 export GPUSORT_REQUIRE_GPU=1 PYTHONUNBUFFERED=1
@@ -47,6 +47,9 @@ for step in $STEPS; do
         settings=${v//,/ }
         [ "$v" = default ] && settings=
         echo "== engine variant $v"
+        # Correct first: the one-sweep GPU test (tile edges, grid rounds, skewed digits) with it.
+        env $settings timeout 150 .gpu/gpu --test-threads=1 one_sweep > "$OUT/tune_tests_$v.txt" 2>&1
+        grep -E "^test result|panicked" "$OUT/tune_tests_$v.txt" | head -3
         env $settings timeout 150 .gpu/paper --only keys --bits 8 --reps 7 > "$OUT/tune_$v.txt" 2>&1
         env $settings timeout 150 .gpu/paper --only records --fields 2,20 --bits 8 --reps 7 >> "$OUT/tune_$v.txt" 2>&1
         grep -E "^\| (u32|u64|ByField|Hybrid) |panicked|error" "$OUT/tune_$v.txt"
