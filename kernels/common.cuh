@@ -286,9 +286,12 @@ __device__ __forceinline__ void stage_iota(const Lane& lane, size_t base, u32 va
 // (global position of the tile's first element of each digit), s.r.bin_start, and each item's
 // slot pos[j]. `smem` is dynamic shared memory: TILE u32 for the slots' global positions, then
 // TILE * (widest lane up to 8 bytes, at least 4) bytes of staging, whose first TILE u32 hold the
-// digit word of every slot on entry (TILE = THREADS * ITEMS).
+// digit word of every slot on entry (TILE = THREADS * ITEMS). When the digit word is all that
+// moves (a keys-only pass), the slots' positions are not stored and the scatter ends without a
+// barrier, returning false: the caller must then put one between it and its next write to
+// shared memory (or to s.base); otherwise it ends with one and returns true.
 template <int BINS, int ITEMS, typename C, int THREADS>
-__device__ __forceinline__ void scatter_staged_tile(size_t base, u32 valid, u32 shift, u32 mask,
+__device__ __forceinline__ bool scatter_staged_tile(size_t base, u32 valid, u32 shift, u32 mask,
                                                     const u32 (&pos)[ITEMS], RankSmem<BINS, C, THREADS>& s,
                                                     const Lane* lanes, u32 num_lanes, Records recs, u8* smem) {
     u32* gdst = reinterpret_cast<u32*>(smem);
@@ -300,6 +303,7 @@ __device__ __forceinline__ void scatter_staged_tile(size_t base, u32 valid, u32 
     for (u32 l = 0; l < num_lanes; l++) {
         if (lanes[l].flags & LANE_DIGIT) digit_dst = reinterpret_cast<u32*>(lanes[l].dst);
     }
+    const bool more = num_lanes > (digit_dst ? 1u : 0u) || recs.piece != 0;  // the same in the whole block
 #pragma unroll
     for (u32 i = 0; i < ITEMS; i++) {
         const u32 k = threadIdx.x + i * THREADS;
@@ -307,10 +311,11 @@ __device__ __forceinline__ void scatter_staged_tile(size_t base, u32 valid, u32 
             const u32 word = sw[k];
             const u32 dk = (word >> shift) & mask;
             const u32 g = s.base[dk] + k - s.r.bin_start[dk];
-            gdst[k] = g;
+            if (more) gdst[k] = g;
             if (digit_dst) digit_dst[g] = word;
         }
     }
+    if (!more) return false;
     __syncthreads();
     for (u32 l = 0; l < num_lanes; l++) {
         const Lane lane = lanes[l];
@@ -330,7 +335,7 @@ __device__ __forceinline__ void scatter_staged_tile(size_t base, u32 valid, u32 
                 break;
         }
     }
-    if (recs.piece == 0) return;
+    if (recs.piece == 0) return true;
     // Records, in slot order (so that consecutive groups write consecutive records): a group of
     // threads per record moves it piece by piece (paper Fig. 6), reading it from its row in the
     // tile.
@@ -356,6 +361,7 @@ __device__ __forceinline__ void scatter_staged_tile(size_t base, u32 valid, u32 
         }
     }
     __syncthreads();
+    return true;
 }
 
 // The digit word of every item to its slot in the staging area of scatter_staged_tile, read
@@ -371,14 +377,14 @@ __device__ __forceinline__ void stage_digit_words(size_t base, u32 valid, const 
     }
 }
 
-// The tile scatter: stage_digit_words, then scatter_staged_tile.
+// The tile scatter: stage_digit_words, then scatter_staged_tile (whose return value it returns).
 template <int BINS, int ITEMS, typename C, int THREADS>
-__device__ __forceinline__ void scatter_tile(size_t base, u32 valid, const u32* digit_word, u32 shift, u32 mask,
+__device__ __forceinline__ bool scatter_tile(size_t base, u32 valid, const u32* digit_word, u32 shift, u32 mask,
                                              const u32 (&pos)[ITEMS], RankSmem<BINS, C, THREADS>& s,
                                              const Lane* lanes, u32 num_lanes, Records recs, u8* smem) {
     stage_digit_words<THREADS>(base, valid, digit_word, pos, smem);
     __syncthreads();
-    scatter_staged_tile<BINS>(base, valid, shift, mask, pos, s, lanes, num_lanes, recs, smem);
+    return scatter_staged_tile<BINS>(base, valid, shift, mask, pos, s, lanes, num_lanes, recs, smem);
 }
 
 // In-place exclusive scan of `n` values by one block of BLOCK threads: each thread scans a
@@ -416,7 +422,8 @@ __device__ __forceinline__ void rank_and_scatter_tile(size_t base, u32 valid, co
     u32 d[IPT], pos[IPT];
     load_digits<BINS>(digit_word, base, valid, shift, mask, d);
     tile_rank<BINS>(d, pos, s);
-    scatter_tile<BINS>(base, valid, digit_word, shift, mask, pos, s, lanes, num_lanes, recs, stage);
+    // s.base is read by the scatter up to its end.
+    if (!scatter_tile<BINS>(base, valid, digit_word, shift, mask, pos, s, lanes, num_lanes, recs, stage)) __syncthreads();
     for (u32 b = threadIdx.x; b < BINS; b += BLOCK) s.base[b] += s.r.bin_count[b];
     __syncthreads();
 }

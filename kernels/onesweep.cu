@@ -197,7 +197,8 @@ extern "C" __global__ void __launch_bounds__(ONESWEEP_BLOCK, ONESWEEP_MIN_BLOCKS
     extern __shared__ __align__(16) u8 onesweep_stage[];  // (a name of its own: extern "C" linkage)
     u32* sw = reinterpret_cast<u32*>(onesweep_stage + ONESWEEP_TILE * sizeof(u32));  // slots' digit words
     for (;;) {
-        // The last tile's scatter ended with a barrier after its last use of shared memory.
+        // Shared memory is written again only after this barrier: the last tile's scatter may
+        // end without one (scatter_staged_tile), and s_tile is not read by it.
         if (threadIdx.x == 0) s_tile = atomicAdd(tile_counter, 1u);
         __syncthreads();
         const u32 tile = s_tile;
