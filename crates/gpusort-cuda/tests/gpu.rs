@@ -129,6 +129,44 @@ fn check_engine(gpu: &Gpu, case: &Case, strategy: Strategy, bits: u32, what: &st
     }
 }
 
+/// A keys-only sort (no columns, no records, no permutation asked for) against the host: the key
+/// words come back sorted. With one key word and a direct strategy, the digit word is all a pass
+/// moves: the scatter's keys-only path (no slot positions, no last barrier).
+fn check_engine_keys_only(gpu: &Gpu, keys: &[Vec<u32>], strategy: Strategy, bits: u32, what: &str) {
+    let n = keys.first().map_or(0, |w| w.len());
+    let s = gpu.stream();
+    let mut table = DeviceTable {
+        num_rows: n,
+        keys: keys.iter().map(|w| s.clone_htod(&pad(w)).unwrap()).collect(),
+        columns: vec![],
+        records: None,
+    };
+    let varying = varying_bits(keys);
+    let plan = GpuSortPlan {
+        strategy,
+        passes: radix_passes(&varying, bits),
+        keep_keys: true,
+        want_perm: false,
+        pack_gathers: false,
+    };
+    let result = gpu.sort(&mut table, &plan).unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(result.perm.is_none(), "{what}: a permutation nobody asked for");
+    let want = reference_order(keys, n);
+    for (w, dev) in table.keys.iter().enumerate() {
+        if varying[w] != 0 {
+            let got: Vec<u32> = down(s, dev, n);
+            let expected: Vec<u32> = want.iter().map(|&i| keys[w][i as usize]).collect();
+            if got != expected {
+                let at = got.iter().zip(&expected).position(|(a, b)| a != b).unwrap();
+                panic!(
+                    "{what}: key word {w} differs at {at} of {n}: got {:#x} want {:#x}",
+                    got[at], expected[at]
+                );
+            }
+        }
+    }
+}
+
 /// The stable order of rows by their key words: (key words..., row) sorted in parallel.
 fn reference_order(keys: &[Vec<u32>], n: usize) -> Vec<u32> {
     use rayon::prelude::*;
@@ -284,6 +322,44 @@ fn engine_msd_partition_depths() {
             }
         }
     }
+}
+
+/// Keys-only sorts (one and two key words, no payload, no permutation) of every strategy, at the
+/// tile edges of both tile sizes and around whole rounds of the one-sweep grid, random and
+/// adversarial keys.
+#[test]
+fn engine_keys_only() {
+    let Some(b) = backend() else { return };
+    let gpu = b.gpu();
+    let mut rng = SmallRng::seed_from_u64(19);
+    let (tile, os_tile, sms) = (gpu.tile(), gpu.onesweep_tile(), gpu.info().multiprocessors as usize);
+    let mut sizes = vec![
+        0,
+        1,
+        2,
+        31,
+        tile - 1,
+        tile + 1,
+        os_tile - 1,
+        os_tile,
+        os_tile + 1,
+        100_003,
+    ];
+    sizes.extend([sms * 3 * os_tile - 1, sms * 3 * os_tile + 1]);
+    let mut cases = 0;
+    for &n in &sizes {
+        for (words, kind) in [(1, "random"), (2, "random"), (1, "two"), (1, "equal"), (1, "reverse")] {
+            let keys = keys_of(&mut rng, n, words, kind);
+            for strategy in Strategy::ALL {
+                for bits in [4, 8] {
+                    let what = format!("keys only: n {n} words {words} {kind} {strategy} {bits}-bit digits");
+                    check_engine_keys_only(gpu, &keys, strategy, bits, &what);
+                    cases += 1;
+                }
+            }
+        }
+    }
+    eprintln!("keys only: {cases} sorts equal to the host");
 }
 
 /// Restores `Gpu::set_srts_onesweep` when a test ends (or fails).
@@ -561,6 +637,11 @@ fn sanitize_every_kernel() {
                 );
             }
         }
+    }
+    // Keys only: the scatter's keys-only path (one key word, direct) in every strategy.
+    let keys = keys_of(&mut rng, n, 1, "random");
+    for strategy in Strategy::ALL {
+        check_engine_keys_only(gpu, &keys, strategy, 8, &format!("sanitize keys only {strategy}"));
     }
     // An even row count: the indirect gathers go through packed rows (pack_rows, gather_unpack).
     let c = case(&mut rng, n + 1, 2, "random", false);
