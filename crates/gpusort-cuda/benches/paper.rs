@@ -256,11 +256,12 @@ fn main() {
     let gpu = Gpu::open(0, &KernelCache::from_env()).expect("a GPU");
     let s = gpu.stream().clone();
     println!(
-        "# {} | {} rows, {} reps, digits of {:?} bits",
+        "# {} | {} rows, {} reps, digits of {:?} bits | {}",
         gpu.info(),
         a.rows,
         a.reps,
-        a.bits
+        a.bits,
+        gpu.tuning()
     );
     let cub = a.cub.as_deref().map(read_cub);
     let mut rng = SmallRng::seed_from_u64(2010);

@@ -227,6 +227,8 @@ pub struct Gpu {
     info: DeviceInfo,
     compile: CacheOutcome,
     tile: usize,
+    /// The kernels' compile-time settings.
+    tuning: KernelTuning,
     /// Threads of a one-sweep block (`ONESWEEP_BLOCK`).
     onesweep_block: u32,
     /// Rows of a one-sweep tile (`ONESWEEP_BLOCK` threads x `ONESWEEP_IPT` rows).
@@ -491,6 +493,7 @@ impl Gpu {
             tile: BLOCK as usize * tuning.ipt,
             onesweep_block: tuning.onesweep_block(),
             onesweep_tile: tuning.onesweep_tile(),
+            tuning,
             msd_local_rows: AtomicUsize::new(MSD_LOCAL_CAP),
             msd_max_bits: AtomicU32::new(msd_max_bits),
             onesweep: AtomicBool::new(std::env::var("GPUSORT_ONESWEEP").as_deref() != Ok("0")),
@@ -552,6 +555,11 @@ impl Gpu {
     /// Rows per tile of the one-sweep pass.
     pub fn onesweep_tile(&self) -> usize {
         self.onesweep_tile
+    }
+
+    /// The kernels' compile-time settings (from the `GPUSORT_*` variables when opened).
+    pub fn tuning(&self) -> &KernelTuning {
+        &self.tuning
     }
 
     /// The device.

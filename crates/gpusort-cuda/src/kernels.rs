@@ -162,6 +162,24 @@ impl KernelTuning {
     }
 }
 
+impl std::fmt::Display for KernelTuning {
+    /// The settings as a bench header shows them: what the sources' defaults leave is "default".
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let or_default = |v: Option<u32>| v.map_or("default".to_string(), |v| v.to_string());
+        write!(
+            f,
+            "tiles of {} x {}; one sweep {} x {}, min blocks/SM {}, keep words {}, look-back window {}",
+            BLOCK,
+            self.ipt,
+            self.onesweep_block(),
+            self.onesweep_ipt(),
+            or_default(self.onesweep_min_blocks),
+            or_default(self.onesweep_keep_words),
+            or_default(self.onesweep_lookback_window),
+        )
+    }
+}
+
 /// 128-bit FNV-1a: a stable hash (unlike std's `DefaultHasher`) for cache file names.
 fn fnv1a128(parts: &[&[u8]]) -> u128 {
     const OFFSET: u128 = 0x6c62272e07bb014262b821756295c58d;
@@ -535,6 +553,15 @@ mod tests {
             (24, 384, 9216)
         );
         assert_eq!(KernelTuning::default().onesweep_ipt(), DEFAULT_IPT);
+        assert_eq!(
+            all.to_string(),
+            "tiles of 256 x 16; one sweep 384 x 24, min blocks/SM 2, keep words 1, look-back window 4"
+        );
+        assert_eq!(
+            KernelTuning::default().to_string(),
+            "tiles of 256 x 16; one sweep 256 x 16, min blocks/SM default, keep words default, \
+             look-back window default"
+        );
     }
 
     #[test]

@@ -23,6 +23,6 @@ pub use backend::{CudaBackend, MAX_DIGIT_BITS};
 pub use device::{DeviceInfo, GpuUnavailable, probe};
 pub use engine::{DeviceColumn, DeviceRecords, DeviceTable, Gpu, GpuSortPlan, GpuSortResult};
 pub use error::{CudaSortError, Result};
-pub use kernels::KernelCache;
+pub use kernels::{KernelCache, KernelTuning};
 pub use pinned::{FRESH_PIN_MAX, HostBuffer, PinnedPool, PinnedPoolStats};
 pub use session::GpuSortSession;
