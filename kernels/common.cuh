@@ -282,18 +282,69 @@ __device__ __forceinline__ void stage_iota(const Lane& lane, size_t base, u32 va
     __syncthreads();
 }
 
+// Two 4-byte lanes through shared memory at once (staging of 8 bytes a row): the loads of both
+// before one barrier, the stores of both before the next, so a pair costs the barriers of one
+// lane.
+template <int THREADS, int ITEMS>
+__device__ __forceinline__ void stage_lane_pair(const Lane& a, const Lane& b, size_t base, u32 valid,
+                                                const u32 (&pos)[ITEMS], const u32* gdst, u8* stage) {
+    u32* sa = reinterpret_cast<u32*>(stage);
+    u32* sb = sa + THREADS * ITEMS;
+    const u32* pa = reinterpret_cast<const u32*>(a.src);
+    const u32* pb = reinterpret_cast<const u32*>(b.src);
+#pragma unroll
+    for (u32 j = 0; j < ITEMS; j++) {
+        const u32 e = tile_elem<ITEMS>(j);
+        if (e < valid) sa[pos[j]] = pa[base + e];
+    }
+#pragma unroll
+    for (u32 j = 0; j < ITEMS; j++) {
+        const u32 e = tile_elem<ITEMS>(j);
+        if (e < valid) sb[pos[j]] = pb[base + e];
+    }
+    __syncthreads();
+    u32* da = reinterpret_cast<u32*>(a.dst);
+    u32* db = reinterpret_cast<u32*>(b.dst);
+#pragma unroll
+    for (u32 i = 0; i < ITEMS; i++) {
+        const u32 k = threadIdx.x + i * THREADS;
+        if (k < valid) {
+            const u32 g = gdst[k];
+            da[g] = sa[k];
+            db[g] = sb[k];
+        }
+    }
+    __syncthreads();
+}
+
+// Bytes of dynamic shared memory of the running kernel.
+__device__ __forceinline__ u32 dynamic_smem_bytes() {
+    u32 v;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(v));
+    return v;
+}
+
+// Whether a lane is a plain 4-byte column (not the digit word, not the row index's first pass).
+__device__ __forceinline__ bool plain_four_byte_lane(const Lane& lane) {
+    return lane.width == 4 && (lane.flags & (LANE_IOTA | LANE_DIGIT)) == 0;
+}
+
 // The tile scatter, once each slot's digit word is staged (scatter_tile below). Needs s.base
 // (global position of the tile's first element of each digit), s.r.bin_start, and each item's
 // slot pos[j]. `smem` is dynamic shared memory: TILE u32 for the slots' global positions, then
-// TILE * (widest lane up to 8 bytes, at least 4) bytes of staging, whose first TILE u32 hold the
-// digit word of every slot on entry (TILE = THREADS * ITEMS). When the digit word is all that
+// `stage_bytes` (at least TILE * the widest lane up to 8 bytes, at least 4) of staging, whose
+// first TILE u32 hold the digit word of every slot on entry (TILE = THREADS * ITEMS). With 8
+// bytes a row of staging, two plain 4-byte lanes next to each other in the table move as a pair
+// (stage_lane_pair); engine.rs gives the staging 8 bytes a row where a table has such lanes
+// (and its pairing knob is on). When the digit word is all that
 // moves (a keys-only pass), the slots' positions are not stored and the scatter ends without a
 // barrier, returning false: the caller must then put one between it and its next write to
 // shared memory (or to s.base); otherwise it ends with one and returns true.
 template <int BINS, int ITEMS, typename C, int THREADS>
 __device__ __forceinline__ bool scatter_staged_tile(size_t base, u32 valid, u32 shift, u32 mask,
                                                     const u32 (&pos)[ITEMS], RankSmem<BINS, C, THREADS>& s,
-                                                    const Lane* lanes, u32 num_lanes, Records recs, u8* smem) {
+                                                    const Lane* lanes, u32 num_lanes, Records recs, u8* smem,
+                                                    u32 stage_bytes) {
     u32* gdst = reinterpret_cast<u32*>(smem);
     u8* stage = smem + THREADS * ITEMS * sizeof(u32);
     // Every slot's global position, from its digit word; the digit word's own lane (if it
@@ -317,11 +368,17 @@ __device__ __forceinline__ bool scatter_staged_tile(size_t base, u32 valid, u32 
     }
     if (!more) return false;
     __syncthreads();
+    const bool pairs = stage_bytes >= THREADS * ITEMS * 8u;
     for (u32 l = 0; l < num_lanes; l++) {
         const Lane lane = lanes[l];
         if (lane.flags & LANE_DIGIT) continue;
         if (lane.flags & LANE_IOTA) {
             stage_iota<THREADS>(lane, base, valid, pos, gdst, stage);
+            continue;
+        }
+        if (pairs && lane.width == 4 && l + 1 < num_lanes && plain_four_byte_lane(lanes[l + 1])) {
+            stage_lane_pair<THREADS>(lane, lanes[l + 1], base, valid, pos, gdst, stage);
+            l++;
             continue;
         }
         switch (lane.width) {
@@ -381,10 +438,11 @@ __device__ __forceinline__ void stage_digit_words(size_t base, u32 valid, const 
 template <int BINS, int ITEMS, typename C, int THREADS>
 __device__ __forceinline__ bool scatter_tile(size_t base, u32 valid, const u32* digit_word, u32 shift, u32 mask,
                                              const u32 (&pos)[ITEMS], RankSmem<BINS, C, THREADS>& s,
-                                             const Lane* lanes, u32 num_lanes, Records recs, u8* smem) {
+                                             const Lane* lanes, u32 num_lanes, Records recs, u8* smem,
+                                             u32 stage_bytes) {
     stage_digit_words<THREADS>(base, valid, digit_word, pos, smem);
     __syncthreads();
-    return scatter_staged_tile<BINS>(base, valid, shift, mask, pos, s, lanes, num_lanes, recs, smem);
+    return scatter_staged_tile<BINS>(base, valid, shift, mask, pos, s, lanes, num_lanes, recs, smem, stage_bytes);
 }
 
 // In-place exclusive scan of `n` values by one block of BLOCK threads: each thread scans a
@@ -418,12 +476,14 @@ __device__ __forceinline__ void single_block_exclusive_scan(u32* data, u32 n, u3
 template <int BINS, typename C>
 __device__ __forceinline__ void rank_and_scatter_tile(size_t base, u32 valid, const u32* digit_word, u32 shift,
                                                       u32 mask, RankSmem<BINS, C>& s, const Lane* lanes,
-                                                      u32 num_lanes, Records recs, u8* stage) {
+                                                      u32 num_lanes, Records recs, u8* stage, u32 stage_bytes) {
     u32 d[IPT], pos[IPT];
     load_digits<BINS>(digit_word, base, valid, shift, mask, d);
     tile_rank<BINS>(d, pos, s);
     // s.base is read by the scatter up to its end.
-    if (!scatter_tile<BINS>(base, valid, digit_word, shift, mask, pos, s, lanes, num_lanes, recs, stage)) __syncthreads();
+    if (!scatter_tile<BINS>(base, valid, digit_word, shift, mask, pos, s, lanes, num_lanes, recs, stage, stage_bytes)) {
+        __syncthreads();
+    }
     for (u32 b = threadIdx.x; b < BINS; b += BLOCK) s.base[b] += s.r.bin_count[b];
     __syncthreads();
 }

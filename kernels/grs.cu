@@ -53,7 +53,9 @@ __device__ __forceinline__ void grs_scatter_impl(u32 n, const u32* digit_word, u
         const u32 e = tile_elem(j);
         pos[j] = e < valid ? s.r.bin_start[(digit_word[base + e] >> shift) & mask] + ranks[base + e] : 0;
     }
-    scatter_tile<BINS>(base, valid, digit_word, shift, mask, pos, s, lanes, num_lanes, recs, stage);
+    // Dynamic shared memory: the slots' positions (TILE u32), then the staging.
+    scatter_tile<BINS>(base, valid, digit_word, shift, mask, pos, s, lanes, num_lanes, recs, stage,
+                       dynamic_smem_bytes() - TILE * 4);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK) grs_rank_b4(u32 n, const u32* digit_word, u32 shift, u32 mask,

@@ -86,7 +86,8 @@ __device__ __forceinline__ void msd_scatter_impl(const MsdChunk* chunks, const u
     for (u32 t = 0; t < c.len; t += TILE) {
         const size_t base = (size_t)c.start + t;
         const u32 valid = min((u32)TILE, c.len - t);
-        rank_and_scatter_tile<BINS>(base, valid, digit_word, shift, mask, s, lanes, num_lanes, none, stage);
+        // Staging of the widest lane only: no 4-byte lanes in pairs (stage_bytes 0).
+        rank_and_scatter_tile<BINS>(base, valid, digit_word, shift, mask, s, lanes, num_lanes, none, stage, 0);
     }
 }
 

@@ -258,6 +258,8 @@ extern "C" __global__ void __launch_bounds__(ONESWEEP_BLOCK, ONESWEEP_MIN_BLOCKS
             }
         }
         __syncthreads();
-        scatter_staged_tile<256>(base, valid, shift, mask, pos, s, lanes, num_lanes, recs, onesweep_stage);
+        // Dynamic shared memory: the slots' positions (ONESWEEP_TILE u32), then the staging.
+        scatter_staged_tile<256>(base, valid, shift, mask, pos, s, lanes, num_lanes, recs, onesweep_stage,
+                                 dynamic_smem_bytes() - ONESWEEP_TILE * 4);
     }
 }

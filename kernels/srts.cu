@@ -70,7 +70,9 @@ __device__ __forceinline__ void srts_downsweep_impl(u32 n, const u32* digit_word
     for (u32 tile = first; tile < last; tile++) {
         const size_t base = (size_t)tile * TILE;
         const u32 valid = (u32)min((size_t)TILE, (size_t)n - base);
-        rank_and_scatter_tile<BINS>(base, valid, digit_word, shift, mask, s, lanes, num_lanes, recs, stage);
+        // Dynamic shared memory: the slots' positions (TILE u32), then the staging.
+        rank_and_scatter_tile<BINS>(base, valid, digit_word, shift, mask, s, lanes, num_lanes, recs, stage,
+                                    dynamic_smem_bytes() - TILE * 4);
     }
 }
 

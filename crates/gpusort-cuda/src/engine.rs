@@ -239,6 +239,8 @@ pub struct Gpu {
     msd_max_bits: AtomicU32,
     /// Run SRTS's passes as one sweep where they can be ([`onesweep_plan`]).
     onesweep: AtomicBool,
+    /// Move plain 4-byte lanes in pairs in the scatters (8-byte staging where a table has them).
+    pair_lanes: AtomicBool,
     /// The device's stream-ordered memory pool (`CUmemoryPool` as an address), which keeps
     /// freed memory for the next allocation; `None` when the driver has none.
     mem_pool: Option<usize>,
@@ -361,6 +363,15 @@ pub(crate) struct Lane {
     pub(crate) width: u32,
     pub(crate) flags: u32,
 }
+/// Whether some pass's lane table has two plain 4-byte lanes next to each other: the scatters
+/// move such lanes in pairs (common.cuh `stage_lane_pair`) when their staging has 8 bytes a row.
+pub(crate) fn has_lane_pair(tables: &[Vec<Lane>]) -> bool {
+    let plain4 = |l: &Lane| l.width == 4 && l.flags == 0;
+    tables
+        .iter()
+        .any(|t| t.windows(2).any(|w| plain4(&w[0]) && plain4(&w[1])))
+}
+
 /// The lane's values are the row indices themselves (no source).
 pub(crate) const LANE_IOTA: u32 = 1;
 /// The lane is the key word of the pass's digit.
@@ -497,6 +508,7 @@ impl Gpu {
             msd_local_rows: AtomicUsize::new(MSD_LOCAL_CAP),
             msd_max_bits: AtomicU32::new(msd_max_bits),
             onesweep: AtomicBool::new(std::env::var("GPUSORT_ONESWEEP").as_deref() != Ok("0")),
+            pair_lanes: AtomicBool::new(std::env::var("GPUSORT_PAIR_LANES").as_deref() != Ok("0")),
             mem_pool,
         })
     }
@@ -545,6 +557,18 @@ impl Gpu {
     /// tests and comparisons).
     pub fn set_srts_onesweep(&self, on: bool) {
         self.onesweep.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether the GRS, SRTS and one-sweep scatters move plain 4-byte lanes (u32 columns, the row
+    /// index after the first pass, key words other than the digit's) two at a time, with 8 bytes
+    /// a row of staging (default on, off with `GPUSORT_PAIR_LANES=0`).
+    pub fn pair_lanes(&self) -> bool {
+        self.pair_lanes.load(Ordering::Relaxed)
+    }
+
+    /// Sets [`Self::pair_lanes`] (a knob for tests and comparisons).
+    pub fn set_pair_lanes(&self, on: bool) {
+        self.pair_lanes.store(on, Ordering::Relaxed);
     }
 
     /// Rows per tile of the sort kernels.
@@ -869,8 +893,12 @@ impl Gpu {
         }
         let lane_buf = s.clone_htod(&flat)?;
         let lane_base = lane_buf.device_ptr(s).0;
-        // 16-byte rows are staged as two 8-byte halves.
-        let stage_width = max_width.clamp(4, 8);
+        // 16-byte rows are staged as two 8-byte halves; 4-byte lanes in pairs need 8 bytes too.
+        let stage_width = if self.pair_lanes() && has_lane_pair(&tables) {
+            8
+        } else {
+            max_width.clamp(4, 8)
+        };
         let dyn_smem = scatter_smem(self.tile, stage_width);
         let inputs = PassInputs {
             n,
@@ -1530,6 +1558,29 @@ impl Gpu {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lane_pairs_are_two_plain_four_byte_lanes_side_by_side() {
+        let lane = |width, flags| Lane {
+            width,
+            flags,
+            ..Lane::default()
+        };
+        // Key word (the digit), two u32 columns: a pair.
+        assert!(has_lane_pair(&[vec![lane(4, LANE_DIGIT), lane(4, 0), lane(4, 0)]]));
+        // The row index's first pass is no plain lane; nor is a u32 next to a u64.
+        assert!(!has_lane_pair(&[vec![
+            lane(4, LANE_DIGIT),
+            lane(4, LANE_IOTA),
+            lane(4, 0)
+        ]]));
+        assert!(!has_lane_pair(&[vec![lane(4, 0), lane(8, 0), lane(4, 0)]]));
+        // One pass with a pair is enough (the staging is one size for all passes).
+        let first = vec![lane(4, LANE_DIGIT), lane(4, LANE_IOTA)];
+        let later = vec![lane(4, LANE_DIGIT), lane(4, 0), lane(4, 0)];
+        assert!(has_lane_pair(&[first.clone(), later]));
+        assert!(!has_lane_pair(&[first]));
+    }
 
     #[test]
     fn row_counts_above_u32_are_refused() {

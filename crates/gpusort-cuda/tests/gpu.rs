@@ -362,6 +362,55 @@ fn engine_keys_only() {
     eprintln!("keys only: {cases} sorts equal to the host");
 }
 
+/// Restores `Gpu::set_pair_lanes` when a test ends (or fails).
+struct PairKnob<'a>(&'a Gpu);
+
+impl Drop for PairKnob<'_> {
+    fn drop(&mut self) {
+        self.0.set_pair_lanes(true);
+    }
+}
+
+/// Rows of `keys` with ByField columns of the given widths.
+fn case_with_columns(rng: &mut SmallRng, keys: Vec<Vec<u32>>, widths: &[usize]) -> Case {
+    let n = keys.first().map_or(0, |w| w.len());
+    let columns = widths.iter().map(|&w| (random_bytes(rng, n * w), w)).collect();
+    Case {
+        keys,
+        columns,
+        records: None,
+    }
+}
+
+/// Plain 4-byte lanes side by side (u32 columns, the row index after the first pass, the key word
+/// that is not the digit's) move in pairs through 8-byte staging: every strategy, with pairing on
+/// and off, odd and even runs of u32 columns, a u32 run broken by other widths, 1 and 2 key words,
+/// at tile edges of both tile sizes.
+#[test]
+fn engine_four_byte_lanes_in_pairs() {
+    let Some(b) = backend() else { return };
+    let gpu = b.gpu();
+    let _restore = PairKnob(gpu);
+    let mut rng = SmallRng::seed_from_u64(23);
+    let (tile, os_tile) = (gpu.tile(), gpu.onesweep_tile());
+    let layouts: [&[usize]; 4] = [&[4, 4], &[4, 4, 4], &[4, 8, 4, 4, 2, 4, 4, 4, 4, 1], &[4]];
+    for n in [1, tile - 1, tile + 1, os_tile + 1, 250_001] {
+        for words in [1, 2] {
+            for widths in layouts {
+                let keys = keys_of(&mut rng, n, words, "random");
+                let c = case_with_columns(&mut rng, keys, widths);
+                for pair in [true, false] {
+                    gpu.set_pair_lanes(pair);
+                    for strategy in Strategy::ALL {
+                        let what = format!("pairs {pair}: n {n} words {words} widths {widths:?} {strategy}");
+                        check_engine(gpu, &c, strategy, 8, &what);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Restores `Gpu::set_srts_onesweep` when a test ends (or fails).
 struct OnesweepKnob<'a>(&'a Gpu);
 
@@ -637,6 +686,12 @@ fn sanitize_every_kernel() {
                 );
             }
         }
+    }
+    // u32 columns in pairs (stage_lane_pair).
+    let keys = keys_of(&mut rng, n, 2, "random");
+    let c = case_with_columns(&mut rng, keys, &[4, 4, 4, 8, 4, 4]);
+    for strategy in Strategy::ALL {
+        check_engine(gpu, &c, strategy, 8, &format!("sanitize u32 pairs {strategy}"));
     }
     // Keys only: the scatter's keys-only path (one key word, direct) in every strategy.
     let keys = keys_of(&mut rng, n, 1, "random");
