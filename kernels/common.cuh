@@ -37,6 +37,9 @@ struct Lane {
 #define LANE_IOTA 1u
 // The lane is the key word the pass's digit comes from: it is staged once, with the digits.
 #define LANE_DIGIT 2u
+// The lane and the next are plain 4-byte columns that the scatter moves as a pair when its
+// staging has 8 bytes a row (stage_lane_pair); the host sets it (engine.rs `mark_lane_pairs`).
+#define LANE_PAIR 8u
 
 // Row-major records moved with the keys (the Hybrid layout): `bytes` per record.
 struct Records {
@@ -324,19 +327,14 @@ __device__ __forceinline__ u32 dynamic_smem_bytes() {
     return v;
 }
 
-// Whether a lane is a plain 4-byte column (not the digit word, not the row index's first pass).
-__device__ __forceinline__ bool plain_four_byte_lane(const Lane& lane) {
-    return lane.width == 4 && (lane.flags & (LANE_IOTA | LANE_DIGIT)) == 0;
-}
-
 // The tile scatter, once each slot's digit word is staged (scatter_tile below). Needs s.base
 // (global position of the tile's first element of each digit), s.r.bin_start, and each item's
 // slot pos[j]. `smem` is dynamic shared memory: TILE u32 for the slots' global positions, then
 // `stage_bytes` (at least TILE * the widest lane up to 8 bytes, at least 4) of staging, whose
-// first TILE u32 hold the digit word of every slot on entry (TILE = THREADS * ITEMS). With 8
-// bytes a row of staging, two plain 4-byte lanes next to each other in the table move as a pair
-// (stage_lane_pair); engine.rs gives the staging 8 bytes a row where a table has such lanes
-// (and its pairing knob is on). When the digit word is all that
+// first TILE u32 hold the digit word of every slot on entry (TILE = THREADS * ITEMS). A lane
+// the host marked LANE_PAIR moves with the next one as a pair (stage_lane_pair) when the staging
+// has 8 bytes a row; engine.rs marks pairs and gives the staging 8 bytes a row only while its
+// pairing knob is on. When the digit word is all that
 // moves (a keys-only pass), the slots' positions are not stored and the scatter ends without a
 // barrier, returning false: the caller must then put one between it and its next write to
 // shared memory (or to s.base); otherwise it ends with one and returns true.
@@ -376,7 +374,7 @@ __device__ __forceinline__ bool scatter_staged_tile(size_t base, u32 valid, u32 
             stage_iota<THREADS>(lane, base, valid, pos, gdst, stage);
             continue;
         }
-        if (pairs && lane.width == 4 && l + 1 < num_lanes && plain_four_byte_lane(lanes[l + 1])) {
+        if (pairs && (lane.flags & LANE_PAIR) && l + 1 < num_lanes) {
             stage_lane_pair<THREADS>(lane, lanes[l + 1], base, valid, pos, gdst, stage);
             l++;
             continue;

@@ -26,9 +26,6 @@
 #define ONESWEEP_VALUE 0x3fffffffu
 #define ONESWEEP_MAX_DIGITS 4  // digit positions one histogram launch counts
 #define ONESWEEP_HIST_IPT 16   // keys per thread loaded before they are counted
-#ifndef ONESWEEP_MIN_BLOCKS
-#define ONESWEEP_MIN_BLOCKS 3  // blocks per SM the pass kernel is compiled for (like the downsweep)
-#endif
 
 // ---- 1. the digit counts of every pass in one read ----
 
@@ -161,6 +158,12 @@ __device__ __forceinline__ u32 onesweep_look_back(const u32* lookback, u32 tile,
 #endif
 static_assert(ONESWEEP_BLOCK % 32 == 0 && ONESWEEP_BLOCK >= 256 && ONESWEEP_BLOCK <= 512,
               "whole warps, at least one thread per digit");
+// Blocks per SM the pass kernel is compiled for: by default 768 threads' worth (3 blocks of 256,
+// like the downsweep; 2 of 384, 1 of 512), so that larger blocks do not squeeze registers into
+// spills (engine.rs: GPUSORT_ONESWEEP_MIN_BLOCKS).
+#ifndef ONESWEEP_MIN_BLOCKS
+#define ONESWEEP_MIN_BLOCKS (768 / ONESWEEP_BLOCK)
+#endif
 #define ONESWEEP_TILE (ONESWEEP_BLOCK * ONESWEEP_IPT)
 // Where the scatter's digit words come from (each slot needs its row's digit word):
 //   0: read again from global memory (L2, most often), between the rank and the look-back;

@@ -363,19 +363,34 @@ pub(crate) struct Lane {
     pub(crate) width: u32,
     pub(crate) flags: u32,
 }
-/// Whether some pass's lane table has two plain 4-byte lanes next to each other: the scatters
-/// move such lanes in pairs (common.cuh `stage_lane_pair`) when their staging has 8 bytes a row.
-pub(crate) fn has_lane_pair(tables: &[Vec<Lane>]) -> bool {
+/// Marks with [`LANE_PAIR`] the first of every two plain 4-byte lanes next to each other (not
+/// the digit word, not the row index's first pass), pairing from the front of each table: the
+/// scatters move such lanes in pairs (common.cuh `stage_lane_pair`) when their staging has 8
+/// bytes a row. Whether any lane was marked.
+pub(crate) fn mark_lane_pairs(tables: &mut [Vec<Lane>]) -> bool {
     let plain4 = |l: &Lane| l.width == 4 && l.flags == 0;
-    tables
-        .iter()
-        .any(|t| t.windows(2).any(|w| plain4(&w[0]) && plain4(&w[1])))
+    let mut any = false;
+    for t in tables {
+        let mut l = 0;
+        while l + 1 < t.len() {
+            if plain4(&t[l]) && plain4(&t[l + 1]) {
+                t[l].flags |= LANE_PAIR;
+                any = true;
+                l += 2;
+            } else {
+                l += 1;
+            }
+        }
+    }
+    any
 }
 
 /// The lane's values are the row indices themselves (no source).
 pub(crate) const LANE_IOTA: u32 = 1;
 /// The lane is the key word of the pass's digit.
 pub(crate) const LANE_DIGIT: u32 = 2;
+/// The lane and the next move as a pair ([`mark_lane_pairs`]).
+pub(crate) const LANE_PAIR: u32 = 8;
 
 impl Lane {
     /// The lane as the six u32 words of the CUDA struct.
@@ -882,6 +897,12 @@ impl Gpu {
             tables.push(lanes);
             recs.push(rec);
         }
+        // 16-byte rows are staged as two 8-byte halves; 4-byte lanes in pairs need 8 bytes too.
+        let stage_width = if self.pair_lanes() && mark_lane_pairs(&mut tables) {
+            8
+        } else {
+            max_width.clamp(4, 8)
+        };
         // All lane tables in one upload.
         let mut flat: Vec<u64> = vec![];
         let mut offsets = vec![];
@@ -893,12 +914,6 @@ impl Gpu {
         }
         let lane_buf = s.clone_htod(&flat)?;
         let lane_base = lane_buf.device_ptr(s).0;
-        // 16-byte rows are staged as two 8-byte halves; 4-byte lanes in pairs need 8 bytes too.
-        let stage_width = if self.pair_lanes() && has_lane_pair(&tables) {
-            8
-        } else {
-            max_width.clamp(4, 8)
-        };
         let dyn_smem = scatter_smem(self.tile, stage_width);
         let inputs = PassInputs {
             n,
@@ -1566,20 +1581,42 @@ mod tests {
             flags,
             ..Lane::default()
         };
-        // Key word (the digit), two u32 columns: a pair.
-        assert!(has_lane_pair(&[vec![lane(4, LANE_DIGIT), lane(4, 0), lane(4, 0)]]));
-        // The row index's first pass is no plain lane; nor is a u32 next to a u64.
-        assert!(!has_lane_pair(&[vec![
+        let marked = |tables: &[Vec<Lane>]| -> Vec<Vec<bool>> {
+            tables
+                .iter()
+                .map(|t| t.iter().map(|l| l.flags & LANE_PAIR != 0).collect())
+                .collect()
+        };
+        // Key word (the digit), three u32 columns: the first two pair, the third moves alone.
+        let mut t = vec![vec![lane(4, LANE_DIGIT), lane(4, 0), lane(4, 0), lane(4, 0)]];
+        assert!(mark_lane_pairs(&mut t));
+        assert_eq!(marked(&t), [[false, true, false, false]]);
+        // Four u32 columns: two pairs.
+        let mut t = vec![vec![
             lane(4, LANE_DIGIT),
-            lane(4, LANE_IOTA),
-            lane(4, 0)
-        ]]));
-        assert!(!has_lane_pair(&[vec![lane(4, 0), lane(8, 0), lane(4, 0)]]));
+            lane(4, 0),
+            lane(4, 0),
+            lane(4, 0),
+            lane(4, 0),
+        ]];
+        assert!(mark_lane_pairs(&mut t));
+        assert_eq!(marked(&t), [[false, true, false, true, false]]);
+        // The row index's first pass is no plain lane; nor is a u32 next to a u64.
+        let mut t = vec![
+            vec![lane(4, LANE_DIGIT), lane(4, LANE_IOTA), lane(4, 0)],
+            vec![lane(4, 0), lane(8, 0), lane(4, 0)],
+        ];
+        assert!(!mark_lane_pairs(&mut t));
+        assert_eq!(marked(&t), [[false; 3], [false; 3]]);
         // One pass with a pair is enough (the staging is one size for all passes).
-        let first = vec![lane(4, LANE_DIGIT), lane(4, LANE_IOTA)];
-        let later = vec![lane(4, LANE_DIGIT), lane(4, 0), lane(4, 0)];
-        assert!(has_lane_pair(&[first.clone(), later]));
-        assert!(!has_lane_pair(&[first]));
+        let mut t = vec![
+            vec![lane(4, LANE_DIGIT), lane(4, LANE_IOTA)],
+            vec![lane(4, LANE_DIGIT), lane(4, 0), lane(4, 0)],
+        ];
+        assert!(mark_lane_pairs(&mut t));
+        assert_eq!(marked(&t), [vec![false, false], vec![false, true, false]]);
+        // The flag is a bit of its own.
+        assert_eq!(LANE_PAIR & (LANE_IOTA | LANE_DIGIT), 0);
     }
 
     #[test]

@@ -49,7 +49,8 @@ pub struct KernelTuning {
     /// Threads of a one-sweep block (`ONESWEEP_BLOCK`, default [`BLOCK`]; 256 to 512, whole
     /// warps; `GPUSORT_ONESWEEP_BLOCK`).
     pub onesweep_block: Option<u32>,
-    /// Blocks per SM the one-sweep pass is compiled for (`ONESWEEP_MIN_BLOCKS`;
+    /// Blocks per SM the one-sweep pass is compiled for (`ONESWEEP_MIN_BLOCKS`, default 768
+    /// threads' worth: 3 blocks of 256, 2 of 384, 1 of 512; at most 2048 threads in all;
     /// `GPUSORT_ONESWEEP_MIN_BLOCKS`).
     pub onesweep_min_blocks: Option<u32>,
     /// Where the one-sweep scatter's digit words come from: 0 read again, 1 registers, 2 shared
@@ -123,6 +124,15 @@ impl KernelTuning {
             .map(|v| v as u32),
             onesweep_lookback_window: get("GPUSORT_ONESWEEP_LOOKBACK_WINDOW", 1, 32, "words")?.map(|v| v as u32),
         };
+        // An SM runs at most 2048 threads: ptxas ignores a minimum beyond that.
+        if let Some(m) = t.onesweep_min_blocks {
+            let block = t.onesweep_block.unwrap_or(BLOCK as u32);
+            if block * m > 2048 {
+                return Err(CudaSortError::Unsupported(format!(
+                    "GPUSORT_ONESWEEP_MIN_BLOCKS={m} with {block}-thread blocks (at most 2048 threads per SM)"
+                )));
+            }
+        }
         // The pass's dynamic shared memory at its widest (the largest tile, 8-byte staging) fits
         // what Kernels::load allows it.
         const { assert!(512 * 32 * (4 + 8) <= ONESWEEP_MAX_DYNAMIC_SMEM as usize) };
@@ -596,6 +606,24 @@ mod tests {
             let err = KernelTuning::from_vars(|n: &str| (n == name).then(|| bad.to_string())).unwrap_err();
             assert!(err.to_string().contains(&format!("{name}={bad}")), "{err}");
         }
+        // Blocks a SM is compiled for times their threads: at most 2048.
+        let t = KernelTuning::from_vars(vars(&[("GPUSORT_ONESWEEP_MIN_BLOCKS", "8")]));
+        assert_eq!(t.unwrap().onesweep_min_blocks, Some(8));
+        let t = KernelTuning::from_vars(vars(&[
+            ("GPUSORT_ONESWEEP_BLOCK", "512"),
+            ("GPUSORT_ONESWEEP_MIN_BLOCKS", "4"),
+        ]));
+        assert_eq!(t.unwrap().onesweep_min_blocks, Some(4));
+        let err = KernelTuning::from_vars(vars(&[
+            ("GPUSORT_ONESWEEP_BLOCK", "512"),
+            ("GPUSORT_ONESWEEP_MIN_BLOCKS", "5"),
+        ]))
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("GPUSORT_ONESWEEP_MIN_BLOCKS=5 with 512-thread blocks"),
+            "{err}"
+        );
     }
 
     #[test]
