@@ -7,15 +7,17 @@
 #   scripts/pack-gpu.sh target/release/deps/gpu-* target/release/deps/paper-*
 set -eu
 cd "$(git rev-parse --show-toplevel)"
-grep -qxF "/.gpu/" .git/info/exclude 2>/dev/null || echo "/.gpu/" >> .git/info/exclude
+exclude=$(git rev-parse --git-path info/exclude)
+grep -qxF "/.gpu/" "$exclude" 2>/dev/null || echo "/.gpu/" >> "$exclude"
 rm -rf .gpu && mkdir -p .gpu
-for b in "$@"; do
+# Oldest first: where a glob matches several builds of one binary, the newest is the one kept.
+for b in $(ls -tr "$@"); do
   case "$b" in *.d|*.rlib|*.rmeta) continue ;; esac
   [ -x "$b" ] || continue
   name=$(basename "$b" | sed -E 's/-[0-9a-f]{16}$//')
   cp "$b" ".gpu/$name"
   strip ".gpu/$name" 2>/dev/null || true
-  xz -6 -T2 ".gpu/$name"
+  xz -f -6 -T2 ".gpu/$name"
 done
 cp ../shared/bench/cub_baseline.py .gpu/
 if [ "${SLT:-0}" = 1 ]; then cp -r ../shared/datafusion-slt .gpu/; fi
