@@ -63,18 +63,19 @@ pub fn sortable_types() -> Vec<DataType> {
         dict(Int64),
         Dictionary(Box::new(UInt8), Box::new(Float64)),
         Dictionary(Box::new(Int16), Box::new(LargeBinary)),
+        // Nested keys sort by their Arrow row format bytes.
+        List(Arc::new(Field::new_list_field(Int32, true))),
+        Struct(Fields::from(vec![
+            Field::new("a", Int16, true),
+            Field::new("b", Utf8, true),
+        ])),
     ]
 }
 
-/// Types for payload (non-key) columns: the sortable ones plus nested ones.
+/// Types for payload (non-key) columns: the sortable ones and the null type.
 pub fn payload_types() -> Vec<DataType> {
     let mut t = sortable_types();
     t.push(DataType::Null);
-    t.push(DataType::List(Arc::new(Field::new_list_field(DataType::Int32, true))));
-    t.push(DataType::Struct(Fields::from(vec![
-        Field::new("a", DataType::Int16, true),
-        Field::new("b", DataType::Utf8, true),
-    ])));
     t
 }
 

@@ -359,18 +359,34 @@ pub async fn run_slt_suite(
     configure: impl Fn(SessionStateBuilder) -> SessionStateBuilder,
     files: &[&str],
 ) -> SuiteReport {
+    match slt_source_dir() {
+        Ok(dir) => run_slt_suite_in(&dir, configure, files).await,
+        Err(reason) => {
+            not_run_notice(
+                &reason,
+                "Set GPUSORT_SLT_DIR to a datafusion-slt folder (see its README.md) to run it.",
+            );
+            SuiteReport::not_run(reason)
+        }
+    }
+}
+
+/// Says loudly on stderr that a suite did not run, and why.
+pub fn not_run_notice(reason: &str, what_to_do: &str) {
+    let bar = "!".repeat(100);
+    eprintln!("{bar}\n!!! THE DATAFUSION SQLLOGICTEST SUITE DID NOT RUN: {reason}.");
+    eprintln!("!!! {what_to_do}\n{bar}");
+}
+
+/// [`run_slt_suite`] on the `.slt` folder `source` (laid out like `shared/datafusion-slt`).
+pub async fn run_slt_suite_in(
+    source: &Path,
+    configure: impl Fn(SessionStateBuilder) -> SessionStateBuilder,
+    files: &[&str],
+) -> SuiteReport {
     let _lock = SUITE_LOCK.lock().await;
     let start = Instant::now();
-
-    let source = match slt_source_dir() {
-        Ok(dir) => dir,
-        Err(reason) => {
-            let bar = "!".repeat(100);
-            eprintln!("{bar}\n!!! THE DATAFUSION SQLLOGICTEST SUITE DID NOT RUN: {reason}.");
-            eprintln!("!!! Set GPUSORT_SLT_DIR to a datafusion-slt folder (see its README.md) to run it.\n{bar}");
-            return SuiteReport::not_run(reason);
-        }
-    };
+    let source = source.to_path_buf();
 
     // The temporary copy outlives the working-directory guard (declared after it, so dropped
     // first): the process leaves the directory before it is deleted.
@@ -423,6 +439,74 @@ pub async fn run_slt_suite(
         println!("{}", report.failure_details());
     }
     report
+}
+
+/// DataFusion's whole sqllogictest suite: a temporary `.slt` folder with every file of the
+/// `datafusion-sqllogictest` crate this workspace builds against (its `test_files/` and `data/`,
+/// from cargo's registry: `GPUSORT_SLT_CRATE_DIR`, else
+/// `$CARGO_HOME/registry/src/*/datafusion-sqllogictest-<DataFusion's version>`) laid over the
+/// sort folder of [`slt_source_dir`] (which brings the data of arrow-testing, parquet-testing and
+/// DataFusion's core tests that many files read), and the names of its `.slt` files, sorted.
+/// The Spark-compatible functions' files (`spark/`) are left out: the runner registers those
+/// functions only for them. Files whose data is missing fail the same way with and without
+/// gpusort.
+pub fn full_slt_suite() -> Result<(tempfile::TempDir, Vec<String>), String> {
+    let sorts = slt_source_dir()?;
+    let krate = match env::var_os("GPUSORT_SLT_CRATE_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => registry_crate_dir(&format!("datafusion-sqllogictest-{}", datafusion::DATAFUSION_VERSION))?,
+    };
+    let test_files = krate.join("test_files");
+    if !test_files.is_dir() {
+        return Err(format!("{} has no test_files folder", krate.display()));
+    }
+    let temp = tempfile::Builder::new()
+        .prefix("gpusort-slt-suite-")
+        .tempdir()
+        .map_err(|e| format!("cannot create a temporary directory: {e}"))?;
+    let runner = temp.path().join(RUNNER_DIR);
+    copy_dir(&sorts, temp.path()).map_err(|e| format!("cannot copy {}: {e}", sorts.display()))?;
+    copy_dir(&test_files, &runner.join("test_files"))
+        .map_err(|e| format!("cannot copy {}: {e}", test_files.display()))?;
+    let data = krate.join("data");
+    if data.is_dir() {
+        copy_dir(&data, &runner.join("data")).map_err(|e| format!("cannot copy {}: {e}", data.display()))?;
+    }
+    let mut files = vec![];
+    list_slt_files(&runner.join("test_files"), Path::new(""), &mut files)
+        .map_err(|e| format!("cannot list the .slt files: {e}"))?;
+    files.retain(|f| !f.starts_with("spark/"));
+    files.sort();
+    Ok((temp, files))
+}
+
+/// The folder of crate `name_version` in cargo's registry sources.
+fn registry_crate_dir(name_version: &str) -> Result<PathBuf, String> {
+    let cargo_home = env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+        .ok_or("neither CARGO_HOME nor HOME is set")?;
+    let src = cargo_home.join("registry").join("src");
+    let entries = fs::read_dir(&src).map_err(|e| format!("cannot read {}: {e}", src.display()))?;
+    entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join(name_version))
+        .find(|p| p.is_dir())
+        .ok_or_else(|| format!("no {name_version} in {} (set GPUSORT_SLT_CRATE_DIR)", src.display()))
+}
+
+/// Appends the `.slt` files below `dir` (as paths relative to the top folder, `/`-separated).
+fn list_slt_files(dir: &Path, prefix: &Path, out: &mut Vec<String>) -> io::Result<()> {
+    for entry in fs::read_dir(dir)? {
+        let path = entry?.path();
+        let name = prefix.join(path.file_name().expect("a directory entry has a name"));
+        if path.is_dir() {
+            list_slt_files(&path, &name, out)?;
+        } else if path.extension().is_some_and(|e| e == "slt") {
+            out.push(name.to_string_lossy().replace('\\', "/"));
+        }
+    }
+    Ok(())
 }
 
 /// Runs one file; the working directory is the runner directory.

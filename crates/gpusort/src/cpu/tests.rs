@@ -181,6 +181,47 @@ fn stats_report_the_work() {
     assert_eq!((out.stats.moved_columns, out.stats.gathered_columns), (0, 3));
 }
 
+/// Nested keys sort by Arrow's row format bytes, which carry the key's direction: rows whose
+/// bytes tie on the key's truncated prefix are ordered by those bytes ascending (DataFusion's
+/// `array_query.slt`: `ORDER BY column2 DESC` over `[2, 3]`, `NULL`, `[4, 5]`).
+#[test]
+fn nested_keys_descending_resolve_truncated_ties() {
+    use arrow::datatypes::Int64Type;
+    let lists = ListArray::from_iter_primitive::<Int64Type, _, _>(vec![
+        Some(vec![Some(2), Some(3)]),
+        None,
+        Some(vec![Some(4), Some(5)]),
+        Some(vec![Some(4)]),
+        Some(vec![]),
+    ]);
+    let b = batch(vec![Arc::new(lists), Arc::new(UInt32Array::from_iter_values(0..5))]);
+    for (descending, nulls_first, want) in [
+        (true, true, [1, 2, 3, 0, 4]),
+        (true, false, [2, 3, 0, 4, 1]),
+        (false, true, [1, 4, 0, 3, 2]),
+        (false, false, [4, 0, 3, 2, 1]),
+    ] {
+        let spec = SortSpec::new([SortKey::new(0, descending, nulls_first)]);
+        assert_eq!(reference(&b, &spec), want);
+        for max_prefix_bytes in [0, 1, 8, 16, 64] {
+            for strategy in Strategy::ALL {
+                let out = CpuBackend::new()
+                    .sort(
+                        &SortRequest::new(&b, &spec)
+                            .with_strategy(Some(strategy))
+                            .with_encoder_options(EncoderOptions { max_prefix_bytes }),
+                    )
+                    .unwrap();
+                assert_eq!(
+                    out.indices.values(),
+                    &want[..],
+                    "desc {descending}, nulls first {nulls_first}, prefix {max_prefix_bytes}, {strategy}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn unsupported_sort_column_is_an_error_not_a_panic() {
     let values = ListArray::from_iter_primitive::<arrow::datatypes::Int32Type, _, _>(vec![Some(vec![Some(1)])]);

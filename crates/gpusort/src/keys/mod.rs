@@ -92,7 +92,9 @@ pub enum FieldEncoding {
 pub struct KeyField {
     /// Index of the column in the input.
     pub column: usize,
-    /// The sort options the field encodes.
+    /// The sort options the field's bits are encoded with: the sort key's, except for a column
+    /// encoded through Arrow's row format (nested types), whose bytes already order the rows as
+    /// the key asks and are encoded ascending.
     pub options: SortOptions,
     /// Position of the field's first bit, counted from the key's most significant bit.
     pub pos: u32,
@@ -173,13 +175,20 @@ impl KeyLayout {
 impl KeyLayout {
     /// The layout of the fields of `spec`'s keys, given for each its null bits, value bits,
     /// exactness and encoding, placed one after the other from the most significant bit.
-    fn from_parts(spec: &SortSpec, parts: impl Iterator<Item = (u32, u32, bool, FieldEncoding)>) -> Result<Self> {
+    /// The layout of `spec`'s keys from each field's parts: the options its value bits are
+    /// encoded with (the key's own, but ascending for a column encoded through Arrow's row
+    /// format, whose bytes carry the key's direction and null order already), null flag bits,
+    /// value bits, whether it is exact, and its encoding.
+    fn from_parts(
+        spec: &SortSpec,
+        parts: impl Iterator<Item = (SortOptions, u32, u32, bool, FieldEncoding)>,
+    ) -> Result<Self> {
         let mut pos = 0u32;
         let mut fields = Vec::with_capacity(spec.len());
-        for (k, (null_bits, value_bits, exact, encoding)) in spec.keys().iter().zip(parts) {
+        for (k, (options, null_bits, value_bits, exact, encoding)) in spec.keys().iter().zip(parts) {
             let field = KeyField {
                 column: k.column,
-                options: k.options,
+                options,
                 pos,
                 null_bits,
                 value_bits,
@@ -213,9 +222,9 @@ impl KeyLayout {
         }
         Self::from_parts(
             spec,
-            stats.iter().map(|s| match s.bounds {
+            spec.keys().iter().zip(stats).map(|(k, s)| match s.bounds {
                 // Every row null: nothing to tell apart.
-                None if s.rows > 0 => (0, 0, true, FieldEncoding::Constant),
+                None if s.rows > 0 => (k.options, 0, 0, true, FieldEncoding::Constant),
                 bounds => {
                     let (min, max) = bounds.unwrap_or_default();
                     let null_bits = (s.valid_rows < s.rows) as u32;
@@ -225,7 +234,7 @@ impl KeyLayout {
                         min: U256 { hi: 0, lo: min as u128 },
                         max: U256 { hi: 0, lo: max as u128 },
                     };
-                    (null_bits, value_bits, true, encoding)
+                    (k.options, null_bits, value_bits, true, encoding)
                 }
             }),
         )
@@ -333,8 +342,9 @@ impl KeyEncoder {
             .collect::<Result<Vec<_>>>()?;
         let layout = KeyLayout::from_parts(
             spec,
-            fields.iter().map(|f| {
+            spec.keys().iter().zip(&fields).map(|(k, f)| {
                 (
+                    f.normalized.as_ref().map_or(k.options, |(_, options)| *options),
                     f.flag.bits(),
                     f.encoder.value_bits(),
                     f.encoder.exact(),
