@@ -34,6 +34,18 @@ fn reference(b: &RecordBatch, spec: &SortSpec) -> Vec<u32> {
     idx
 }
 
+/// `b` sorted by `spec` on the CPU backend with `strategy` and string prefixes of
+/// `max_prefix_bytes`.
+fn sort_with(b: &RecordBatch, spec: &SortSpec, strategy: Strategy, max_prefix_bytes: usize) -> SortOutput {
+    CpuBackend::new()
+        .sort(
+            &SortRequest::new(b, spec)
+                .with_strategy(Some(strategy))
+                .with_encoder_options(EncoderOptions { max_prefix_bytes }),
+        )
+        .unwrap()
+}
+
 fn check_all_strategies(b: &RecordBatch, spec: &SortSpec, backend: &CpuBackend) {
     let want = reference(b, spec);
     for strategy in Strategy::ALL {
@@ -111,13 +123,7 @@ fn truncated_strings_resolve_in_both_strategies() {
         let spec = SortSpec::new([SortKey::new(0, false, true), SortKey::sql(1, true)]);
         let want = reference(&b, &spec);
         for strategy in Strategy::ALL {
-            let out = CpuBackend::new()
-                .sort(
-                    &SortRequest::new(&b, &spec)
-                        .with_strategy(Some(strategy))
-                        .with_encoder_options(EncoderOptions { max_prefix_bytes }),
-                )
-                .unwrap();
+            let out = sort_with(&b, &spec, strategy, max_prefix_bytes);
             assert_eq!(out.indices.values(), &want[..]);
             let idx = UInt32Array::from(want.clone());
             for (c, col) in out.batch.columns().iter().enumerate() {
@@ -205,13 +211,7 @@ fn nested_keys_descending_resolve_truncated_ties() {
         assert_eq!(reference(&b, &spec), want);
         for max_prefix_bytes in [0, 1, 8, 16, 64] {
             for strategy in Strategy::ALL {
-                let out = CpuBackend::new()
-                    .sort(
-                        &SortRequest::new(&b, &spec)
-                            .with_strategy(Some(strategy))
-                            .with_encoder_options(EncoderOptions { max_prefix_bytes }),
-                    )
-                    .unwrap();
+                let out = sort_with(&b, &spec, strategy, max_prefix_bytes);
                 assert_eq!(
                     out.indices.values(),
                     &want[..],
