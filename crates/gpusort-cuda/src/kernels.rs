@@ -126,7 +126,7 @@ impl KernelTuning {
         };
         // An SM runs at most 2048 threads: ptxas ignores a minimum beyond that.
         if let Some(m) = t.onesweep_min_blocks {
-            let block = t.onesweep_block.unwrap_or(BLOCK as u32);
+            let block = t.onesweep_block.unwrap_or(BLOCK);
             if block * m > 2048 {
                 return Err(CudaSortError::Unsupported(format!(
                     "GPUSORT_ONESWEEP_MIN_BLOCKS={m} with {block}-thread blocks (at most 2048 threads per SM)"
