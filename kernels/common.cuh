@@ -96,16 +96,35 @@ __device__ __forceinline__ u32 block_exclusive_scan(u32 v, u32* s_warp, u32* tot
 }
 
 // The lanes of the warp holding the same label as this lane: one ballot per label bit (and one
-// for `valid`), which is much faster than __match_any_sync on recent GPUs.
-template <int BITS>
+// for `valid`, unless ALL_VALID says that every lane is), which is much faster than
+// __match_any_sync on recent GPUs. Written in PTX: the compiler's own code for
+// `bit ? vote : ~vote` tested each bit twice, seven instructions a bit and 40% of the one-sweep
+// pass's instructions (ncu, H100); this is under three (ptxas sets seven bits' predicates with
+// one R2P, then a ballot, a predicated complement and half a three-input and a bit).
+template <int BITS, bool ALL_VALID = false>
 __device__ __forceinline__ u32 match_peers(u32 label, bool valid) {
-    u32 peers = __ballot_sync(FULL_MASK, valid);
-    if (!valid) peers = ~peers;
+    u32 peers = FULL_MASK;
+    if (!ALL_VALID) {
+        peers = __ballot_sync(FULL_MASK, valid);
+        if (!valid) peers = ~peers;
+    }
+    // Bit b's lanes: those whose bit b equals this lane's; two bits an and (one three-input LOP3;
+    // the compiler splits a & b & c into two).
 #pragma unroll
-    for (int b = 0; b < BITS; b++) {
-        const bool bit = (label >> b) & 1u;
-        const u32 vote = __ballot_sync(FULL_MASK, bit);
-        peers &= bit ? vote : ~vote;
+    for (int b = 0; b < BITS; b += 2) {
+        u32 same[2] = {FULL_MASK, FULL_MASK};
+#pragma unroll
+        for (int i = 0; i < 2 && b + i < BITS; i++) {
+            asm volatile(
+                "{\n\t.reg .pred p;\n\t.reg .b32 t;\n\t"
+                "and.b32 t, %1, %2;\n\t"
+                "setp.ne.u32 p, t, 0;\n\t"
+                "vote.sync.ballot.b32 %0, p, 0xffffffff;\n\t"
+                "@!p not.b32 %0, %0;\n\t}"
+                : "=r"(same[i])
+                : "r"(label), "r"(1u << (b + i)));
+        }
+        asm("lop3.b32 %0, %1, %2, %3, 0x80;" : "=r"(peers) : "r"(peers), "r"(same[0]), "r"(same[1]));
     }
     return peers;
 }
@@ -148,66 +167,143 @@ __device__ __forceinline__ void scan_bins(const u32* count, u32* start, u32* s_w
 // below 65536), the block's count and first position of each digit, and scan scratch.
 template <int BINS, int THREADS, typename C>
 struct RankShared {
-    C warp_counts[THREADS / 32][BINS + 1];  // the extra bin takes invalid items
+    __align__(16) C warp_counts[THREADS / 32][BINS + 1];  // the extra bin takes invalid items
     u32 bin_count[BINS];
     u32 bin_start[BINS];
     u32 scan[32];
 };
 
-// The block rank (GRS phase 1, SRTS phase 3, and the block-local sorts of msd.cu). Item j of a
-// thread is element (warp, j, lane) of the block: warp w owns elements [w * ITEMS * 32,
-// (w + 1) * ITEMS * 32), taken 32 at a time. On entry dp[j] is the item's digit (BINS for items
-// past the end); on return it is the item's position in the block's stable order by digit, and
-// s.bin_count / s.bin_start hold the digit counts and their exclusive prefix. (One register per
-// item: the rank within the warp waits in the high 16 bits beside the digit.)
-//
-// Per warp, the lanes holding the same digit are found by one ballot per digit bit; the first
-// of them adds their number to the warp's counter of the digit. Counters are then combined
-// across warps (per digit) and across digits (a block scan). on_counts(b, count) is called by
-// the thread that sums digit b's count, as soon as it has it (before the scan): the one-sweep
-// pass publishes its counts there.
 struct NoCounts {
     __device__ void operator()(u32, u32) const {}
 };
-template <int BINS, int THREADS, int ITEMS, typename C, typename OnCounts = NoCounts>
+
+// Per digit b < BINS <= THREADS (thread b): the sum of the warps' counts of b (published at once
+// by on_counts(b, sum)), the scan of the sums across digits (s.bin_count, s.bin_start), then
+// each warp's counter of b becomes where that warp's rows of b start in the block (bin start +
+// the warps before). The counts are read twice rather than held in registers across the scan.
+// Ends with a barrier.
+template <int BINS, int THREADS, typename C, typename OnCounts>
+__device__ __forceinline__ void fold_warp_starts(RankShared<BINS, THREADS, C>& s, OnCounts on_counts) {
+    static_assert(BINS <= THREADS, "one digit a thread");
+    constexpr u32 NW = THREADS / 32;
+    const u32 b = threadIdx.x;
+    u32 sum = 0;
+    if (b < BINS) {
+#pragma unroll
+        for (u32 w = 0; w < NW; w++) sum += s.warp_counts[w][b];
+        s.bin_count[b] = sum;
+        on_counts(b, sum);
+    }
+    u32 total;
+    const u32 start = block_exclusive_scan<THREADS>(b < BINS ? sum : 0u, s.scan, &total);
+    if (b < BINS) {
+        s.bin_start[b] = start;
+        u32 run = start;
+#pragma unroll
+        for (u32 w = 0; w < NW; w++) {
+            const u32 c = s.warp_counts[w][b];
+            s.warp_counts[w][b] = (C)run;
+            run += c;
+        }
+    }
+    __syncthreads();
+}
+
+// The block rank (GRS phase 1, SRTS phase 3, the one-sweep pass, and the block-local sorts of
+// msd.cu). Item j of a thread is element (warp, j, lane) of the block: warp w owns elements
+// [w * ITEMS * 32, (w + 1) * ITEMS * 32), taken 32 at a time. On entry dp[j] is the item's digit
+// (BINS for items past the end); on return it is the item's position in the block's stable
+// order by digit (for valid items), and s.bin_count / s.bin_start hold the digit counts and
+// their exclusive prefix. FULL says that every item is valid (a whole tile): no validity ballot
+// or test. on_counts(b, count) is called by the thread that sums digit b's count, as soon as it
+// has it (before the scan): the one-sweep pass publishes its counts there.
+//
+// Per warp, the lanes holding the same digit are found by one ballot per digit bit
+// (match_peers); the first of them adds their number to the warp's counter of the digit, which
+// gives every item its rank among the warp's items of that digit. Three ways to combine that
+// with the other warps and digits:
+// * early counts (EARLY: FOLD, one digit a thread and u32 counters; as CUB's one-sweep rank):
+//   the warps' counts first, by a shared atomic an item; then the per-digit sums (published),
+//   the scan and the warps' starts (fold_warp_starts); then the ballots, which find each item's
+//   final position at once. Successors of a one-sweep tile find its counts before its ballots
+//   rather than after, and no pass over the items is left after the ballots.
+// * late fold (FOLD, one digit a thread, u16 counters): the ballots first (the rank within the
+//   warp waits in the high 16 bits beside the digit), then fold_warp_starts, then each item
+//   reads its warp's start: one shared read an item.
+// * otherwise: per digit the exclusive prefix over warps, a scan of the digits (scan_bins), then
+//   each item reads its bin start and its warp's prefix: two shared reads an item.
+// RANK_FOLD (default 1; GPUSORT_RANK_FOLD) sets FOLD for the one-sweep pass (early counts) and
+// the MSD local sort (late fold); GRS's rank and SRTS's downsweep (rank_and_scatter_tile) keep
+// two reads (folded, they took more registers: 75 instead of 63, and spills).
+#ifndef RANK_FOLD
+#define RANK_FOLD 1
+#endif
+template <int BINS, int THREADS, int ITEMS, typename C, bool FOLD = RANK_FOLD, bool FULL = false,
+          typename OnCounts = NoCounts>
 __device__ __forceinline__ void rank_items(u32 (&dp)[ITEMS], RankShared<BINS, THREADS, C>& s,
                                            OnCounts on_counts = OnCounts()) {
     static_assert(BINS < 65536 && 32 * ITEMS < 65536, "digit and warp rank share a word");
+    static_assert(sizeof(C) >= 4 || THREADS * ITEMS <= 65536, "a block position fits the counters");
     constexpr u32 NW = THREADS / 32;
-    for (u32 i = threadIdx.x; i < NW * (BINS + 1); i += THREADS) (&s.warp_counts[0][0])[i] = 0;
+    constexpr bool EARLY = FOLD && BINS <= THREADS && sizeof(C) == 4;
+    constexpr u32 WORDS = sizeof(s.warp_counts) / 4;
+    u32* counters = reinterpret_cast<u32*>(&s.warp_counts[0][0]);
+    if constexpr (WORDS % 4 == 0) {
+        for (u32 i = threadIdx.x; i < WORDS / 4; i += THREADS) reinterpret_cast<uint4*>(counters)[i] = uint4{0, 0, 0, 0};
+    } else {
+        for (u32 i = threadIdx.x; i < WORDS; i += THREADS) counters[i] = 0;
+    }
     __syncthreads();
     C* wc = s.warp_counts[threadIdx.x / 32];
+    if constexpr (EARLY) {
+#pragma unroll
+        for (u32 j = 0; j < ITEMS; j++) {
+            if (FULL || dp[j] < BINS) atomicAdd(&wc[dp[j]], 1u);
+        }
+        __syncthreads();
+        fold_warp_starts<BINS, THREADS>(s, on_counts);
+    }
     const u32 lt = lanemask_lt();
 #pragma unroll
     for (u32 j = 0; j < ITEMS; j++) {
         const u32 d = dp[j];
-        const u32 peers = match_peers<Log2<BINS>::value>(d, d < BINS);
+        const u32 peers = match_peers<Log2<BINS>::value, FULL>(d, FULL || d < BINS);
         const u32 before = __popc(peers & lt);
         const u32 seen = wc[d];
         __syncwarp();
         if (before == 0) wc[d] = (C)(seen + __popc(peers));
         __syncwarp();
-        dp[j] = d | (seen + before) << 16;
+        dp[j] = EARLY ? seen + before : d | (seen + before) << 16;
     }
+    if constexpr (EARLY) return;
     __syncthreads();
-    // Per digit: exclusive prefix over warps, and the block's count.
-    for (u32 b = threadIdx.x; b < BINS; b += THREADS) {
-        u32 sum = 0;
+    if constexpr (FOLD && BINS <= THREADS) {
+        fold_warp_starts<BINS, THREADS>(s, on_counts);
 #pragma unroll
-        for (u32 w = 0; w < NW; w++) {
-            const u32 c = s.warp_counts[w][b];
-            s.warp_counts[w][b] = (C)sum;
-            sum += c;
+        for (u32 j = 0; j < ITEMS; j++) {
+            const u32 d = dp[j] & 0xffff, r = dp[j] >> 16;
+            dp[j] = FULL || d < BINS ? r + wc[d] : r;
         }
-        s.bin_count[b] = sum;
-        on_counts(b, sum);
-    }
-    __syncthreads();
-    scan_bins<BINS, THREADS>(s.bin_count, s.bin_start, s.scan);
+    } else {
+        // Per digit: exclusive prefix over warps, and the block's count.
+        for (u32 b = threadIdx.x; b < BINS; b += THREADS) {
+            u32 sum = 0;
 #pragma unroll
-    for (u32 j = 0; j < ITEMS; j++) {
-        const u32 d = dp[j] & 0xffff, r = dp[j] >> 16;
-        dp[j] = d < BINS ? r + s.bin_start[d] + wc[d] : r;
+            for (u32 w = 0; w < NW; w++) {
+                const u32 c = s.warp_counts[w][b];
+                s.warp_counts[w][b] = (C)sum;
+                sum += c;
+            }
+            s.bin_count[b] = sum;
+            on_counts(b, sum);
+        }
+        __syncthreads();
+        scan_bins<BINS, THREADS>(s.bin_count, s.bin_start, s.scan);
+#pragma unroll
+        for (u32 j = 0; j < ITEMS; j++) {
+            const u32 d = dp[j] & 0xffff, r = dp[j] >> 16;
+            dp[j] = d < BINS ? r + s.bin_start[d] + wc[d] : r;
+        }
     }
 }
 
@@ -222,22 +318,24 @@ struct RankSmem {
 };
 
 // The tile rank of GRS and SRTS: rank_items over a tile of THREADS threads x ITEMS items.
-template <int BINS, int ITEMS, typename C, int THREADS, typename OnCounts = NoCounts>
+template <int BINS, int ITEMS, typename C, int THREADS, bool FOLD = RANK_FOLD, bool FULL = false,
+          typename OnCounts = NoCounts>
 __device__ __forceinline__ void tile_rank(const u32 (&d)[ITEMS], u32 (&pos)[ITEMS], RankSmem<BINS, C, THREADS>& s,
                                           OnCounts on_counts = OnCounts()) {
 #pragma unroll
     for (u32 j = 0; j < ITEMS; j++) pos[j] = d[j];
-    rank_items<BINS, THREADS, ITEMS, C>(pos, s.r, on_counts);
+    rank_items<BINS, THREADS, ITEMS, C, FOLD, FULL>(pos, s.r, on_counts);
 }
 
-// Loads the digits of the tile at `base` (`valid` elements) in item order.
-template <int BINS, int ITEMS>
+// Loads the digits of the tile at `base` (`valid` elements; all of them if FULL) in item order.
+template <int BINS, bool FULL = false, int ITEMS>
 __device__ __forceinline__ void load_digits(const u32* digit_word, size_t base, u32 valid, u32 shift, u32 mask,
                                             u32 (&d)[ITEMS]) {
+    const u32* p = digit_word + base + tile_elem<ITEMS>(0);  // item j: p[j * 32]
 #pragma unroll
     for (u32 j = 0; j < ITEMS; j++) {
         const u32 e = tile_elem<ITEMS>(j);
-        d[j] = e < valid ? (digit_word[base + e] >> shift) & mask : BINS;
+        d[j] = FULL || e < valid ? (p[j * 32] >> shift) & mask : BINS;
     }
 }
 
@@ -245,7 +343,7 @@ __device__ __forceinline__ void load_digits(const u32* digit_word, size_t base, 
 // thread writes its slots (k = threadIdx.x + i * THREADS) to their global positions gdst[k].
 // A row is SCALE values of T, of which value `part` moves (16-byte rows move as two 8-byte
 // halves, which keeps the registers of 16 loads in flight within bounds).
-template <typename T, int SCALE, int THREADS, int ITEMS>
+template <typename T, int SCALE, int THREADS, bool FULL, int ITEMS>
 __device__ __forceinline__ void stage_lane(const Lane& lane, size_t base, u32 valid, const u32 (&pos)[ITEMS],
                                            const u32* gdst, u8* stage, u32 part) {
     T* s = reinterpret_cast<T*>(stage);
@@ -253,34 +351,34 @@ __device__ __forceinline__ void stage_lane(const Lane& lane, size_t base, u32 va
 #pragma unroll
     for (u32 j = 0; j < ITEMS; j++) {
         const u32 e = tile_elem<ITEMS>(j);
-        if (e < valid) s[pos[j]] = src[(base + e) * SCALE];
+        if (FULL || e < valid) s[pos[j]] = src[(base + e) * SCALE];
     }
     __syncthreads();
     T* dst = reinterpret_cast<T*>(lane.dst) + part;
 #pragma unroll
     for (u32 i = 0; i < ITEMS; i++) {
         const u32 k = threadIdx.x + i * THREADS;
-        if (k < valid) dst[(size_t)gdst[k] * SCALE] = s[k];
+        if (FULL || k < valid) dst[(size_t)gdst[k] * SCALE] = s[k];
     }
     __syncthreads();
 }
 
 // The row index lane of the first pass: the value is the element's own index.
-template <int THREADS, int ITEMS>
+template <int THREADS, bool FULL, int ITEMS>
 __device__ __forceinline__ void stage_iota(const Lane& lane, size_t base, u32 valid, const u32 (&pos)[ITEMS],
                                            const u32* gdst, u8* stage) {
     u32* s = reinterpret_cast<u32*>(stage);
 #pragma unroll
     for (u32 j = 0; j < ITEMS; j++) {
         const u32 e = tile_elem<ITEMS>(j);
-        if (e < valid) s[pos[j]] = (u32)(base + e);
+        if (FULL || e < valid) s[pos[j]] = (u32)(base + e);
     }
     __syncthreads();
     u32* dst = reinterpret_cast<u32*>(lane.dst);
 #pragma unroll
     for (u32 i = 0; i < ITEMS; i++) {
         const u32 k = threadIdx.x + i * THREADS;
-        if (k < valid) dst[gdst[k]] = s[k];
+        if (FULL || k < valid) dst[gdst[k]] = s[k];
     }
     __syncthreads();
 }
@@ -288,7 +386,7 @@ __device__ __forceinline__ void stage_iota(const Lane& lane, size_t base, u32 va
 // Two 4-byte lanes through shared memory at once (staging of 8 bytes a row): the loads of both
 // before one barrier, the stores of both before the next, so a pair costs the barriers of one
 // lane.
-template <int THREADS, int ITEMS>
+template <int THREADS, bool FULL, int ITEMS>
 __device__ __forceinline__ void stage_lane_pair(const Lane& a, const Lane& b, size_t base, u32 valid,
                                                 const u32 (&pos)[ITEMS], const u32* gdst, u8* stage) {
     u32* sa = reinterpret_cast<u32*>(stage);
@@ -298,12 +396,12 @@ __device__ __forceinline__ void stage_lane_pair(const Lane& a, const Lane& b, si
 #pragma unroll
     for (u32 j = 0; j < ITEMS; j++) {
         const u32 e = tile_elem<ITEMS>(j);
-        if (e < valid) sa[pos[j]] = pa[base + e];
+        if (FULL || e < valid) sa[pos[j]] = pa[base + e];
     }
 #pragma unroll
     for (u32 j = 0; j < ITEMS; j++) {
         const u32 e = tile_elem<ITEMS>(j);
-        if (e < valid) sb[pos[j]] = pb[base + e];
+        if (FULL || e < valid) sb[pos[j]] = pb[base + e];
     }
     __syncthreads();
     u32* da = reinterpret_cast<u32*>(a.dst);
@@ -311,7 +409,7 @@ __device__ __forceinline__ void stage_lane_pair(const Lane& a, const Lane& b, si
 #pragma unroll
     for (u32 i = 0; i < ITEMS; i++) {
         const u32 k = threadIdx.x + i * THREADS;
-        if (k < valid) {
+        if (FULL || k < valid) {
             const u32 g = gdst[k];
             da[g] = sa[k];
             db[g] = sb[k];
@@ -328,7 +426,8 @@ __device__ __forceinline__ u32 dynamic_smem_bytes() {
 }
 
 // The tile scatter, once each slot's digit word is staged (scatter_tile below). Needs s.base
-// (global position of the tile's first element of each digit), s.r.bin_start, and each item's
+// (global position of the tile's first element of each digit; with BASE_MINUS_START, that minus
+// s.r.bin_start, mod 2^32, which saves a shared read a row), s.r.bin_start, and each item's
 // slot pos[j]. `smem` is dynamic shared memory: TILE u32 for the slots' global positions, then
 // `stage_bytes` (at least TILE * the widest lane up to 8 bytes, at least 4) of staging, whose
 // first TILE u32 hold the digit word of every slot on entry (TILE = THREADS * ITEMS). A lane
@@ -338,7 +437,7 @@ __device__ __forceinline__ u32 dynamic_smem_bytes() {
 // moves (a keys-only pass), the slots' positions are not stored and the scatter ends without a
 // barrier, returning false: the caller must then put one between it and its next write to
 // shared memory (or to s.base); otherwise it ends with one and returns true.
-template <int BINS, int ITEMS, typename C, int THREADS>
+template <int BINS, int ITEMS, typename C, int THREADS, bool BASE_MINUS_START = false, bool FULL = false>
 __device__ __forceinline__ bool scatter_staged_tile(size_t base, u32 valid, u32 shift, u32 mask,
                                                     const u32 (&pos)[ITEMS], RankSmem<BINS, C, THREADS>& s,
                                                     const Lane* lanes, u32 num_lanes, Records recs, u8* smem,
@@ -356,10 +455,10 @@ __device__ __forceinline__ bool scatter_staged_tile(size_t base, u32 valid, u32 
 #pragma unroll
     for (u32 i = 0; i < ITEMS; i++) {
         const u32 k = threadIdx.x + i * THREADS;
-        if (k < valid) {
+        if (FULL || k < valid) {
             const u32 word = sw[k];
             const u32 dk = (word >> shift) & mask;
-            const u32 g = s.base[dk] + k - s.r.bin_start[dk];
+            const u32 g = s.base[dk] + k - (BASE_MINUS_START ? 0u : s.r.bin_start[dk]);
             if (more) gdst[k] = g;
             if (digit_dst) digit_dst[g] = word;
         }
@@ -371,22 +470,22 @@ __device__ __forceinline__ bool scatter_staged_tile(size_t base, u32 valid, u32 
         const Lane lane = lanes[l];
         if (lane.flags & LANE_DIGIT) continue;
         if (lane.flags & LANE_IOTA) {
-            stage_iota<THREADS>(lane, base, valid, pos, gdst, stage);
+            stage_iota<THREADS, FULL>(lane, base, valid, pos, gdst, stage);
             continue;
         }
         if (pairs && (lane.flags & LANE_PAIR) && l + 1 < num_lanes) {
-            stage_lane_pair<THREADS>(lane, lanes[l + 1], base, valid, pos, gdst, stage);
+            stage_lane_pair<THREADS, FULL>(lane, lanes[l + 1], base, valid, pos, gdst, stage);
             l++;
             continue;
         }
         switch (lane.width) {
-            case 1: stage_lane<u8, 1, THREADS>(lane, base, valid, pos, gdst, stage, 0); break;
-            case 2: stage_lane<u16, 1, THREADS>(lane, base, valid, pos, gdst, stage, 0); break;
-            case 4: stage_lane<u32, 1, THREADS>(lane, base, valid, pos, gdst, stage, 0); break;
-            case 8: stage_lane<u64, 1, THREADS>(lane, base, valid, pos, gdst, stage, 0); break;
+            case 1: stage_lane<u8, 1, THREADS, FULL>(lane, base, valid, pos, gdst, stage, 0); break;
+            case 2: stage_lane<u16, 1, THREADS, FULL>(lane, base, valid, pos, gdst, stage, 0); break;
+            case 4: stage_lane<u32, 1, THREADS, FULL>(lane, base, valid, pos, gdst, stage, 0); break;
+            case 8: stage_lane<u64, 1, THREADS, FULL>(lane, base, valid, pos, gdst, stage, 0); break;
             default:
-                stage_lane<u64, 2, THREADS>(lane, base, valid, pos, gdst, stage, 0);
-                stage_lane<u64, 2, THREADS>(lane, base, valid, pos, gdst, stage, 1);
+                stage_lane<u64, 2, THREADS, FULL>(lane, base, valid, pos, gdst, stage, 0);
+                stage_lane<u64, 2, THREADS, FULL>(lane, base, valid, pos, gdst, stage, 1);
                 break;
         }
     }
@@ -398,7 +497,7 @@ __device__ __forceinline__ bool scatter_staged_tile(size_t base, u32 valid, u32 
 #pragma unroll
     for (u32 j = 0; j < ITEMS; j++) {
         const u32 e = tile_elem<ITEMS>(j);
-        if (e < valid) slot_from[pos[j]] = (u16)e;
+        if (FULL || e < valid) slot_from[pos[j]] = (u16)e;
     }
     __syncthreads();
     const u32 per = recs.bytes / recs.piece;
@@ -421,14 +520,15 @@ __device__ __forceinline__ bool scatter_staged_tile(size_t base, u32 valid, u32 
 
 // The digit word of every item to its slot in the staging area of scatter_staged_tile, read
 // again from `digit_word`. No barrier: the caller puts one before scatter_staged_tile.
-template <int THREADS, int ITEMS>
+template <int THREADS, bool FULL, int ITEMS>
 __device__ __forceinline__ void stage_digit_words(size_t base, u32 valid, const u32* digit_word,
                                                   const u32 (&pos)[ITEMS], u8* smem) {
     u32* sw = reinterpret_cast<u32*>(smem + THREADS * ITEMS * sizeof(u32));
+    const u32* p = digit_word + base + tile_elem<ITEMS>(0);  // item j: p[j * 32]
 #pragma unroll
     for (u32 j = 0; j < ITEMS; j++) {
         const u32 e = tile_elem<ITEMS>(j);
-        if (e < valid) sw[pos[j]] = digit_word[base + e];
+        if (FULL || e < valid) sw[pos[j]] = p[j * 32];
     }
 }
 
@@ -438,7 +538,7 @@ __device__ __forceinline__ bool scatter_tile(size_t base, u32 valid, const u32* 
                                              const u32 (&pos)[ITEMS], RankSmem<BINS, C, THREADS>& s,
                                              const Lane* lanes, u32 num_lanes, Records recs, u8* smem,
                                              u32 stage_bytes) {
-    stage_digit_words<THREADS>(base, valid, digit_word, pos, smem);
+    stage_digit_words<THREADS, false>(base, valid, digit_word, pos, smem);
     __syncthreads();
     return scatter_staged_tile<BINS>(base, valid, shift, mask, pos, s, lanes, num_lanes, recs, smem, stage_bytes);
 }
@@ -477,7 +577,7 @@ __device__ __forceinline__ void rank_and_scatter_tile(size_t base, u32 valid, co
                                                       u32 num_lanes, Records recs, u8* stage, u32 stage_bytes) {
     u32 d[IPT], pos[IPT];
     load_digits<BINS>(digit_word, base, valid, shift, mask, d);
-    tile_rank<BINS>(d, pos, s);
+    tile_rank<BINS, IPT, C, BLOCK, false>(d, pos, s);
     // s.base is read by the scatter up to its end.
     if (!scatter_tile<BINS>(base, valid, digit_word, shift, mask, pos, s, lanes, num_lanes, recs, stage, stage_bytes)) {
         __syncthreads();

@@ -23,7 +23,7 @@ __device__ __forceinline__ void grs_rank_impl(u32 n, const u32* digit_word, u32 
     const u32 valid = (u32)min((size_t)TILE, (size_t)n - base);
     u32 d[IPT], pos[IPT];
     load_digits<BINS>(digit_word, base, valid, shift, mask, d);
-    tile_rank<BINS>(d, pos, s);
+    tile_rank<BINS, IPT, u32, BLOCK, false>(d, pos, s);  // (folded, it took 75 registers, not 63)
 #pragma unroll
     for (u32 j = 0; j < IPT; j++) {
         const u32 e = tile_elem(j);

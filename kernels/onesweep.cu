@@ -128,15 +128,14 @@ __device__ __forceinline__ void onesweep_store(u32* p, u32 v) {
 __device__ __forceinline__ u32 onesweep_look_back(const u32* lookback, u32 tile, u32 d) {
     u32 prefix = 0;
     for (u32 t = tile; t > 0;) {  // tiles [0, t) are still to walk
+        const u32* w = lookback + (size_t)(t - 1) * 256 + d;  // tile t - 1 - i's word: w[-i * 256]
         u32 v[ONESWEEP_LOOKBACK_WINDOW];
 #pragma unroll
-        for (u32 i = 0; i < ONESWEEP_LOOKBACK_WINDOW; i++) {
-            v[i] = i < t ? onesweep_load(lookback + (size_t)(t - 1 - i) * 256 + d) : 0;
-        }
+        for (u32 i = 0; i < ONESWEEP_LOOKBACK_WINDOW; i++) v[i] = i < t ? onesweep_load(w - i * 256) : 0;
 #pragma unroll
         for (u32 i = 0; i < ONESWEEP_LOOKBACK_WINDOW; i++) {
             if (i >= t) break;
-            while ((v[i] & ONESWEEP_FLAGS) == 0) v[i] = onesweep_load(lookback + (size_t)(t - 1 - i) * 256 + d);
+            while ((v[i] & ONESWEEP_FLAGS) == 0) v[i] = onesweep_load(w - i * 256);
             prefix += v[i] & ONESWEEP_VALUE;
             if (v[i] & ONESWEEP_INCLUSIVE) return prefix;
         }
@@ -145,11 +144,13 @@ __device__ __forceinline__ u32 onesweep_look_back(const u32* lookback, u32 tile,
     return prefix;
 }
 
-// Rows per thread of a one-sweep tile (a tile is ONESWEEP_BLOCK * ONESWEEP_IPT rows): by default those of
-// SRTS and GRS; the host may define it apart from IPT (engine.rs: GPUSORT_ONESWEEP_IPT), since a
-// larger tile shares the pass's fixed costs (barriers, scans, look-back) among more rows.
+// Rows per thread of a one-sweep tile (a tile is ONESWEEP_BLOCK * ONESWEEP_IPT rows), apart from
+// IPT (SRTS, GRS, MSD): 20 by default, since a larger tile shares the pass's fixed costs
+// (barriers, scans, look-back) among more rows (H100, with ONESWEEP_KEEP_WORDS 2: 100M u32 keys
+// 2.31 ms against 2.48 at 16; kernels/NOTES.md). The host may define another (engine.rs:
+// GPUSORT_ONESWEEP_IPT; kernels.rs DEFAULT_ONESWEEP_IPT is this default).
 #ifndef ONESWEEP_IPT
-#define ONESWEEP_IPT IPT
+#define ONESWEEP_IPT 20
 #endif
 // Threads of a one-sweep block: by default BLOCK, as every other kernel; 384 or 512 makes a bigger
 // tile without more registers a thread (engine.rs: GPUSORT_ONESWEEP_BLOCK).
@@ -171,7 +172,7 @@ static_assert(ONESWEEP_BLOCK % 32 == 0 && ONESWEEP_BLOCK >= 256 && ONESWEEP_BLOC
 //   2: kept in shared memory from the one load, in the slots' positions area, free until the
 //      scatter.
 #ifndef ONESWEEP_KEEP_WORDS
-#define ONESWEEP_KEEP_WORDS 0
+#define ONESWEEP_KEEP_WORDS 2
 #endif
 
 // One LSD pass over an 8-bit digit, with the dynamic shared memory of srts_downsweep_b8 for a
@@ -192,13 +193,77 @@ static_assert(ONESWEEP_BLOCK % 32 == 0 && ONESWEEP_BLOCK >= 256 && ONESWEEP_BLOC
 // tile_counter (1 word) and lookback (num_tiles * 256 words) must be zero at launch: each pass
 // needs its own zeroed words (one memset can clear the words of all passes before the first).
 // n < 2^30.
+// One tile of the pass below, `valid` rows from row `base`; FULL: a whole tile (every tile but
+// the last), so that no row needs a bounds test (template, so that both are compiled).
+template <bool FULL>
+__device__ __forceinline__ void onesweep_tile(u32 tile, size_t base, u32 valid, const u32* digit_word, u32 shift,
+                                              u32 mask, const u32* digit_offsets, u32* lookback, const Lane* lanes,
+                                              u32 num_lanes, Records recs, RankSmem<256, u32, ONESWEEP_BLOCK>& s,
+                                              u8* stage) {
+    u32* mine = lookback + (size_t)tile * 256;
+    u32 d[ONESWEEP_IPT], pos[ONESWEEP_IPT];
+#if ONESWEEP_KEEP_WORDS == 1
+    u32 words[ONESWEEP_IPT];
+    const u32* p = digit_word + base + tile_elem<ONESWEEP_IPT>(0);  // item j: p[j * 32]
+#pragma unroll
+    for (u32 j = 0; j < ONESWEEP_IPT; j++) {
+        const bool in = FULL || tile_elem<ONESWEEP_IPT>(j) < valid;
+        words[j] = in ? p[j * 32] : 0;
+        d[j] = in ? (words[j] >> shift) & mask : 256;
+    }
+#elif ONESWEEP_KEEP_WORDS == 2
+    u32* kept = reinterpret_cast<u32*>(stage);
+    const u32* p = digit_word + base + tile_elem<ONESWEEP_IPT>(0);  // item j: p[j * 32]
+#pragma unroll
+    for (u32 j = 0; j < ONESWEEP_IPT; j++) {
+        const u32 e = tile_elem<ONESWEEP_IPT>(j);
+        const bool in = FULL || e < valid;
+        const u32 w = in ? p[j * 32] : 0;
+        if (in) kept[e] = w;
+        d[j] = in ? (w >> shift) & mask : 256;
+    }
+#else
+    load_digits<256, FULL>(digit_word, base, valid, shift, mask, d);
+#endif
+    tile_rank<256, ONESWEEP_IPT, u32, ONESWEEP_BLOCK, RANK_FOLD, FULL>(d, pos, s, [&](u32 b, u32 count) {
+        const u32 flag = tile == 0 ? ONESWEEP_INCLUSIVE : ONESWEEP_AGGREGATE;
+        onesweep_store(mine + b, flag | ((tile == 0 ? digit_offsets[b] : 0u) + count));
+    });
+#if ONESWEEP_KEEP_WORDS != 0
+    u32* sw = reinterpret_cast<u32*>(stage + ONESWEEP_TILE * sizeof(u32));  // slots' digit words
+#endif
+#if ONESWEEP_KEEP_WORDS == 1
+#pragma unroll
+    for (u32 j = 0; j < ONESWEEP_IPT; j++) {
+        if (FULL || tile_elem<ONESWEEP_IPT>(j) < valid) sw[pos[j]] = words[j];
+    }
+#elif ONESWEEP_KEEP_WORDS == 2
+#pragma unroll
+    for (u32 j = 0; j < ONESWEEP_IPT; j++) {
+        const u32 e = tile_elem<ONESWEEP_IPT>(j);
+        if (FULL || e < valid) sw[pos[j]] = kept[e];
+    }
+#else
+    stage_digit_words<ONESWEEP_BLOCK, FULL>(base, valid, digit_word, pos, stage);
+#endif
+    for (u32 b = threadIdx.x; b < 256; b += ONESWEEP_BLOCK) {  // one thread per digit
+        const u32 start = tile > 0 ? onesweep_look_back(lookback, tile, b) : digit_offsets[b];
+        if (tile > 0) onesweep_store(mine + b, ONESWEEP_INCLUSIVE | (start + s.r.bin_count[b]));
+        // The scatter's slot k of digit b goes to start + (k - bin start).
+        s.base[b] = start - s.r.bin_start[b];
+    }
+    __syncthreads();
+    // Dynamic shared memory: the slots' positions (ONESWEEP_TILE u32), then the staging.
+    scatter_staged_tile<256, ONESWEEP_IPT, u32, ONESWEEP_BLOCK, true, FULL>(
+        base, valid, shift, mask, pos, s, lanes, num_lanes, recs, stage, dynamic_smem_bytes() - ONESWEEP_TILE * 4);
+}
+
 extern "C" __global__ void __launch_bounds__(ONESWEEP_BLOCK, ONESWEEP_MIN_BLOCKS)
     onesweep_pass_b8(u32 n, const u32* digit_word, u32 shift, u32 mask, u32 num_tiles, const u32* digit_offsets,
                      u32* tile_counter, u32* lookback, const Lane* lanes, u32 num_lanes, Records recs) {
     __shared__ RankSmem<256, u32, ONESWEEP_BLOCK> s;
     __shared__ u32 s_tile;
     extern __shared__ __align__(16) u8 onesweep_stage[];  // (a name of its own: extern "C" linkage)
-    u32* sw = reinterpret_cast<u32*>(onesweep_stage + ONESWEEP_TILE * sizeof(u32));  // slots' digit words
     for (;;) {
         // Shared memory is written again only after this barrier: the last tile's scatter may
         // end without one (scatter_staged_tile), and s_tile is not read by it.
@@ -208,61 +273,12 @@ extern "C" __global__ void __launch_bounds__(ONESWEEP_BLOCK, ONESWEEP_MIN_BLOCKS
         if (tile >= num_tiles) return;  // the whole block
         const size_t base = (size_t)tile * ONESWEEP_TILE;
         const u32 valid = (u32)min((size_t)ONESWEEP_TILE, (size_t)n - base);
-        u32* mine = lookback + (size_t)tile * 256;
-        u32 d[ONESWEEP_IPT], pos[ONESWEEP_IPT];
-#if ONESWEEP_KEEP_WORDS == 1
-        u32 words[ONESWEEP_IPT];
-#pragma unroll
-        for (u32 j = 0; j < ONESWEEP_IPT; j++) {
-            const u32 e = tile_elem<ONESWEEP_IPT>(j);
-            words[j] = e < valid ? digit_word[base + e] : 0;
-            d[j] = e < valid ? (words[j] >> shift) & mask : 256;
+        if (valid == ONESWEEP_TILE) {
+            onesweep_tile<true>(tile, base, valid, digit_word, shift, mask, digit_offsets, lookback, lanes, num_lanes,
+                                recs, s, onesweep_stage);
+        } else {
+            onesweep_tile<false>(tile, base, valid, digit_word, shift, mask, digit_offsets, lookback, lanes,
+                                 num_lanes, recs, s, onesweep_stage);
         }
-#elif ONESWEEP_KEEP_WORDS == 2
-        u32* kept = reinterpret_cast<u32*>(onesweep_stage);
-#pragma unroll
-        for (u32 j = 0; j < ONESWEEP_IPT; j++) {
-            const u32 e = tile_elem<ONESWEEP_IPT>(j);
-            const u32 w = e < valid ? digit_word[base + e] : 0;
-            if (e < valid) kept[e] = w;
-            d[j] = e < valid ? (w >> shift) & mask : 256;
-        }
-#else
-        load_digits<256>(digit_word, base, valid, shift, mask, d);
-#endif
-        tile_rank<256>(d, pos, s, [&](u32 b, u32 count) {
-            if (tile == 0) {
-                const u32 start = digit_offsets[b];
-                onesweep_store(mine + b, ONESWEEP_INCLUSIVE | (start + count));
-                s.base[b] = start;
-            } else {
-                onesweep_store(mine + b, ONESWEEP_AGGREGATE | count);
-            }
-        });
-#if ONESWEEP_KEEP_WORDS == 1
-#pragma unroll
-        for (u32 j = 0; j < ONESWEEP_IPT; j++) {
-            if (tile_elem<ONESWEEP_IPT>(j) < valid) sw[pos[j]] = words[j];
-        }
-#elif ONESWEEP_KEEP_WORDS == 2
-#pragma unroll
-        for (u32 j = 0; j < ONESWEEP_IPT; j++) {
-            const u32 e = tile_elem<ONESWEEP_IPT>(j);
-            if (e < valid) sw[pos[j]] = kept[e];
-        }
-#else
-        stage_digit_words<ONESWEEP_BLOCK>(base, valid, digit_word, pos, onesweep_stage);
-#endif
-        if (tile > 0) {
-            for (u32 b = threadIdx.x; b < 256; b += ONESWEEP_BLOCK) {  // one thread per digit
-                const u32 start = onesweep_look_back(lookback, tile, b);
-                onesweep_store(mine + b, ONESWEEP_INCLUSIVE | (start + s.r.bin_count[b]));
-                s.base[b] = start;
-            }
-        }
-        __syncthreads();
-        // Dynamic shared memory: the slots' positions (ONESWEEP_TILE u32), then the staging.
-        scatter_staged_tile<256>(base, valid, shift, mask, pos, s, lanes, num_lanes, recs, onesweep_stage,
-                                 dynamic_smem_bytes() - ONESWEEP_TILE * 4);
     }
 }

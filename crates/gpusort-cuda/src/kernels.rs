@@ -43,7 +43,7 @@ pub fn program_source() -> String {
 pub struct KernelTuning {
     /// Rows per thread of a GRS / SRTS / MSD tile (`IPT`; `GPUSORT_IPT`).
     pub ipt: usize,
-    /// Rows per thread of a one-sweep tile (`ONESWEEP_IPT`, default `ipt`;
+    /// Rows per thread of a one-sweep tile (`ONESWEEP_IPT`, default [`DEFAULT_ONESWEEP_IPT`];
     /// `GPUSORT_ONESWEEP_IPT`).
     pub onesweep_ipt: Option<usize>,
     /// Threads of a one-sweep block (`ONESWEEP_BLOCK`, default [`BLOCK`]; 256 to 512, whole
@@ -54,15 +54,22 @@ pub struct KernelTuning {
     /// `GPUSORT_ONESWEEP_MIN_BLOCKS`).
     pub onesweep_min_blocks: Option<u32>,
     /// Where the one-sweep scatter's digit words come from: 0 read again, 1 registers, 2 shared
-    /// memory (`ONESWEEP_KEEP_WORDS`; `GPUSORT_ONESWEEP_KEEP_WORDS`).
+    /// memory (`ONESWEEP_KEEP_WORDS`, default 2; `GPUSORT_ONESWEEP_KEEP_WORDS`).
     pub onesweep_keep_words: Option<u32>,
     /// Look-back words loaded at once (`ONESWEEP_LOOKBACK_WINDOW`;
     /// `GPUSORT_ONESWEEP_LOOKBACK_WINDOW`).
     pub onesweep_lookback_window: Option<u32>,
+    /// Whether the tile rank folds each digit's block start into the warps' counters, so that
+    /// an item reads one shared counter instead of two (`RANK_FOLD`, default 1;
+    /// `GPUSORT_RANK_FOLD`).
+    pub rank_fold: Option<u32>,
 }
 
 /// Rows per thread of a tile by default (`IPT` in `kernels/common.cuh`).
 pub const DEFAULT_IPT: usize = 16;
+
+/// Rows per thread of a one-sweep tile by default (`ONESWEEP_IPT` in `kernels/onesweep.cu`).
+pub const DEFAULT_ONESWEEP_IPT: usize = 20;
 
 /// Threads per block of every sort kernel (`BLOCK` in `kernels/common.cuh`), and of the one-sweep
 /// pass unless [`KernelTuning::onesweep_block`] says otherwise.
@@ -77,6 +84,7 @@ impl Default for KernelTuning {
             onesweep_min_blocks: None,
             onesweep_keep_words: None,
             onesweep_lookback_window: None,
+            rank_fold: None,
         }
     }
 }
@@ -123,6 +131,7 @@ impl KernelTuning {
             )?
             .map(|v| v as u32),
             onesweep_lookback_window: get("GPUSORT_ONESWEEP_LOOKBACK_WINDOW", 1, 32, "words")?.map(|v| v as u32),
+            rank_fold: get("GPUSORT_RANK_FOLD", 0, 1, "(0 off, 1 on)")?.map(|v| v as u32),
         };
         // An SM runs at most 2048 threads: ptxas ignores a minimum beyond that.
         if let Some(m) = t.onesweep_min_blocks {
@@ -141,7 +150,7 @@ impl KernelTuning {
 
     /// Rows per thread of a one-sweep tile.
     pub fn onesweep_ipt(&self) -> usize {
-        self.onesweep_ipt.unwrap_or(self.ipt)
+        self.onesweep_ipt.unwrap_or(DEFAULT_ONESWEEP_IPT)
     }
 
     /// Threads of a one-sweep block.
@@ -163,6 +172,7 @@ impl KernelTuning {
             ("ONESWEEP_MIN_BLOCKS", self.onesweep_min_blocks.map(u64::from)),
             ("ONESWEEP_KEEP_WORDS", self.onesweep_keep_words.map(u64::from)),
             ("ONESWEEP_LOOKBACK_WINDOW", self.onesweep_lookback_window.map(u64::from)),
+            ("RANK_FOLD", self.rank_fold.map(u64::from)),
         ] {
             if let Some(v) = value {
                 s.push_str(&format!("#define {name} {v}\n"));
@@ -178,7 +188,7 @@ impl std::fmt::Display for KernelTuning {
         let or_default = |v: Option<u32>| v.map_or("default".to_string(), |v| v.to_string());
         write!(
             f,
-            "tiles of {} x {}; one sweep {} x {}, min blocks/SM {}, keep words {}, look-back window {}",
+            "tiles of {} x {}; one sweep {} x {}, min blocks/SM {}, keep words {}, look-back window {}, rank fold {}",
             BLOCK,
             self.ipt,
             self.onesweep_block(),
@@ -186,6 +196,7 @@ impl std::fmt::Display for KernelTuning {
             or_default(self.onesweep_min_blocks),
             or_default(self.onesweep_keep_words),
             or_default(self.onesweep_lookback_window),
+            or_default(self.rank_fold),
         )
     }
 }
@@ -553,24 +564,26 @@ mod tests {
             onesweep_min_blocks: Some(2),
             onesweep_keep_words: Some(1),
             onesweep_lookback_window: Some(4),
+            rank_fold: Some(0),
         };
         assert!(all.program_source().starts_with(
             "#define IPT 16\n#define ONESWEEP_IPT 24\n#define ONESWEEP_BLOCK 384\n#define ONESWEEP_MIN_BLOCKS 2\n\
-             #define ONESWEEP_KEEP_WORDS 1\n#define ONESWEEP_LOOKBACK_WINDOW 4\n// ---- common.cuh"
+             #define ONESWEEP_KEEP_WORDS 1\n#define ONESWEEP_LOOKBACK_WINDOW 4\n#define RANK_FOLD 0\n// ---- common.cuh"
         ));
         assert_eq!(
             (all.onesweep_ipt(), all.onesweep_block(), all.onesweep_tile()),
             (24, 384, 9216)
         );
-        assert_eq!(KernelTuning::default().onesweep_ipt(), DEFAULT_IPT);
+        assert_eq!(KernelTuning::default().onesweep_ipt(), DEFAULT_ONESWEEP_IPT);
         assert_eq!(
             all.to_string(),
-            "tiles of 256 x 16; one sweep 384 x 24, min blocks/SM 2, keep words 1, look-back window 4"
+            "tiles of 256 x 16; one sweep 384 x 24, min blocks/SM 2, keep words 1, look-back window 4, \
+             rank fold 0"
         );
         assert_eq!(
             KernelTuning::default().to_string(),
-            "tiles of 256 x 16; one sweep 256 x 16, min blocks/SM default, keep words default, \
-             look-back window default"
+            "tiles of 256 x 16; one sweep 256 x 20, min blocks/SM default, keep words default, \
+             look-back window default, rank fold default"
         );
     }
 
@@ -585,8 +598,10 @@ mod tests {
             ("GPUSORT_ONESWEEP_IPT", "20"),
             ("GPUSORT_ONESWEEP_KEEP_WORDS", "2"),
             ("GPUSORT_ONESWEEP_LOOKBACK_WINDOW", "1"),
+            ("GPUSORT_RANK_FOLD", "0"),
         ]))
         .unwrap();
+        assert_eq!(t.rank_fold, Some(0));
         assert_eq!((t.ipt, t.onesweep_ipt(), t.onesweep_min_blocks), (12, 20, None));
         assert_eq!((t.onesweep_keep_words, t.onesweep_lookback_window), (Some(2), Some(1)));
         let t = KernelTuning::from_vars(vars(&[
@@ -601,6 +616,7 @@ mod tests {
             ("GPUSORT_ONESWEEP_BLOCK", "544"),
             ("GPUSORT_ONESWEEP_IPT", "33"),
             ("GPUSORT_ONESWEEP_KEEP_WORDS", "3"),
+            ("GPUSORT_RANK_FOLD", "2"),
             ("GPUSORT_ONESWEEP_MIN_BLOCKS", "x"),
         ] {
             let err = KernelTuning::from_vars(|n: &str| (n == name).then(|| bad.to_string())).unwrap_err();
