@@ -48,7 +48,7 @@ async fn plans_show_gpu_sort_and_options_apply() {
     ctx.sql("SET gpusort.topk_max_fetch = 0").await.unwrap();
     let p = plan(&ctx, "SELECT * FROM t ORDER BY a DESC LIMIT 10").await;
     assert!(p.contains("GpuSortExec: TopK(fetch=10), expr=[a@0 DESC]"), "{p}");
-    assert!(p.contains("strategy=grs-direct") && p.contains("device=auto"), "{p}");
+    assert!(p.contains("strategy=srts-direct") && p.contains("device=auto"), "{p}");
     // One sort over all partitions instead of per-partition sorts and a merge.
     assert!(
         p.contains("CoalescePartitionsExec") && !p.contains("SortPreservingMergeExec"),
@@ -80,7 +80,7 @@ async fn explain_analyze_shows_path_and_reason() {
     let (text, _) = rows(&ctx, "EXPLAIN ANALYZE SELECT * FROM t ORDER BY b, a").await;
     assert!(text.contains("GpuSortExec"), "{text}");
     assert!(text.contains("cpu_sorts=1"), "{text}");
-    assert!(text.contains("path=cpu grs-direct"), "{text}");
+    assert!(text.contains("path=cpu srts-direct"), "{text}");
     assert!(
         text.contains("cpu_fallback=2000 rows < gpusort.min_rows = 100000"),
         "{text}"

@@ -117,18 +117,19 @@ impl Strategy {
 impl Strategy {
     /// gpusort's default (`auto`): the paper's benchmark re-run on an H100 (`paper` bench of
     /// gpusort-cuda, 10M rows, u32 key + m u32 fields, 8-bit digits,
-    /// docs/results/h100-2026-11-25/). There the paper's C1060 rule is off by up to 2.5x: an
-    /// LSD pass that moves m narrow columns scatters each of them, while the indirect
-    /// strategy sorts only key and index and then gathers the columns once, packed into rows
-    /// (gather.cu). Since SRTS's 8-bit passes run as one sweep (onesweep.cu), SRTS-indirect
-    /// is the fastest from m = 3 in the ByField layout (3–5% ahead of GRS-indirect) and from
-    /// m = 6 in the Hybrid one; GRS-direct wins ByField at m <= 2, SRTS-direct Hybrid at
-    /// m <= 4.
+    /// docs/results/h100-stop18/). There the paper's C1060 rule is off by up to 3.7x: an LSD
+    /// pass that moves m narrow columns scatters each of them, while the indirect strategy
+    /// sorts only key and index and then gathers the columns once, packed into rows
+    /// (gather.cu). SRTS's 8-bit passes run as one sweep (onesweep.cu), so SRTS leads GRS
+    /// everywhere: SRTS-direct at m <= 2 (ByField m = 2: 0.872 ms, tied with SRTS-indirect's
+    /// 0.871, GRS-direct 1.246) and SRTS-indirect beyond in the ByField layout; SRTS-direct up
+    /// to m = 3 in the Hybrid one (direct wins at m = 2, indirect at m = 4; m = 3 is not
+    /// measured).
     pub fn calibrated_default(layout: Layout, payload_fields: usize) -> Self {
         match layout {
-            Layout::ByField if payload_fields <= 2 => Self::GRS_DIRECT,
+            Layout::ByField if payload_fields <= 2 => Self::SRTS_DIRECT,
             Layout::ByField => Self::SRTS_INDIRECT,
-            Layout::Hybrid if payload_fields <= 4 => Self::SRTS_DIRECT,
+            Layout::Hybrid if payload_fields <= 3 => Self::SRTS_DIRECT,
             Layout::Hybrid => Self::SRTS_INDIRECT,
         }
     }
@@ -255,14 +256,14 @@ mod tests {
     #[test]
     fn calibrated_rule() {
         let by_field = |m| Strategy::calibrated_default(Layout::ByField, m);
-        assert_eq!(by_field(0), Strategy::GRS_DIRECT);
-        assert_eq!(by_field(2), Strategy::GRS_DIRECT);
+        assert_eq!(by_field(0), Strategy::SRTS_DIRECT);
+        assert_eq!(by_field(2), Strategy::SRTS_DIRECT);
         assert_eq!(by_field(3), Strategy::SRTS_INDIRECT);
         assert_eq!(by_field(20), Strategy::SRTS_INDIRECT);
         let hybrid = |m| Strategy::calibrated_default(Layout::Hybrid, m);
         assert_eq!(hybrid(2), Strategy::SRTS_DIRECT);
-        assert_eq!(hybrid(4), Strategy::SRTS_DIRECT);
-        assert_eq!(hybrid(6), Strategy::SRTS_INDIRECT);
+        assert_eq!(hybrid(3), Strategy::SRTS_DIRECT);
+        assert_eq!(hybrid(4), Strategy::SRTS_INDIRECT);
     }
 
     #[test]
