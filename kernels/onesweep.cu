@@ -175,24 +175,6 @@ static_assert(ONESWEEP_BLOCK % 32 == 0 && ONESWEEP_BLOCK >= 256 && ONESWEEP_BLOC
 #define ONESWEEP_KEEP_WORDS 2
 #endif
 
-// One LSD pass over an 8-bit digit, with the dynamic shared memory of srts_downsweep_b8 for a
-// tile of ONESWEEP_TILE rows. Any grid works: each block takes tiles in turn (atomicAdd on
-// tile_counter, so in the order blocks ask, not by blockIdx) until none is left; a persistent
-// grid (SMs x resident blocks per SM) saves the start of a block per tile. The look-back cannot
-// deadlock whatever the scheduling: a block waits only on tiles taken before its own, each held
-// by a running block that is working on it (a block takes its next tile only when done with the
-// last) and waits in turn only on tiles before it, down to tile 0, which waits on none. Per tile:
-//   * load and rank the tile's digits (SRTS's tile rank), publishing AGGREGATE|count of each
-//     digit as soon as the rank has summed it, before its scans (tile 0: INCLUSIVE at once);
-//   * stage every row's digit word in its slot (ONESWEEP_KEEP_WORDS), before the look-back, so
-//     that the two wait together;
-//   * one thread per digit looks back over the tiles before for where the tile's rows of the
-//     digit start (digit_offsets[d], from onesweep_scan, plus the digit's rows in those tiles),
-//     publishes INCLUSIVE|start+count, and puts the start in s.base[d];
-//   * scatter every lane through shared memory (scatter_staged_tile, as SRTS).
-// tile_counter (1 word) and lookback (num_tiles * 256 words) must be zero at launch: each pass
-// needs its own zeroed words (one memset can clear the words of all passes before the first).
-// n < 2^30.
 // One tile of the pass below, `valid` rows from row `base`; FULL: a whole tile (every tile but
 // the last), so that no row needs a bounds test (template, so that both are compiled).
 template <bool FULL>
@@ -258,6 +240,26 @@ __device__ __forceinline__ void onesweep_tile(u32 tile, size_t base, u32 valid, 
         base, valid, shift, mask, pos, s, lanes, num_lanes, recs, stage, dynamic_smem_bytes() - ONESWEEP_TILE * 4);
 }
 
+
+// One LSD pass over an 8-bit digit, with the dynamic shared memory of srts_downsweep_b8 for a
+// tile of ONESWEEP_TILE rows. Any grid works: each block takes tiles in turn (atomicAdd on
+// tile_counter, so in the order blocks ask, not by blockIdx) until none is left; a persistent
+// grid (SMs x resident blocks per SM) saves the start of a block per tile. The look-back cannot
+// deadlock whatever the scheduling: a block waits only on tiles taken before its own, each held
+// by a running block that is working on it (a block takes its next tile only when done with the
+// last) and waits in turn only on tiles before it, down to tile 0, which waits on none. Per tile:
+//   * load and rank the tile's digits (the tile rank of common.cuh, with early counts),
+//     publishing AGGREGATE|count of each digit as soon as the rank has counted it, before its
+//     ballots (tile 0: INCLUSIVE at once);
+//   * stage every row's digit word in its slot (ONESWEEP_KEEP_WORDS), before the look-back, so
+//     that the two wait together;
+//   * one thread per digit looks back over the tiles before for where the tile's rows of the
+//     digit start (digit_offsets[d], from onesweep_scan, plus the digit's rows in those tiles),
+//     publishes INCLUSIVE|start+count, and puts the start in s.base[d];
+//   * scatter every lane through shared memory (scatter_staged_tile, as SRTS).
+// tile_counter (1 word) and lookback (num_tiles * 256 words) must be zero at launch: each pass
+// needs its own zeroed words (one memset can clear the words of all passes before the first).
+// n < 2^30.
 extern "C" __global__ void __launch_bounds__(ONESWEEP_BLOCK, ONESWEEP_MIN_BLOCKS)
     onesweep_pass_b8(u32 n, const u32* digit_word, u32 shift, u32 mask, u32 num_tiles, const u32* digit_offsets,
                      u32* tile_counter, u32* lookback, const Lane* lanes, u32 num_lanes, Records recs) {
