@@ -46,13 +46,15 @@ for step in $STEPS; do
       for v in ${TUNE_VARIANTS:-default}; do
         settings=${v//,/ }
         [ "$v" = default ] && settings=
+        # File names without '=' and ',' (such names do not come back from the device).
+        f=$(printf '%s' "$v" | tr '=,' '__')
         echo "== engine variant $v"
         # Correct first: the one-sweep GPU test (tile edges, grid rounds, skewed digits) with it.
-        env $settings timeout 150 .gpu/gpu --test-threads=1 one_sweep > "$OUT/tune_tests_$v.txt" 2>&1
-        grep -E "^test result|panicked" "$OUT/tune_tests_$v.txt" | head -3
-        env $settings timeout 150 .gpu/paper --only keys --bits 8 --reps 7 > "$OUT/tune_$v.txt" 2>&1
-        env $settings timeout 150 .gpu/paper --only records --fields 2,20 --bits 8 --reps 7 >> "$OUT/tune_$v.txt" 2>&1
-        grep -E "^\| (u32|u64|ByField|Hybrid) |panicked|error" "$OUT/tune_$v.txt"
+        env $settings timeout 150 .gpu/gpu --test-threads=1 one_sweep > "$OUT/tune_tests_$f.txt" 2>&1
+        grep -E "^test result|panicked" "$OUT/tune_tests_$f.txt" | head -3
+        env $settings timeout 150 .gpu/paper --only keys --bits 8 --reps 7 > "$OUT/tune_$f.txt" 2>&1
+        env $settings timeout 150 .gpu/paper --only records --fields 2,20 --bits 8 --reps 7 >> "$OUT/tune_$f.txt" 2>&1
+        grep -E "^\| (u32|u64|ByField|Hybrid) |panicked|error" "$OUT/tune_$f.txt"
       done ;;
   esac
 done
