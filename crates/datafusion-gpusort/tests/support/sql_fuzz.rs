@@ -20,7 +20,9 @@
 //!
 //! Under `LIMIT`, stock DataFusion 55.2 can be wrong: its TopK treats -0.0 and +0.0 as equal
 //! (`ORDER BY f LIMIT 2` over `0.0, 0.0` then `-0.0, -0.0` returns the +0.0 rows, while its full
-//! sort puts -0.0 first). When the keys differ under `LIMIT`/`OFFSET`, gpusort's result is
+//! sort puts -0.0 first), and it orders lists that hold nulls under `DESC` differently from its
+//! full sort (`ORDER BY l DESC NULLS FIRST LIMIT 9`: the full sort puts `[NULL, NULL, NULL]`
+//! before `[NULL, 0]`, the TopK after). When the keys differ under `LIMIT`/`OFFSET`, gpusort's result is
 //! therefore compared with DataFusion's full sort cut to the window; if that matches, the query
 //! counts as `stock_topk_wrong` instead of failing.
 //!
@@ -35,12 +37,13 @@ use std::time::{Duration, Instant};
 
 use arrow::array::{
     Array, ArrayRef, BinaryArray, BooleanArray, Date32Array, Decimal128Array, DictionaryArray, Float32Array,
-    Float64Array, Int8Array, Int16Array, Int32Array, Int64Array, LargeStringArray, RecordBatch, StringArray,
-    StringViewArray, TimestampMicrosecondArray, TimestampMillisecondArray, TimestampNanosecondArray,
+    Float64Array, Int8Array, Int16Array, Int32Array, Int64Array, LargeStringArray, ListArray, RecordBatch, StringArray,
+    StringViewArray, StructArray, TimestampMicrosecondArray, TimestampMillisecondArray, TimestampNanosecondArray,
     TimestampSecondArray, UInt8Array, UInt16Array, UInt32Array, UInt64Array,
 };
+use arrow::buffer::NullBuffer;
 use arrow::compute::{LexicographicalComparator, SortColumn, SortOptions, concat_batches, lexsort_to_indices, take};
-use arrow::datatypes::{DataType, Field, Int32Type, Schema, SchemaRef, TimeUnit};
+use arrow::datatypes::{DataType, Field, Fields, Int32Type, Schema, SchemaRef, TimeUnit};
 use arrow::row::{RowConverter, Rows, SortField};
 use arrow::util::display::{ArrayFormatter, FormatOptions};
 use datafusion::common::DFSchema;
@@ -293,6 +296,14 @@ const TYPES: &[fn(&mut SmallRng) -> DataType] = &[
     |_| DataType::Utf8View,
     |_| DataType::Binary,
     |_| DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)),
+    // Nested columns: sorted through Arrow's row format, moved as payload by `take`.
+    |_| DataType::new_list(DataType::Int32, true),
+    |_| {
+        DataType::Struct(Fields::from(vec![
+            Field::new("a", DataType::Int16, true),
+            Field::new("b", DataType::Utf8, true),
+        ]))
+    },
 ];
 
 /// How the values of one column are drawn.
@@ -541,6 +552,32 @@ fn random_column(rng: &mut SmallRng, data_type: &DataType, shape: &Shape) -> Arr
                     .collect::<Vec<_>>(),
             );
             Arc::new(DictionaryArray::<Int32Type>::try_new(keys, Arc::new(StringArray::from(values))).unwrap())
+        }
+        DataType::List(_) => {
+            // Up to 3 small elements, some null: ties and prefixes at every length.
+            let v = shape.draw(rng, |r| {
+                (0..r.random_range(0..=3))
+                    .map(|_| (!r.random_bool(0.1)).then(|| int_in(r, -3, 3) as i32))
+                    .collect::<Vec<_>>()
+            });
+            Arc::new(ListArray::from_iter_primitive::<Int32Type, _, _>(v))
+        }
+        DataType::Struct(fields) => {
+            let prefixes = string_prefixes(rng);
+            let v = shape.draw(rng, |r| {
+                (
+                    (!r.random_bool(0.1)).then(|| int_in(r, -2, 2) as i16),
+                    (!r.random_bool(0.1)).then(|| string_value(r, &prefixes)),
+                )
+            });
+            let a = Int16Array::from(v.iter().map(|x| x.as_ref().and_then(|(a, _)| *a)).collect::<Vec<_>>());
+            let b = StringArray::from(
+                v.iter()
+                    .map(|x| x.as_ref().and_then(|(_, b)| b.clone()))
+                    .collect::<Vec<_>>(),
+            );
+            let nulls = NullBuffer::from(v.iter().map(Option::is_some).collect::<Vec<_>>());
+            Arc::new(StructArray::try_new(fields.clone(), vec![Arc::new(a), Arc::new(b)], Some(nulls)).unwrap())
         }
         other => panic!("no generator for {other}"),
     }
@@ -1275,7 +1312,8 @@ pub async fn check_query(
                 query.base_sql
             )
         })?;
-        stock_topk_wrong = Some(problem);
+        let types: Vec<String> = types(&schema).iter().map(|(n, t)| format!("{n}: {t}")).collect();
+        stock_topk_wrong = Some(format!("{problem} (output columns {})", types.join(", ")));
     }
 
     let (mut gpu_sorts, mut cpu_sorts, mut paths) = (0, 0, vec![]);
