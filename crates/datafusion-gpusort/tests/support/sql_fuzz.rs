@@ -20,9 +20,10 @@
 //!
 //! Under `LIMIT`, stock DataFusion 55.2 can be wrong: its TopK treats -0.0 and +0.0 as equal
 //! (`ORDER BY f LIMIT 2` over `0.0, 0.0` then `-0.0, -0.0` returns the +0.0 rows, while its full
-//! sort puts -0.0 first), and it orders lists that hold nulls under `DESC` differently from its
+//! sort puts -0.0 first), and it orders lists and structs that hold nulls differently from its
 //! full sort (`ORDER BY l DESC NULLS FIRST LIMIT 9`: the full sort puts `[NULL, NULL, NULL]`
-//! before `[NULL, 0]`, the TopK after). When the keys differ under `LIMIT`/`OFFSET`, gpusort's result is
+//! before `[NULL, 0]`, the TopK after; under `ASC` a struct with a null field likewise). When
+//! the keys differ under `LIMIT`/`OFFSET`, gpusort's result is
 //! therefore compared with DataFusion's full sort cut to the window; if that matches, the query
 //! counts as `stock_topk_wrong` instead of failing.
 //!
