@@ -11,7 +11,8 @@
 //   addresses (paper Fig. 4 for ByField); row-major records (Hybrid) are moved in the tile's
 //   sorted order by groups of threads in 16-, 8- or 4-byte pieces (paper Fig. 6).
 //
-// Compiled by NVRTC together with grs.cu, srts.cu and gather.cu; nothing here is a kernel.
+// The one-sweep pass (onesweep.cu) and the MSD sorts (msd.cu) use the same two steps. Compiled
+// by NVRTC together with every other kernel source; nothing here is a kernel.
 
 typedef unsigned char u8;
 typedef unsigned short u16;
@@ -317,7 +318,8 @@ struct RankSmem {
     u32 base[BINS];
 };
 
-// The tile rank of GRS and SRTS: rank_items over a tile of THREADS threads x ITEMS items.
+// The tile rank of GRS, SRTS and the one-sweep pass: rank_items over a tile of THREADS threads x
+// ITEMS items.
 template <int BINS, int ITEMS, typename C, int THREADS, bool FOLD = RANK_FOLD, bool FULL = false,
           typename OnCounts = NoCounts>
 __device__ __forceinline__ void tile_rank(const u32 (&d)[ITEMS], u32 (&pos)[ITEMS], RankSmem<BINS, C, THREADS>& s,
