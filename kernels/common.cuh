@@ -341,20 +341,64 @@ __device__ __forceinline__ void load_digits(const u32* digit_word, size_t base, 
     }
 }
 
+// Lane values go from global memory to their slots in shared memory by cp.async (sm_80 and
+// later) where a value is 4 or 8 bytes: the copy needs no register, so every item's copy of a
+// lane is in flight at once, and the thread waits once, before the barrier that ends the
+// staging. Plain loads and stores cannot do that: a lane's pointers come from its table, so the
+// compiler cannot tell them from shared memory and keeps each load behind the previous item's
+// shared store (one load in flight a thread; on the H100 the passes that moved lanes spent half
+// their time there), and holding the values in registers first spills the one-sweep pass.
+template <typename T>
+__device__ constexpr bool lane_copies_async() {
+#if __CUDA_ARCH__ >= 800
+    return sizeof(T) == 4 || sizeof(T) == 8;
+#else
+    return false;
+#endif
+}
+
+// The cp.async of item J and of those after it: from global address p0 + J * 32 * SCALE values
+// (one register and an immediate offset, so that the items' addresses take no registers of
+// their own) to shared address s0 + pos[J] * sizeof(T).
+template <typename T, int SCALE, bool FULL, int ITEMS, int J = 0>
+__device__ __forceinline__ void lane_copy_items(const T* p0, u32 s0, u32 valid, const u32 (&pos)[ITEMS]) {
+    if constexpr (J < ITEMS) {
+        if (FULL || tile_elem<ITEMS>(J) < valid) {
+            asm volatile("cp.async.ca.shared.global [%0], [%1+%2], %3;" ::"r"(s0 + pos[J] * (u32)sizeof(T)), "l"(p0),
+                         "n"(J * 32 * SCALE * sizeof(T)), "n"(sizeof(T))
+                         : "memory");
+        }
+        lane_copy_items<T, SCALE, FULL, ITEMS, J + 1>(p0, s0, valid, pos);
+    }
+}
+
+// The tile's rows of one lane (SCALE values of T a row, of which src points at the one to move)
+// to their slots s[pos[j]]. With WAIT, the thread's copies are complete on return (the caller
+// puts a barrier after); without, a later call with WAIT waits for them too.
+template <typename T, int SCALE, bool FULL, bool WAIT = true, int ITEMS>
+__device__ __forceinline__ void lane_to_slots(const T* src, size_t base, u32 valid, const u32 (&pos)[ITEMS], T* s) {
+    if constexpr (lane_copies_async<T>()) {
+        lane_copy_items<T, SCALE, FULL>(src + (base + tile_elem<ITEMS>(0)) * SCALE, (u32)__cvta_generic_to_shared(s),
+                                        valid, pos);
+        if constexpr (WAIT) asm volatile("cp.async.wait_all;" ::: "memory");
+    } else {
+#pragma unroll
+        for (u32 j = 0; j < ITEMS; j++) {
+            const u32 e = tile_elem<ITEMS>(j);
+            if (FULL || e < valid) s[pos[j]] = src[(base + e) * SCALE];
+        }
+    }
+}
+
 // One lane through shared memory: rows of the tile in item order go to their slots, then each
 // thread writes its slots (k = threadIdx.x + i * THREADS) to their global positions gdst[k].
 // A row is SCALE values of T, of which value `part` moves (16-byte rows move as two 8-byte
-// halves, which keeps the registers of 16 loads in flight within bounds).
+// halves, each copied by cp.async).
 template <typename T, int SCALE, int THREADS, bool FULL, int ITEMS>
 __device__ __forceinline__ void stage_lane(const Lane& lane, size_t base, u32 valid, const u32 (&pos)[ITEMS],
                                            const u32* gdst, u8* stage, u32 part) {
     T* s = reinterpret_cast<T*>(stage);
-    const T* src = reinterpret_cast<const T*>(lane.src) + part;
-#pragma unroll
-    for (u32 j = 0; j < ITEMS; j++) {
-        const u32 e = tile_elem<ITEMS>(j);
-        if (FULL || e < valid) s[pos[j]] = src[(base + e) * SCALE];
-    }
+    lane_to_slots<T, SCALE, FULL>(reinterpret_cast<const T*>(lane.src) + part, base, valid, pos, s);
     __syncthreads();
     T* dst = reinterpret_cast<T*>(lane.dst) + part;
 #pragma unroll
@@ -395,16 +439,8 @@ __device__ __forceinline__ void stage_lane_pair(const Lane& a, const Lane& b, si
     u32* sb = sa + THREADS * ITEMS;
     const u32* pa = reinterpret_cast<const u32*>(a.src);
     const u32* pb = reinterpret_cast<const u32*>(b.src);
-#pragma unroll
-    for (u32 j = 0; j < ITEMS; j++) {
-        const u32 e = tile_elem<ITEMS>(j);
-        if (FULL || e < valid) sa[pos[j]] = pa[base + e];
-    }
-#pragma unroll
-    for (u32 j = 0; j < ITEMS; j++) {
-        const u32 e = tile_elem<ITEMS>(j);
-        if (FULL || e < valid) sb[pos[j]] = pb[base + e];
-    }
+    lane_to_slots<u32, 1, FULL, false>(pa, base, valid, pos, sa);  // both lanes' copies in flight
+    lane_to_slots<u32, 1, FULL>(pb, base, valid, pos, sb);
     __syncthreads();
     u32* da = reinterpret_cast<u32*>(a.dst);
     u32* db = reinterpret_cast<u32*>(b.dst);
