@@ -105,37 +105,71 @@ struct PackColumn {
 };
 
 #define PACK_ROWS 256  // rows of a block's tile: one per thread
+// Columns whose values a thread has in flight at once (pack_rows' loads, gather_unpack's stores).
+#define PACK_INFLIGHT 8
 
-template <typename T>
-__device__ __forceinline__ void column_to_tile(const PackColumn& c, size_t first, u32 count, u8* tile, u32 row_bytes) {
-    if (threadIdx.x < count)
-        *reinterpret_cast<T*>(tile + threadIdx.x * row_bytes + c.offset) =
-            reinterpret_cast<const T*>(c.ptr)[first + threadIdx.x];
+// Value `i` of column c, in the low bytes of a 16-byte register.
+__device__ __forceinline__ uint4 load_value(const PackColumn& c, size_t i) {
+    uint4 v = make_uint4(0, 0, 0, 0);
+    switch (c.width) {
+        case 1: v.x = reinterpret_cast<const u8*>(c.ptr)[i]; break;
+        case 2: v.x = reinterpret_cast<const u16*>(c.ptr)[i]; break;
+        case 4: v.x = reinterpret_cast<const u32*>(c.ptr)[i]; break;
+        case 8: {
+            const uint2 w = reinterpret_cast<const uint2*>(c.ptr)[i];
+            v.x = w.x;
+            v.y = w.y;
+            break;
+        }
+        default: v = reinterpret_cast<const uint4*>(c.ptr)[i]; break;
+    }
+    return v;
 }
 
-template <typename T>
-__device__ __forceinline__ void tile_to_column(const PackColumn& c, size_t first, u32 count, const u8* tile,
-                                               u32 row_bytes) {
-    if (threadIdx.x < count)
-        __stcs(reinterpret_cast<T*>(c.ptr) + first + threadIdx.x,
-               *reinterpret_cast<const T*>(tile + threadIdx.x * row_bytes + c.offset));
+// Stores the low c.width bytes of v at p.
+__device__ __forceinline__ void store_value(const PackColumn& c, u8* p, uint4 v) {
+    switch (c.width) {
+        case 1: *p = (u8)v.x; break;
+        case 2: *reinterpret_cast<u16*>(p) = (u16)v.x; break;
+        case 4: *reinterpret_cast<u32*>(p) = v.x; break;
+        case 8: *reinterpret_cast<uint2*>(p) = make_uint2(v.x, v.y); break;
+        default: *reinterpret_cast<uint4*>(p) = v; break;
+    }
+}
+
+// The group's column table, copied into shared memory after the tile (dynamic shared memory of
+// PACK_ROWS * row_bytes + 16 * num_cols bytes), so that each tile reads it from there.
+__device__ __forceinline__ const PackColumn* pack_columns_to_smem(u8* tile, u32 row_bytes, const PackColumn* cols,
+                                                                 u32 num_cols) {
+    PackColumn* sc = reinterpret_cast<PackColumn*>(tile + PACK_ROWS * row_bytes);
+    for (u32 k = threadIdx.x; k < num_cols; k += PACK_ROWS) sc[k] = cols[k];
+    __syncthreads();
+    return sc;
 }
 
 // rows[i * row_bytes + offset of c ..] = row i of column c, for the n rows; row_bytes is a
-// multiple of 16 and each offset a multiple of its column's width.
+// multiple of 16 and each offset a multiple of its column's width. Each thread takes one row of
+// the tile and loads PACK_INFLIGHT columns' values before it stores the first into the tile, so
+// that a warp has that many coalesced loads in flight (one at a time left the kernel waiting on
+// DRAM latency: ~2.2 TB/s on the H100).
 extern "C" __global__ void __launch_bounds__(PACK_ROWS)
     pack_rows(u32 n, const PackColumn* cols, u32 num_cols, u32 row_bytes, u8* rows) {
     extern __shared__ __align__(16) u8 tile[];
+    const PackColumn* sc = pack_columns_to_smem(tile, row_bytes, cols, num_cols);
     for (size_t first = (size_t)blockIdx.x * PACK_ROWS; first < n; first += (size_t)gridDim.x * PACK_ROWS) {
         const u32 count = (u32)min((size_t)PACK_ROWS, n - first);
-        for (u32 k = 0; k < num_cols; k++) {
-            const PackColumn c = cols[k];
-            switch (c.width) {
-                case 1: column_to_tile<u8>(c, first, count, tile, row_bytes); break;
-                case 2: column_to_tile<u16>(c, first, count, tile, row_bytes); break;
-                case 4: column_to_tile<u32>(c, first, count, tile, row_bytes); break;
-                case 8: column_to_tile<u64>(c, first, count, tile, row_bytes); break;
-                default: column_to_tile<uint4>(c, first, count, tile, row_bytes); break;
+        if (threadIdx.x < count) {
+            u8* row = tile + threadIdx.x * row_bytes;
+            for (u32 k0 = 0; k0 < num_cols; k0 += PACK_INFLIGHT) {
+                uint4 v[PACK_INFLIGHT];
+#pragma unroll
+                for (u32 j = 0; j < PACK_INFLIGHT; j++) {
+                    if (k0 + j < num_cols) v[j] = load_value(sc[k0 + j], first + threadIdx.x);
+                }
+#pragma unroll
+                for (u32 j = 0; j < PACK_INFLIGHT; j++) {
+                    if (k0 + j < num_cols) store_value(sc[k0 + j], row + sc[k0 + j].offset, v[j]);
+                }
             }
         }
         __syncthreads();
@@ -146,10 +180,12 @@ extern "C" __global__ void __launch_bounds__(PACK_ROWS)
     }
 }
 
-// Row i of every column of the group = row perm[i] of `rows`, for i < n.
+// Row i of every column of the group = row perm[i] of `rows`, for i < n (dynamic shared memory
+// as pack_rows).
 extern "C" __global__ void __launch_bounds__(PACK_ROWS)
     gather_unpack(u32 n, const u8* rows, u32 row_bytes, const u32* perm, const PackColumn* cols, u32 num_cols) {
     extern __shared__ __align__(16) u8 tile[];
+    const PackColumn* sc = pack_columns_to_smem(tile, row_bytes, cols, num_cols);
     constexpr u32 INFLIGHT = 4;
     const u32 per = row_bytes / 16;
     for (size_t first = (size_t)blockIdx.x * PACK_ROWS; first < n; first += (size_t)gridDim.x * PACK_ROWS) {
@@ -173,14 +209,20 @@ extern "C" __global__ void __launch_bounds__(PACK_ROWS)
             }
         }
         __syncthreads();
-        for (u32 k = 0; k < num_cols; k++) {
-            const PackColumn c = cols[k];
-            switch (c.width) {
-                case 1: tile_to_column<u8>(c, first, count, tile, row_bytes); break;
-                case 2: tile_to_column<u16>(c, first, count, tile, row_bytes); break;
-                case 4: tile_to_column<u32>(c, first, count, tile, row_bytes); break;
-                case 8: tile_to_column<u64>(c, first, count, tile, row_bytes); break;
-                default: tile_to_column<uint4>(c, first, count, tile, row_bytes); break;
+        if (threadIdx.x < count) {
+            const u8* row = tile + threadIdx.x * row_bytes;
+            for (u32 k = 0; k < num_cols; k++) {
+                const PackColumn c = sc[k];
+                const size_t i = first + threadIdx.x;
+                switch (c.width) {
+                    case 1: __stcs(reinterpret_cast<u8*>(c.ptr) + i, row[c.offset]); break;
+                    case 2: __stcs(reinterpret_cast<u16*>(c.ptr) + i, *reinterpret_cast<const u16*>(row + c.offset)); break;
+                    case 4: __stcs(reinterpret_cast<u32*>(c.ptr) + i, *reinterpret_cast<const u32*>(row + c.offset)); break;
+                    case 8: __stcs(reinterpret_cast<u64*>(c.ptr) + i, *reinterpret_cast<const u64*>(row + c.offset)); break;
+                    default:
+                        __stcs(reinterpret_cast<uint4*>(c.ptr) + i, *reinterpret_cast<const uint4*>(row + c.offset));
+                        break;
+                }
             }
         }
         __syncthreads();

@@ -1469,6 +1469,7 @@ impl Gpu {
         pack: bool,
     ) -> Result<()> {
         let s = &self.stream;
+        let prof = Profile::new(self)?;
         let widths: Vec<usize> = cols.iter().map(|c| c.width).collect();
         // Packing reads and writes every source row: not worth it for a few rows kept.
         let pack = pack && rows >= src_rows / 4 && rows > 0;
@@ -1476,6 +1477,7 @@ impl Gpu {
             if !pack || group.len() < PACK_MIN_COLUMNS {
                 for &(k, _) in &group {
                     cols[k].data = self.gather_column(&cols[k].data, cols[k].width, perm, rows)?;
+                    prof.mark(self, "gather_column")?;
                 }
                 continue;
             }
@@ -1510,7 +1512,8 @@ impl Gpu {
                     1,
                 ),
                 block_dim: (PACK_ROWS, 1, 1),
-                shared_mem_bytes: PACK_ROWS * rb,
+                // The tile, then the column table (16 bytes a column).
+                shared_mem_bytes: PACK_ROWS * rb + 16 * num,
             };
             // SAFETY: every source column holds src_rows rows of its width and every output
             // `rows`; `packed` holds src_rows rows of row_bytes; perm holds `rows` indices
@@ -1523,6 +1526,7 @@ impl Gpu {
                     .arg(&rb)
                     .arg(&packed_p)
                     .launch(cfg(src_rows))?;
+                prof.mark(self, "pack_rows")?;
                 s.launch_builder(&self.kernels.gather_unpack)
                     .arg(&(rows as u32))
                     .arg(&packed_p)
@@ -1532,13 +1536,14 @@ impl Gpu {
                     .arg(&num)
                     .launch(cfg(rows))?;
             }
+            prof.mark(self, "gather_unpack")?;
             // The tables, the rows and the sources are freed in stream order, after the kernels.
             drop((srcs, outs, packed));
             for (&(k, _), d) in group.iter().zip(dsts) {
                 cols[k].data = d;
             }
         }
-        Ok(())
+        prof.report()
     }
 
     /// Hybrid records gathered once through the permutation, a group of threads per record.
