@@ -105,7 +105,7 @@ struct PackColumn {
 };
 
 #define PACK_ROWS 256  // rows of a block's tile: one per thread
-// Columns whose values a thread has in flight at once (pack_rows' loads, gather_unpack's stores).
+// Columns whose values a pack_rows thread loads before it stores the first into the tile.
 #define PACK_INFLIGHT 8
 
 // Value `i` of column c, in the low bytes of a 16-byte register.

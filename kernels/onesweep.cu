@@ -240,7 +240,6 @@ __device__ __forceinline__ void onesweep_tile(u32 tile, size_t base, u32 valid, 
         base, valid, shift, mask, pos, s, lanes, num_lanes, recs, stage, dynamic_smem_bytes() - ONESWEEP_TILE * 4);
 }
 
-
 // One LSD pass over an 8-bit digit, with the dynamic shared memory of srts_downsweep_b8 for a
 // tile of ONESWEEP_TILE rows. Any grid works: each block takes tiles in turn (atomicAdd on
 // tile_counter, so in the order blocks ask, not by blockIdx) until none is left; a persistent
