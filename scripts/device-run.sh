@@ -5,7 +5,10 @@
 #   tests     GPU tests with GPUSORT_REQUIRE_GPU=1 (and the settings in $TESTS_ENV, comma-separated,
 #             e.g. "GPUSORT_ONESWEEP_IPT=24,GPUSORT_ONESWEEP_KEEP_WORDS=2")
 #   sanitize  compute-sanitizer memcheck and racecheck on the small-input test
-#   bench     CUB's baseline, then the paper's evaluation with ratios to CUB
+#   bench     CUB's baseline through CuPy (.gpu/cub_baseline.py), then the paper's evaluation with
+#             ratios to it
+#   cub       CUB called natively: builds .gpu/cub_native.cu with nvcc (sm_90) and runs it, JSON in
+#             $OUT/cub_native.json (`paper --cub` reads it too)
 #   topk      the datafusion-gpusort `topk` bench (ORDER BY k LIMIT n: DataFusion's TopK against
 #             GpuSortExec, for the default of gpusort.topk_max_fetch)
 #   proto     the one-sweep prototype (scripts/proto_onesweep.py): its timing for each variant in
@@ -32,6 +35,9 @@ for step in $STEPS; do
     bench)
       { echo "## CUB (cub_baseline.py), same machine, same run"; timeout 120 python3 .gpu/cub_baseline.py --json "$OUT/cub.json" 2>&1; } | tee "$OUT/paper.txt" | tail -14
       timeout "${BENCH_TIMEOUT:-300}" .gpu/paper ${BENCH_ARGS:-} --cub "$OUT/cub.json" --csv "$OUT/paper.csv" --svg "$OUT/paper.svg" 2>&1 | tee -a "$OUT/paper.txt" ;;
+    cub)
+      "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" -O3 -std=c++17 -arch=sm_90 .gpu/cub_native.cu -o /tmp/cub_native 2>&1 | tail -20
+      timeout "${BENCH_TIMEOUT:-300}" /tmp/cub_native --json "$OUT/cub_native.json" 2>&1 | tee "$OUT/cub_native.txt" ;;
     topk) BENCH_CSV="$OUT/topk.csv" timeout "${BENCH_TIMEOUT:-300}" .gpu/topk 2>&1 | tee "$OUT/topk.txt" | tail -10 ;;
     proto)
       for v in ${PROTO_VARIANTS:-IPT=16}; do

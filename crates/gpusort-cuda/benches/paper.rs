@@ -2,9 +2,9 @@
 //! and m u32 fields (m = 2..20), ByField and Hybrid, GRS and SRTS (and gpusort's MSD hybrid),
 //! direct and indirect, with the data already in GPU memory; and keys-only sorts of 10M and
 //! 100M u32 and u64 keys.
-//! Prints tables (and the ratio to CUB when `--cub` names the JSON of
-//! `../shared/bench/cub_baseline.py --json`), writes every timing as CSV and draws the
-//! record figures as an SVG.
+//! Prints tables (and the ratio to CUB when `--cub` names the JSON that the CUB baselines beside
+//! this file write: `cub_baseline.py --json`, CUB through CuPy, or `cub_native --json`, CUB
+//! called from CUDA C++), writes every timing as CSV and draws the record figures as an SVG.
 //!
 //! ```text
 //! paper [--rows N] [--reps R] [--bits B] [--fields 2,4,..] [--cub cub.json] [--csv out.csv] [--svg out.svg] [--pack 0|1]
@@ -137,7 +137,8 @@ fn label(s: Strategy) -> String {
     format!("{a}-{m}")
 }
 
-/// CUB's figures from cub_baseline.py --json: (records by (layout, fields), keys by (n, type)).
+/// CUB's figures from `cub_baseline.py --json` or `cub_native --json` (benches/): (records by
+/// (layout, fields), keys by (n, type)).
 type CubFigures = (BTreeMap<(String, usize), f64>, BTreeMap<(usize, String), f64>);
 
 fn read_cub(path: &str) -> CubFigures {
