@@ -5,11 +5,12 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayData, ArrayRef, AsArray, BooleanArray, GenericByteArray, NullArray, RecordBatch, RecordBatchOptions,
-    UInt32Array, make_array,
+    Array, ArrayData, ArrayRef, AsArray, BooleanArray, ByteView, GenericByteArray, GenericByteViewArray,
+    MAX_INLINE_VIEW_LEN, NullArray, RecordBatch, RecordBatchOptions, UInt32Array, make_array,
 };
 use arrow::buffer::{BooleanBuffer, Buffer, NullBuffer, OffsetBuffer, ScalarBuffer};
-use arrow::datatypes::{ArrowNativeType, ByteArrayType, DataType, SchemaRef};
+use arrow::datatypes::{ArrowNativeType, ByteArrayType, ByteViewType, DataType, SchemaRef};
+
 use rayon::prelude::*;
 
 use super::radix::is_movable_width;
@@ -147,7 +148,30 @@ pub fn gather_column(array: &ArrayRef, perm: &[u32]) -> Result<ArrayRef> {
         DataType::LargeUtf8 => Ok(Arc::new(gather_bytes_array(array.as_string::<i64>(), perm)?)),
         DataType::Binary => Ok(Arc::new(gather_bytes_array(array.as_binary::<i32>(), perm)?)),
         DataType::LargeBinary => Ok(Arc::new(gather_bytes_array(array.as_binary::<i64>(), perm)?)),
+        DataType::Utf8View => Ok(Arc::new(gather_views(array.as_string_view(), perm))),
+        DataType::BinaryView => Ok(Arc::new(gather_views(array.as_binary_view(), perm))),
         _ => take_parallel(array, perm),
+    }
+}
+
+/// Row `perm[i]` of a string or binary view array: its 16-byte views gathered like any
+/// fixed-width column (on all cores), the data buffers shared, not copied. (Arrow's `take` on
+/// slices of `perm` and their `concat` would give every slice, and then the result once per
+/// slice, a reference to each data buffer.)
+fn gather_views<T: ByteViewType + ?Sized>(array: &GenericByteViewArray<T>, perm: &[u32]) -> GenericByteViewArray<T> {
+    let views = array.views();
+    // SAFETY: u128 views are 16 plain bytes each.
+    let bytes = unsafe { std::slice::from_raw_parts(views.as_ptr() as *const u8, views.len() * 16) };
+    let gathered = gather_bytes(bytes, 16, perm);
+    let nulls = gather_nulls(array.nulls(), perm);
+    // SAFETY: each view is a view of a valid array, copied whole, and the data buffers it points
+    // into are the same.
+    unsafe {
+        GenericByteViewArray::new_unchecked(
+            ScalarBuffer::new(gathered, 0, perm.len()),
+            array.data_buffers().to_vec(),
+            nulls,
+        )
     }
 }
 
@@ -269,6 +293,8 @@ pub fn concat_column(parts: &[&dyn Array]) -> Result<ArrayRef> {
             DataType::LargeUtf8 => concat_bytes::<arrow::datatypes::LargeUtf8Type>(parts),
             DataType::Binary => concat_bytes::<arrow::datatypes::BinaryType>(parts),
             DataType::LargeBinary => concat_bytes::<arrow::datatypes::LargeBinaryType>(parts),
+            DataType::Utf8View => concat_views::<arrow::datatypes::StringViewType>(parts),
+            DataType::BinaryView => concat_views::<arrow::datatypes::BinaryViewType>(parts),
             _ => None,
         };
         if let Some(array) = bytes {
@@ -333,16 +359,7 @@ fn concat_bytes<T: ByteArrayType>(parts: &[&dyn Array]) -> Option<ArrayRef> {
             }
         }
     });
-    let nulls = arrays.iter().any(|a| a.null_count() > 0).then(|| {
-        let mut b = arrow::array::BooleanBufferBuilder::new(rows);
-        for a in &arrays {
-            match a.nulls() {
-                Some(n) => b.append_buffer(n.inner()),
-                None => b.append_n(a.len(), true),
-            }
-        }
-        NullBuffer::new(b.finish())
-    });
+    let nulls = concat_nulls(parts, rows);
     // SAFETY: the offsets start at 0, rise with each part's own, and end at the byte count; the
     // bytes are whole values of valid arrays of the type (UTF-8 stays UTF-8).
     Some(Arc::new(unsafe {
@@ -352,6 +369,58 @@ fn concat_bytes<T: ByteArrayType>(parts: &[&dyn Array]) -> Option<ArrayRef> {
             nulls,
         )
     }))
+}
+
+/// String or binary view `parts` as one array: each part's views copied on its own task, the
+/// buffer index of each long view raised by the number of data buffers of the parts before
+/// it; the data buffers are shared, not copied. `None` past `u32::MAX` data buffers.
+fn concat_views<T: ByteViewType>(parts: &[&dyn Array]) -> Option<ArrayRef> {
+    let arrays: Vec<&GenericByteViewArray<T>> = parts.iter().map(|p| p.as_byte_view::<T>()).collect();
+    let rows: usize = arrays.iter().map(|a| a.len()).sum();
+    let mut starts = Vec::with_capacity(arrays.len());
+    let (mut row, mut buffers) = (0usize, 0usize);
+    for a in &arrays {
+        starts.push((row, buffers as u32));
+        row += a.len();
+        buffers += a.data_buffers().len();
+    }
+    u32::try_from(buffers).ok()?;
+    let mut views = uninit(rows * 16);
+    let base = views.as_mut_ptr() as usize;
+    arrays.par_iter().zip(&starts).for_each(|(a, &(row, first_buffer))| {
+        // SAFETY: each part writes its own rows [row, row + len) of `views`, 16 bytes each.
+        let out = unsafe { std::slice::from_raw_parts_mut((base as *mut u128).add(row), a.len()) };
+        for (o, &v) in out.iter_mut().zip(a.views().iter()) {
+            let mut view = ByteView::from(v);
+            if view.length > MAX_INLINE_VIEW_LEN && first_buffer > 0 {
+                view.buffer_index += first_buffer;
+                *o = view.as_u128();
+            } else {
+                *o = v;
+            }
+        }
+    });
+    let data: Vec<Buffer> = arrays.iter().flat_map(|a| a.data_buffers().iter().cloned()).collect();
+    let nulls = concat_nulls(parts, rows);
+    // SAFETY: every view is a view of a valid array, its buffer index moved to where that
+    // array's buffers are in `data`.
+    Some(Arc::new(unsafe {
+        GenericByteViewArray::<T>::new_unchecked(ScalarBuffer::new(views.into(), 0, rows), data, nulls)
+    }))
+}
+
+/// The validity of `parts` one after another; `None` when no part has a null.
+fn concat_nulls(parts: &[&dyn Array], rows: usize) -> Option<NullBuffer> {
+    parts.iter().any(|a| a.null_count() > 0).then(|| {
+        let mut b = arrow::array::BooleanBufferBuilder::new(rows);
+        for a in parts {
+            match a.nulls() {
+                Some(n) => b.append_buffer(n.inner()),
+                None => b.append_n(a.len(), true),
+            }
+        }
+        NullBuffer::new(b.finish())
+    })
 }
 
 /// Arrow's `take` over slices of `perm` in parallel, concatenated.
@@ -413,7 +482,31 @@ mod tests {
                     as ArrayRef
             })
             .collect();
+        // Views: short (inline) and long values, nulls, parts of several data buffers, a slice.
+        let views: Vec<ArrayRef> = (0..4)
+            .map(|k| {
+                let mut b = StringViewBuilder::new().with_fixed_block_size(64);
+                for i in 0..90 {
+                    match (i + k) % 6 {
+                        0 if k != 2 => b.append_null(),
+                        1 | 2 => b.append_value(format!("{k}-{i}")),
+                        _ => b.append_value(format!("a value longer than twelve bytes {k} {i}")),
+                    }
+                }
+                let a = Arc::new(b.finish()) as ArrayRef;
+                if k == 3 { a.slice(5, 50) } else { a }
+            })
+            .collect();
+        let binary_views: Vec<ArrayRef> = (0..3)
+            .map(|k| {
+                Arc::new(BinaryViewArray::from_iter_values(
+                    (0..40).map(|i| vec![k as u8; i % 20]),
+                )) as ArrayRef
+            })
+            .collect();
         for set in [
+            &views,
+            &binary_views,
             &ints,
             &sliced,
             &nullable,
@@ -449,6 +542,12 @@ mod tests {
             (0..70_000).map(|i| (i % 5 != 0).then(|| vec![i as u8; i % 9])),
         )));
         check(Arc::new(StringArray::from_iter_values(["", "", ""])));
+        check(Arc::new(StringViewArray::from_iter((0..300_000).map(|i| {
+            (i % 5 != 0).then(|| if i % 2 == 0 { format!("s{i}") } else { format!("a longer string value {i}") })
+        }))));
+        check(Arc::new(BinaryViewArray::from_iter_values(
+            (0..70_000).map(|i| vec![i as u8; i % 19]),
+        )));
         let list =
             ListArray::from_iter_primitive::<Int32Type, _, _>((0..1000).map(|i| Some(vec![Some(i); i as usize % 3])));
         check(Arc::new(list));
