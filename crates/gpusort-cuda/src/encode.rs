@@ -75,7 +75,7 @@ impl Gpu {
             // SAFETY: `values` holds n values of `width` bytes and `valid` n bits (checked
             // above); `dst` is this column's three words of `out`.
             unsafe {
-                s.launch_builder(&self.kernels().key_bounds)
+                s.launch_builder(&self.kernels()?.key_bounds)
                     .arg(&n32)
                     .arg(&values)
                     .arg(&valid)
@@ -165,7 +165,7 @@ impl Gpu {
         // SAFETY: every field's column holds n values (and bits), checked above; `ptrs` lists
         // `nwords` arrays of n words; `varying` holds 2 * nwords words.
         unsafe {
-            s.launch_builder(&self.kernels().encode_keys)
+            s.launch_builder(&self.kernels()?.encode_keys)
                 .arg(&n32)
                 .arg(&desc_p)
                 .arg(&nfields)

@@ -33,7 +33,7 @@ use gpusort::plan::{Algorithm, RadixPass, RecordMove, Strategy};
 use crate::device::{self, DeviceInfo};
 use crate::error::{CudaSortError, Result};
 use crate::kernels::{
-    CacheOutcome, KernelCache, KernelTuning, Kernels, MSD_LOCAL_CAP, MSD_LOCAL_MAX_WORDS, ONESWEEP_HIST_IPT,
+    CacheOutcome, KernelCache, KernelTuning, Kernels, LoadingKernels, MSD_LOCAL_CAP, MSD_LOCAL_MAX_WORDS, ONESWEEP_HIST_IPT,
     ONESWEEP_MAX_DIGITS, ONESWEEP_MAX_ROWS,
 };
 use crate::msd::MSD_MAX_DIGIT_BITS;
@@ -223,9 +223,9 @@ struct SrtsBufs {
 pub struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    kernels: Kernels,
+    /// Compiled and loaded in the background from [`Gpu::open`] on.
+    kernels: LoadingKernels,
     info: DeviceInfo,
-    compile: CacheOutcome,
     tile: usize,
     /// The kernels' compile-time settings.
     tuning: KernelTuning,
@@ -478,9 +478,13 @@ impl Gpu {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream()?;
         let tuning = KernelTuning::from_env()?;
-        let source = tuning.program_source();
-        let (cubin, compile) = cache.load_or_compile(&source, &info.arch(), info.nvrtc_version)?;
-        let kernels = Kernels::load(&ctx, cubin)?;
+        let kernels = LoadingKernels::start(
+            Arc::clone(&ctx),
+            cache.clone(),
+            tuning.programs(),
+            info.arch(),
+            info.nvrtc_version,
+        );
         let msd_max_bits = match std::env::var("GPUSORT_MSD_BITS") {
             Ok(v) => v
                 .parse::<u32>()
@@ -515,7 +519,6 @@ impl Gpu {
             stream,
             kernels,
             info,
-            compile,
             tile: BLOCK as usize * tuning.ipt,
             onesweep_block: tuning.onesweep_block(),
             onesweep_tile: tuning.onesweep_tile(),
@@ -606,9 +609,9 @@ impl Gpu {
         &self.info
     }
 
-    /// Whether the kernels came from the cache.
-    pub fn compile_outcome(&self) -> CacheOutcome {
-        self.compile
+    /// Whether the kernels came from the cache (waiting for them to load).
+    pub fn compile_outcome(&self) -> Result<CacheOutcome> {
+        self.kernels.outcome()
     }
 
     /// The context.
@@ -621,9 +624,9 @@ impl Gpu {
         &self.stream
     }
 
-    /// The kernels.
-    pub fn kernels(&self) -> &Kernels {
-        &self.kernels
+    /// The kernels, waiting for them while they are still compiled or loaded.
+    pub fn kernels(&self) -> Result<&Kernels> {
+        self.kernels.wait()
     }
 
     /// Device memory free for a sort now: the driver's free memory and what the memory pool holds unused.
@@ -670,7 +673,7 @@ impl Gpu {
         // SAFETY: the kernel writes n words of `out`.
         unsafe {
             self.stream
-                .launch_builder(&self.kernels.iota)
+                .launch_builder(&self.kernels()?.iota)
                 .arg(&n32)
                 .arg(&p)
                 .launch(self.grid_for(n))?
@@ -711,11 +714,8 @@ impl Gpu {
                 r.bytes
             )));
         }
-        if let Some(c) = table
-            .columns
-            .iter()
-            .find(|c| self.kernels.gather_for(c.width).is_none())
-        {
+        let kernels = self.kernels()?;
+        if let Some(c) = table.columns.iter().find(|c| kernels.gather_for(c.width).is_none()) {
             return Err(CudaSortError::Unsupported(format!(
                 "a column of {} bytes per row",
                 c.width
@@ -974,7 +974,7 @@ impl Gpu {
     fn grs(&self, x: &PassInputs<'_>) -> Result<()> {
         let (n, passes, digit_src, recs) = (x.n, x.passes, x.digit_src, x.recs);
         let s = &self.stream;
-        let k = &self.kernels;
+        let k = self.kernels()?;
         let num_tiles = n.div_ceil(self.tile);
         let ranks = unsafe { s.alloc::<u16>(n) }?;
         let hist = self.alloc_words(256 * num_tiles)?;
@@ -1042,7 +1042,7 @@ impl Gpu {
     /// Exclusive scan of `len` words at `src` into `dst` (GRS phase 2; MSD partitions).
     pub(crate) fn exclusive_scan(&self, src: u64, dst: u64, sums: u64, len: usize) -> Result<()> {
         let s = &self.stream;
-        let k = &self.kernels;
+        let k = self.kernels()?;
         let chunks = len.div_ceil(self.tile) as u32;
         let len32 = len as u32;
         let cfg = |blocks: u32| LaunchConfig {
@@ -1116,7 +1116,7 @@ impl Gpu {
     /// the prototype measured), at most one per tile.
     fn onesweep_grid(&self, dyn_smem: u32, num_tiles: usize) -> Result<u32> {
         let per_sm = self
-            .kernels
+            .kernels()?
             .onesweep_pass
             .occupancy_max_active_blocks_per_multiprocessor(self.onesweep_block, dyn_smem as usize, None)?
             .max(1);
@@ -1130,7 +1130,7 @@ impl Gpu {
     fn onesweep_prepare(&self, x: &PassInputs<'_>, plan: &OnesweepPlan, prof: &Profile) -> Result<OnesweepBufs> {
         let n = x.n;
         let s = &self.stream;
-        let k = &self.kernels;
+        let k = self.kernels()?;
         let num_tiles = n.div_ceil(self.onesweep_tile);
         let mut hist = self.alloc_words(256 * plan.slots())?;
         s.memset_zeros(&mut hist)?;
@@ -1208,7 +1208,7 @@ impl Gpu {
         // the tile counter and num_tiles * 256 look-back words are zeroed; the lane table lists
         // buffers of n rows; n < 2^30 (onesweep_plan).
         unsafe {
-            s.launch_builder(&self.kernels.onesweep_pass)
+            s.launch_builder(&self.kernels()?.onesweep_pass)
                 .arg(&n32)
                 .arg(&x.digit_src[p])
                 .arg(&pass.shift)
@@ -1232,7 +1232,7 @@ impl Gpu {
     /// The three-kernel SRTS pass's grid and buffers: block counts and the long spine's sums.
     fn srts_prepare(&self, x: &PassInputs<'_>) -> Result<SrtsBufs> {
         let num_tiles = x.n.div_ceil(self.tile);
-        let (grid, tiles_per_block) = self.srts_grid(&self.kernels.srts_downsweep.b8, x.dyn_smem, num_tiles)?;
+        let (grid, tiles_per_block) = self.srts_grid(&self.kernels()?.srts_downsweep.b8, x.dyn_smem, num_tiles)?;
         Ok(SrtsBufs {
             counts: self.alloc_words(256 * grid as usize)?,
             spine_sums: self.alloc_words((256 * grid as usize).div_ceil(self.tile))?,
@@ -1244,7 +1244,7 @@ impl Gpu {
     /// Pass `p` as the paper's SRTS: block digit counts, the top-level scan, the downsweep.
     fn srts_pass(&self, x: &PassInputs<'_>, p: usize, b: &SrtsBufs, prof: &Profile) -> Result<()> {
         let s = &self.stream;
-        let k = &self.kernels;
+        let k = self.kernels()?;
         let pass = &x.passes[p];
         let num_tiles = x.n.div_ceil(self.tile);
         let (n32, tiles32) = (x.n as u32, num_tiles as u32);
@@ -1313,7 +1313,7 @@ impl Gpu {
     ) -> Result<CudaSlice<u8>> {
         let s = &self.stream;
         let f = self
-            .kernels
+            .kernels()?
             .gather_for(width)
             .ok_or_else(|| CudaSortError::Unsupported(format!("a column of {width} bytes per row")))?;
         let out = self.alloc_bytes(rows * width)?;
@@ -1354,7 +1354,7 @@ impl Gpu {
         );
         // SAFETY: `perm` holds `rows` indices of bits of `bits`; `out` holds ceil(rows / 32) words.
         unsafe {
-            s.launch_builder(&self.kernels.gather_bits)
+            s.launch_builder(&self.kernels()?.gather_bits)
                 .arg(&n32)
                 .arg(&src)
                 .arg(&offset)
@@ -1372,7 +1372,7 @@ impl Gpu {
         let (src, dst, n32) = (words.device_ptr(s).0, out.device_ptr(s).0, rows as u32);
         // SAFETY: `words` holds at least `rows` words; `out` holds ceil(rows / 32) words.
         unsafe {
-            s.launch_builder(&self.kernels.unpack_validity)
+            s.launch_builder(&self.kernels()?.unpack_validity)
                 .arg(&n32)
                 .arg(&src)
                 .arg(&bit)
@@ -1404,7 +1404,7 @@ impl Gpu {
         let (table_p, count) = (table_dev.device_ptr(s).0, ranges.len() as u32);
         // SAFETY: the table lists `count` ranges; the rest is the caller's contract.
         unsafe {
-            s.launch_builder(&self.kernels.copy_ranges)
+            s.launch_builder(&self.kernels()?.copy_ranges)
                 .arg(&table_p)
                 .arg(&count)
                 .launch(LaunchConfig {
@@ -1435,7 +1435,7 @@ impl Gpu {
         );
         // SAFETY: `refs` lists `count` bitmaps of at least `rows` bits; `out` holds `rows` words.
         unsafe {
-            s.launch_builder(&self.kernels.pack_validity)
+            s.launch_builder(&self.kernels()?.pack_validity)
                 .arg(&n32)
                 .arg(&refs_p)
                 .arg(&count)
@@ -1519,7 +1519,7 @@ impl Gpu {
             // `rows`; `packed` holds src_rows rows of row_bytes; perm holds `rows` indices
             // below src_rows; the tables list the group's columns with offsets inside a row.
             unsafe {
-                s.launch_builder(&self.kernels.pack_rows)
+                s.launch_builder(&self.kernels()?.pack_rows)
                     .arg(&(src_rows as u32))
                     .arg(&srcs_p)
                     .arg(&num)
@@ -1527,7 +1527,7 @@ impl Gpu {
                     .arg(&packed_p)
                     .launch(cfg(src_rows))?;
                 prof.mark(self, "pack_rows")?;
-                s.launch_builder(&self.kernels.gather_unpack)
+                s.launch_builder(&self.kernels()?.gather_unpack)
                     .arg(&(rows as u32))
                     .arg(&packed_p)
                     .arg(&rb)
@@ -1560,7 +1560,7 @@ impl Gpu {
             let pieces = n * (r.bytes / piece as usize);
             // SAFETY: src and dst hold n records; perm holds n indices below n.
             unsafe {
-                s.launch_builder(&self.kernels.gather_records)
+                s.launch_builder(&self.kernels()?.gather_records)
                     .arg(&n32)
                     .arg(&src)
                     .arg(&perm_p)

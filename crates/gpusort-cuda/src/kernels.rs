@@ -4,16 +4,22 @@
 
 use std::ffi::CStr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, sys::CUfunction_attribute};
 use cudarc::nvrtc::{Ptx, result as nvrtc, sys as nvrtc_sys};
 
 use crate::error::{CudaSortError, Result};
 
-/// The kernel sources, in compile order: the shared header first.
-pub const SOURCES: &[(&str, &str)] = &[
-    ("common.cuh", include_str!("../../../kernels/common.cuh")),
+/// The shared header every family's program starts with.
+pub const COMMON: (&str, &str) = ("common.cuh", include_str!("../../../kernels/common.cuh"));
+
+/// The kernel families, one source file each (`kernels/`): each is compiled by NVRTC as a
+/// program of its own (the defines, [`COMMON`], the family), all at once on threads of their
+/// own, and loaded as a module of its own. One program of every source took ~10 s to compile
+/// on the H100 machine, one thread; the largest family alone (onesweep.cu) takes about a
+/// quarter of that.
+pub const FAMILIES: &[(&str, &str)] = &[
     ("grs.cu", include_str!("../../../kernels/grs.cu")),
     ("srts.cu", include_str!("../../../kernels/srts.cu")),
     ("gather.cu", include_str!("../../../kernels/gather.cu")),
@@ -25,15 +31,9 @@ pub const SOURCES: &[(&str, &str)] = &[
 /// NVRTC options besides the architecture.
 pub const OPTIONS: &[&str] = &["-std=c++17", "-lineinfo"];
 
-/// The whole program NVRTC compiles: every source, concatenated.
-pub fn program_source() -> String {
-    let mut s = String::new();
-    for (name, text) in SOURCES {
-        s.push_str(&format!("// ---- {name} ----\n"));
-        s.push_str(text);
-        s.push('\n');
-    }
-    s
+/// The program of one family: [`COMMON`], then the family's source.
+pub fn family_source(family: &str, text: &str) -> String {
+    format!("// ---- {} ----\n{}\n// ---- {family} ----\n{text}\n", COMMON.0, COMMON.1)
 }
 
 /// The kernels' compile-time settings the host may choose: each is a `#define` put before the
@@ -163,8 +163,8 @@ impl KernelTuning {
         self.onesweep_block() as usize * self.onesweep_ipt()
     }
 
-    /// The program: the defines, then every source.
-    pub fn program_source(&self) -> String {
+    /// The `#define`s put before every program.
+    pub fn defines(&self) -> String {
         let mut s = format!("#define IPT {}\n", self.ipt);
         for (name, value) in [
             ("ONESWEEP_IPT", self.onesweep_ipt.map(|v| v as u64)),
@@ -178,7 +178,16 @@ impl KernelTuning {
                 s.push_str(&format!("#define {name} {v}\n"));
             }
         }
-        s + &program_source()
+        s
+    }
+
+    /// The programs, one per family ([`FAMILIES`]): its name and its source, the defines first.
+    pub fn programs(&self) -> Vec<(&'static str, String)> {
+        let defines = self.defines();
+        FAMILIES
+            .iter()
+            .map(|(name, text)| (*name, defines.clone() + &family_source(name, text)))
+            .collect()
     }
 }
 
@@ -272,6 +281,48 @@ impl KernelCache {
         self.dir.as_deref()
     }
 
+    /// The CUBIN of each of `programs` for `arch` (in their order), each from the cache or
+    /// compiled by NVRTC, the compiles on threads of their own. `Hit` when every one was cached.
+    pub fn load_or_compile_all(
+        &self,
+        programs: &[(&str, String)],
+        arch: &str,
+        nvrtc_version: (i32, i32),
+    ) -> Result<(Vec<Vec<u8>>, CacheOutcome)> {
+        let results: Vec<Result<(Vec<u8>, CacheOutcome)>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = programs
+                .iter()
+                .map(|(name, source)| {
+                    std::thread::Builder::new()
+                        .name(format!("gpusort-nvrtc-{name}"))
+                        .spawn_scoped(scope, move || {
+                            self.load_or_compile(source, arch, nvrtc_version)
+                                .map_err(|e| CudaSortError::Compile(format!("{name}: {e}")))
+                        })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| match h {
+                    Ok(h) => h
+                        .join()
+                        .unwrap_or_else(|_| Err(CudaSortError::Compile("an NVRTC thread panicked".into()))),
+                    Err(e) => Err(CudaSortError::Compile(format!("starting an NVRTC thread: {e}"))),
+                })
+                .collect()
+        });
+        let mut cubins = Vec::with_capacity(results.len());
+        let mut outcome = CacheOutcome::Hit;
+        for r in results {
+            let (cubin, o) = r?;
+            if o == CacheOutcome::Compiled {
+                outcome = CacheOutcome::Compiled;
+            }
+            cubins.push(cubin);
+        }
+        Ok((cubins, outcome))
+    }
+
     /// The CUBIN of `source` for `arch`, from the cache or compiled by NVRTC (and then stored).
     /// A cache that cannot be read or written is skipped, not an error.
     pub fn load_or_compile(
@@ -355,11 +406,109 @@ impl ByBins {
     }
 }
 
-/// Every kernel of the module.
+/// What a context's kernels need to be compiled and loaded.
+struct KernelSources {
+    ctx: Arc<CudaContext>,
+    cache: KernelCache,
+    programs: Vec<(&'static str, String)>,
+    arch: String,
+    nvrtc_version: (i32, i32),
+}
+
+/// A context's kernels, compiled (or read from the cache) and loaded on a thread of their own
+/// from the moment the GPU is opened, so that a sort's input is read and uploaded while NVRTC
+/// works: only the first kernel launch waits for them. A failure is kept and returned to each
+/// caller (the sort then runs on the CPU, with the reason).
+#[derive(Clone)]
+pub struct LoadingKernels {
+    sources: Arc<KernelSources>,
+    cell: Arc<OnceLock<std::result::Result<(Kernels, CacheOutcome), String>>>,
+}
+
+impl std::fmt::Debug for LoadingKernels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match self.cell.get() {
+            None => "loading",
+            Some(Ok(_)) => "loaded",
+            Some(Err(_)) => "failed",
+        };
+        f.debug_struct("LoadingKernels")
+            .field("arch", &self.sources.arch)
+            .field("state", &state)
+            .finish()
+    }
+}
+
+impl LoadingKernels {
+    /// Starts compiling and loading `programs` for `ctx` on a thread of its own.
+    pub fn start(
+        ctx: Arc<CudaContext>,
+        cache: KernelCache,
+        programs: Vec<(&'static str, String)>,
+        arch: String,
+        nvrtc_version: (i32, i32),
+    ) -> Self {
+        let this = Self {
+            sources: Arc::new(KernelSources {
+                ctx,
+                cache,
+                programs,
+                arch,
+                nvrtc_version,
+            }),
+            cell: Arc::new(OnceLock::new()),
+        };
+        let background = this.clone();
+        // Without a thread, the first wait compiles instead.
+        let _ = std::thread::Builder::new()
+            .name("gpusort-kernels".into())
+            .spawn(move || {
+                let _ = background.wait();
+            });
+        this
+    }
+
+    /// The kernels, once they are loaded (waiting for them until then).
+    pub fn wait(&self) -> Result<&Kernels> {
+        self.loaded().map(|(k, _)| k)
+    }
+
+    /// Whether the kernels came from the cache (waiting for them until they are loaded).
+    pub fn outcome(&self) -> Result<CacheOutcome> {
+        self.loaded().map(|(_, o)| *o)
+    }
+
+    fn loaded(&self) -> Result<&(Kernels, CacheOutcome)> {
+        let s = &self.sources;
+        self.cell
+            .get_or_init(|| {
+                let start = std::time::Instant::now();
+                let (cubins, outcome) = s
+                    .cache
+                    .load_or_compile_all(&s.programs, &s.arch, s.nvrtc_version)
+                    .map_err(|e| e.to_string())?;
+                let kernels = Kernels::load(&s.ctx, cubins).map_err(|e| e.to_string())?;
+                log::debug!(
+                    target: "gpusort::timeline",
+                    "kernels {} and loaded in {:.2} s",
+                    match outcome {
+                        CacheOutcome::Hit => "read from the cache",
+                        CacheOutcome::Compiled => "compiled",
+                    },
+                    start.elapsed().as_secs_f64()
+                );
+                Ok((kernels, outcome))
+            })
+            .as_ref()
+            .map_err(|e| CudaSortError::Compile(e.clone()))
+    }
+}
+
+/// Every kernel of the families' modules.
 #[derive(Debug, Clone)]
 pub struct Kernels {
-    /// The loaded module.
-    pub module: Arc<CudaModule>,
+    /// The loaded modules, one per family.
+    pub modules: Vec<Arc<CudaModule>>,
     /// GRS phase 1.
     pub grs_rank: ByBins,
     /// GRS phase 3.
@@ -450,10 +599,19 @@ pub const SCATTER_MAX_DYNAMIC_SMEM: i32 = 96 * 1024;
 pub const ONESWEEP_MAX_DYNAMIC_SMEM: i32 = 192 * 1024;
 
 impl Kernels {
-    /// Loads `cubin` into `ctx` and looks up every kernel.
-    pub fn load(ctx: &Arc<CudaContext>, cubin: Vec<u8>) -> Result<Self> {
-        let module = ctx.load_module(Ptx::from_binary(cubin))?;
-        let f = |name: &str| module.load_function(name);
+    /// Loads the families' `cubins` into `ctx` and looks up every kernel (in whichever module
+    /// has it).
+    pub fn load(ctx: &Arc<CudaContext>, cubins: Vec<Vec<u8>>) -> Result<Self> {
+        let modules = cubins
+            .into_iter()
+            .map(|cubin| ctx.load_module(Ptx::from_binary(cubin)))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let f = |name: &str| -> Result<CudaFunction> {
+            modules
+                .iter()
+                .find_map(|m| m.load_function(name).ok())
+                .ok_or_else(|| CudaSortError::Compile(format!("no kernel {name} in the compiled families")))
+        };
         let bins = |name: &str| -> Result<ByBins> {
             Ok(ByBins {
                 b4: f(&format!("{name}_b4"))?,
@@ -493,7 +651,7 @@ impl Kernels {
             msd_local: f("msd_local")?,
             key_bounds: f("key_bounds")?,
             encode_keys: f("encode_keys")?,
-            module: module.clone(),
+            modules: modules.clone(),
         };
         for func in [
             &k.grs_scatter.b4,
@@ -548,13 +706,15 @@ mod tests {
             onesweep_min_blocks: Some(4),
             ..KernelTuning::default()
         };
+        for (name, source) in t.programs() {
+            assert!(
+                source.starts_with("#define IPT 12\n#define ONESWEEP_MIN_BLOCKS 4\n// ---- common.cuh"),
+                "{name}"
+            );
+        }
         assert!(
-            t.program_source()
-                .starts_with("#define IPT 12\n#define ONESWEEP_MIN_BLOCKS 4\n// ---- common.cuh")
-        );
-        assert!(
-            KernelTuning::default()
-                .program_source()
+            KernelTuning::default().programs()[0]
+                .1
                 .starts_with("#define IPT 16\n// ---- common.cuh")
         );
         let all = KernelTuning {
@@ -566,10 +726,11 @@ mod tests {
             onesweep_lookback_window: Some(4),
             rank_fold: Some(0),
         };
-        assert!(all.program_source().starts_with(
+        assert_eq!(
+            all.defines(),
             "#define IPT 16\n#define ONESWEEP_IPT 24\n#define ONESWEEP_BLOCK 384\n#define ONESWEEP_MIN_BLOCKS 2\n\
-             #define ONESWEEP_KEEP_WORDS 1\n#define ONESWEEP_LOOKBACK_WINDOW 4\n#define RANK_FOLD 0\n// ---- common.cuh"
-        ));
+             #define ONESWEEP_KEEP_WORDS 1\n#define ONESWEEP_LOOKBACK_WINDOW 4\n#define RANK_FOLD 0\n"
+        );
         assert_eq!(
             (all.onesweep_ipt(), all.onesweep_block(), all.onesweep_tile()),
             (24, 384, 9216)
@@ -687,16 +848,18 @@ mod tests {
             eprintln!("NVRTC COMPILE TEST NOT RUN: NVRTC (libnvrtc) is not installed");
             return;
         }
-        let cubin = compile_cubin(&program_source(), "sm_90").unwrap();
+        let programs = KernelTuning::default().programs();
+        let cubin = compile_cubin(&programs[0].1, "sm_90").unwrap();
         assert!(cubin.starts_with(b"\x7fELF"), "a CUBIN is an ELF file");
         let dir = std::env::temp_dir().join(format!("gpusort-cache-test-{}", std::process::id()));
         let cache = KernelCache::new(Some(dir.clone()));
         let (first, outcome) = cache
-            .load_or_compile(&program_source(), "sm_90", crate::device::nvrtc_version())
+            .load_or_compile_all(&programs, "sm_90", crate::device::nvrtc_version())
             .unwrap();
-        assert_eq!(outcome, CacheOutcome::Compiled);
+        assert_eq!((outcome, first.len()), (CacheOutcome::Compiled, FAMILIES.len()));
+        assert!(first.iter().all(|c| c.starts_with(b"\x7fELF")));
         let (again, outcome) = cache
-            .load_or_compile(&program_source(), "sm_90", crate::device::nvrtc_version())
+            .load_or_compile_all(&programs, "sm_90", crate::device::nvrtc_version())
             .unwrap();
         assert_eq!((outcome, again == first), (CacheOutcome::Hit, true));
         let _ = std::fs::remove_dir_all(dir);
@@ -705,29 +868,31 @@ mod tests {
     }
 
     #[test]
-    fn program_holds_every_source_in_order() {
-        let s = program_source();
-        let at = |n: &str| s.find(&format!("// ---- {n} ----")).unwrap();
-        assert!(at("common.cuh") < at("grs.cu") && at("grs.cu") < at("srts.cu") && at("srts.cu") < at("gather.cu"));
-        assert!(at("gather.cu") < at("msd.cu") && at("msd.cu") < at("onesweep.cu"));
-        for name in [
-            "grs_rank_b8",
-            "grs_scatter_b4",
-            "srts_upsweep_b8",
-            "srts_downsweep_b4",
-            "gather_records",
-            "pack_rows",
-            "gather_unpack",
-            "copy_ranges",
-            "msd_count_b11",
-            "msd_scatter_b8",
-            "msd_subsegments",
-            "msd_local",
-            "onesweep_histogram",
-            "onesweep_scan",
-            "onesweep_pass_b8",
-        ] {
-            assert!(s.contains(name), "{name}");
+    fn every_family_is_a_program_with_the_common_header() {
+        let programs = KernelTuning::default().programs();
+        assert_eq!(programs.len(), FAMILIES.len());
+        for (name, source) in &programs {
+            let common = source.find("// ---- common.cuh ----").unwrap();
+            let own = source.find(&format!("// ---- {name} ----")).unwrap();
+            assert!(common < own, "{name}");
+            // No family's program holds another family's source.
+            for (other, _) in FAMILIES.iter().filter(|(o, _)| o != name) {
+                assert!(!source.contains(&format!("// ---- {other} ----")), "{name} holds {other}");
+            }
+        }
+        let kernels: &[(&str, &[&str])] = &[
+            ("grs.cu", &["grs_rank_b8", "grs_scatter_b4", "scan_spine"]),
+            ("srts.cu", &["srts_upsweep_b8", "srts_downsweep_b4"]),
+            ("gather.cu", &["gather_records", "pack_rows", "gather_unpack", "copy_ranges", "iota"]),
+            ("msd.cu", &["msd_count_b11", "msd_scatter_b8", "msd_subsegments", "msd_local"]),
+            ("onesweep.cu", &["onesweep_histogram", "onesweep_scan", "onesweep_pass_b8"]),
+            ("keys.cu", &["key_bounds", "encode_keys"]),
+        ];
+        for (family, names) in kernels {
+            let (_, source) = programs.iter().find(|(n, _)| n == family).unwrap();
+            for name in *names {
+                assert!(source.contains(name), "{family}: {name}");
+            }
         }
     }
 }

@@ -469,7 +469,7 @@ impl Gpu {
     ) -> Result<Option<CudaSlice<u32>>> {
         let n = table.num_rows;
         let s = self.stream();
-        let k = self.kernels();
+        let k = self.kernels()?;
         let passes = &plan.passes;
         let key = MsdKey::new(passes);
         if key.words() > MSD_LOCAL_MAX_WORDS {
