@@ -2,12 +2,15 @@
 # Runs on the GPU machine (the `device` tool), from the repository root, with .gpu/ holding
 # xz-compressed binaries (*.xz; python3's lzma unpacks them, the machine has no zstd):
 # gpu_sql (the datafusion-gpusort GPU tests) and/or external (the external-sort benchmark),
-# and, for the slt records, a copy of ../shared/datafusion-slt. Logs go under $OUT.
+# and, for the slt records, the datafusion-sqllogictest crate's `.slt` files in
+# .gpu/datafusion-sqllogictest/ (scripts/pack-gpu.sh with SLT=1; their data is the repository's
+# testdata/datafusion-slt). Logs go under $OUT.
 #
 #   STEPS="tests bench" EXT_ROWS=400000000 bash scripts/device-external.sh
 set -u
 . "$(dirname "$0")/device-unpack.sh"
-export GPUSORT_REQUIRE_GPU=1 GPUSORT_SLT_REQUIRED=1 GPUSORT_SLT_DIR=$PWD/.gpu/datafusion-slt
+export GPUSORT_REQUIRE_GPU=1 GPUSORT_SLT_CRATE_DIR=$PWD/.gpu/datafusion-sqllogictest \
+  GPUSORT_SLT_DATA_DIR=$PWD/testdata/datafusion-slt
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 nproc; free -g | head -2; df -h /tmp | tail -1
 for step in ${STEPS:-tests bench}; do

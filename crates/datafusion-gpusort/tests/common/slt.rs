@@ -16,17 +16,30 @@
 //!   caller's `configure`. TestContext's per-file extras (special tables for `joins.slt`,
 //!   `map.slt`, ...) are not registered; none of [`SORT_SLT_FILES`] needs them.
 //!
-//! The `.slt` files and their data come from `shared/datafusion-slt` next to the workspace
-//! (override with the env var `GPUSORT_SLT_DIR`). That folder is copied to a temporary directory
-//! and the process's working directory is set to `<copy>/datafusion/sqllogictest` while the
-//! suite runs (the files read their data through paths relative to it). Suites in one test
-//! binary therefore run one at a time, and no other test of that binary should rely on the
-//! working directory. `GPUSORT_SLT_FILES=order,topk` runs only the listed files (substring
-//! match); `GPUSORT_SLT_REQUIRED=1` makes a missing folder a failure instead of a loud notice.
+//! Where the files come from (nothing outside the repository and cargo's registry):
+//! - the `.slt` files and the crate's `data/` folder: the `datafusion-sqllogictest` crate this
+//!   workspace builds against, as cargo unpacked it when it built this test
+//!   (`$CARGO_HOME/registry/src/*/datafusion-sqllogictest-<version>`; the env var
+//!   `GPUSORT_SLT_CRATE_DIR` overrides it);
+//! - the data they read from DataFusion's source tree, arrow-testing and parquet-testing:
+//!   `testdata/datafusion-slt/` in this repository (see its README; `GPUSORT_SLT_DATA_DIR`
+//!   overrides it, e.g. on a machine where the test binary runs away from its checkout).
+//!
+//! Both are assembled into a temporary directory laid out like DataFusion's source tree, and the
+//! process's working directory is set to `<temp>/datafusion/sqllogictest` while the suite runs
+//! (the files read their data through paths relative to it). Suites in one test binary therefore
+//! run one at a time, and no other test of that binary should rely on the working directory.
+//!
+//! A suite whose files or data are missing **fails**, saying what is missing, unless it is
+//! named in `GPUSORT_SLT_SKIP` (a comma-separated list of [`SUITE_SORT_FILES`] and
+//! [`SUITE_WHOLE`]), which skips it with a line on stderr. Every run ends with a line on
+//! stderr, written past the test harness's capture, `sqllogictest: N files, M records ran, K
+//! passed, ...`, and a run of fewer records than its suite's minimum fails. `GPUSORT_SLT_FILES=
+//! order,topk` runs only the listed files (substring match; the minimum is then one record).
 
 use std::any::Any;
 use std::fmt::Write as _;
-use std::io;
+use std::io::{self, Write as _};
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -53,9 +66,19 @@ pub const SORT_SLT_FILES: &[&str] = &[
     "window.slt",
 ];
 
-/// Where the `.slt` folder is by default, relative to this crate's manifest directory.
-const DEFAULT_SLT_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/datafusion-slt");
-/// The runner directory inside the folder; the `.slt` files' relative paths start here.
+/// The name of the suite of [`SORT_SLT_FILES`] in `GPUSORT_SLT_SKIP`.
+pub const SUITE_SORT_FILES: &str = "sort-files";
+/// The name of DataFusion's whole suite ([`full_slt_suite`]) in `GPUSORT_SLT_SKIP`.
+pub const SUITE_WHOLE: &str = "whole-suite";
+/// The env var that names the suites to skip when their files or data are missing.
+pub const SKIP_VAR: &str = "GPUSORT_SLT_SKIP";
+/// Records [`SORT_SLT_FILES`] must run, all files (DataFusion 55.2's six files run 1,079 besides
+/// their `EXPLAIN`s): fewer means files or records went missing.
+pub const SORT_FILES_MIN_RECORDS: usize = 1000;
+
+/// The vendored data, relative to this crate's manifest directory (inside the repository).
+const DEFAULT_DATA_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testdata/datafusion-slt");
+/// The runner directory inside the assembled tree; the `.slt` files' relative paths start here.
 const RUNNER_DIR: &str = "datafusion/sqllogictest";
 /// Labels the runner matches `onlyif`/`skipif` conditions against: DataFusion's binary adds
 /// `Datafusion`, and the runner adds the engine's name.
@@ -140,10 +163,13 @@ impl FileReport {
 /// What a whole suite did.
 #[derive(Debug, Clone, Default)]
 pub struct SuiteReport {
-    /// False when the `.slt` folder was not found: nothing ran.
+    /// False when the suite was skipped (its files or data are missing and `GPUSORT_SLT_SKIP`
+    /// names it): nothing ran.
     pub ran: bool,
-    /// Why the suite did not run.
-    pub not_run_reason: Option<String>,
+    /// Why the suite was skipped.
+    pub skipped_reason: Option<String>,
+    /// Records the suite must run for [`SuiteReport::assert_all_passed`] to pass.
+    pub min_records: usize,
     /// One entry per file, in the order run.
     pub files: Vec<FileReport>,
     /// Wall time of the suite, copying the folder included.
@@ -151,12 +177,28 @@ pub struct SuiteReport {
 }
 
 impl SuiteReport {
-    fn not_run(reason: String) -> Self {
+    fn skipped(reason: String) -> Self {
         Self {
             ran: false,
-            not_run_reason: Some(reason),
+            skipped_reason: Some(reason),
             ..Self::default()
         }
+    }
+
+    /// The one-line summary written to stderr at the end of every run.
+    pub fn summary(&self) -> String {
+        format!(
+            "sqllogictest: {} files, {} records ran, {} passed, {} failed, {} file error(s) \
+             ({} EXPLAIN and {} onlyif/skipif records not run) in {:.1}s",
+            self.files.len(),
+            self.run(),
+            self.passed(),
+            self.failed(),
+            self.files.iter().map(|f| f.file_errors.len()).sum::<usize>(),
+            self.skipped_explain(),
+            self.skipped_condition(),
+            self.elapsed.as_secs_f64()
+        )
     }
 
     /// Records run, all files.
@@ -279,21 +321,18 @@ impl SuiteReport {
         out
     }
 
-    /// Panics unless every record run passed, no file had an error, and (when the suite ran)
-    /// at least one record ran. A suite that did not run passes (its loud notice is on stderr)
-    /// unless `GPUSORT_SLT_REQUIRED` is set.
+    /// Panics unless every record run passed, no file had an error, and at least
+    /// [`SuiteReport::min_records`] (and at least one) records ran. A suite skipped through
+    /// `GPUSORT_SLT_SKIP` passes (the skip is on stderr).
     pub fn assert_all_passed(&self) {
         if !self.ran {
-            let reason = self.not_run_reason.as_deref().unwrap_or("unknown reason");
-            if env_flag("GPUSORT_SLT_REQUIRED") {
-                panic!("sqllogictest suite did not run ({reason}) and GPUSORT_SLT_REQUIRED is set");
-            }
-            eprintln!("sqllogictest suite did NOT run ({reason}); passing vacuously");
             return;
         }
         assert!(
-            self.run() > 0,
-            "the sqllogictest suite ran no records:\n{}",
+            self.run() >= self.min_records.max(1),
+            "the sqllogictest suite ran {} records, fewer than the {} it must run:\n{}",
+            self.run(),
+            self.min_records.max(1),
             self.table()
         );
         let mut unexpected = Vec::new();
@@ -333,70 +372,157 @@ pub fn with_options(mut builder: SessionStateBuilder, options: &[(&str, &str)]) 
     builder
 }
 
-/// The `.slt` folder (`GPUSORT_SLT_DIR`, else `shared/datafusion-slt` beside the workspace),
-/// or why it is not usable.
-pub fn slt_source_dir() -> Result<PathBuf, String> {
-    let (dir, origin) = match env::var_os("GPUSORT_SLT_DIR") {
-        Some(dir) => (PathBuf::from(dir), "GPUSORT_SLT_DIR"),
-        None => (PathBuf::from(DEFAULT_SLT_DIR), "the default location"),
-    };
-    let test_files = dir.join(RUNNER_DIR).join("test_files");
-    if test_files.is_dir() {
-        Ok(dir)
-    } else {
-        Err(format!(
-            "{} (from {origin}) has no {RUNNER_DIR}/test_files folder",
-            dir.display()
-        ))
+/// The data files the [`SORT_SLT_FILES`] read that the `datafusion-sqllogictest` crate does not
+/// ship, relative to the data folder (`testdata/datafusion-slt`).
+pub const VENDORED_DATA_FILES: &[&str] = &[
+    "datafusion/core/tests/data/aggregate_agg_multi_order.csv",
+    "datafusion/core/tests/data/null_cases.csv",
+    "datafusion/core/tests/data/partitioned_csv/partition-0.csv",
+    "datafusion/core/tests/data/partitioned_csv/partition-1.csv",
+    "datafusion/core/tests/data/partitioned_csv/partition-2.csv",
+    "datafusion/core/tests/data/partitioned_csv/partition-3.csv",
+    "datafusion/core/tests/data/timestamps.csv",
+    "datafusion/core/tests/data/window_1.csv",
+    "datafusion/core/tests/data/window_2.csv",
+    "datafusion/core/tests/tpch-csv/orders.csv",
+    "testing/data/csv/aggregate_test_100.csv",
+    "parquet-testing/data/alltypes_plain.parquet",
+];
+
+/// Where a suite's files come from.
+#[derive(Debug, Clone)]
+pub struct SltSources {
+    /// The `datafusion-sqllogictest` crate's folder: its `test_files/` and `data/`.
+    pub krate: PathBuf,
+    /// The vendored data, laid out like DataFusion's source tree (`testdata/datafusion-slt`).
+    pub data: PathBuf,
+}
+
+impl SltSources {
+    /// Finds the crate and the data, or says what is missing and where it was looked for.
+    pub fn find() -> Result<Self, String> {
+        let data = match env::var_os("GPUSORT_SLT_DATA_DIR") {
+            Some(dir) => PathBuf::from(dir),
+            None => PathBuf::from(DEFAULT_DATA_DIR),
+        };
+        let missing: Vec<&str> = VENDORED_DATA_FILES
+            .iter()
+            .copied()
+            .filter(|f| !data.join(f).is_file())
+            .collect();
+        if !missing.is_empty() {
+            return Err(format!(
+                "the data folder {} lacks {} of the {} data files the .slt files read ({}, ...)",
+                data.display(),
+                missing.len(),
+                VENDORED_DATA_FILES.len(),
+                missing[0]
+            ));
+        }
+        let krate = sqllogictest_crate_dir()?;
+        if !krate.join("test_files").is_dir() {
+            return Err(format!("{} has no test_files folder", krate.display()));
+        }
+        Ok(Self { krate, data })
     }
+
+    /// A temporary tree laid out like DataFusion's source tree: the data at its root, the crate's
+    /// `test_files/` and `data/` in `datafusion/sqllogictest/`.
+    pub fn assemble(&self) -> Result<tempfile::TempDir, String> {
+        let temp = tempfile::Builder::new()
+            .prefix("gpusort-slt-")
+            .tempdir()
+            .map_err(|e| format!("cannot create a temporary directory: {e}"))?;
+        let runner = temp.path().join(RUNNER_DIR);
+        let copy = |from: &Path, to: &Path| {
+            copy_dir(from, to).map_err(|e| format!("cannot copy {} to {}: {e}", from.display(), to.display()))
+        };
+        copy(&self.data, temp.path())?;
+        copy(&self.krate.join("test_files"), &runner.join("test_files"))?;
+        let data = self.krate.join("data");
+        if data.is_dir() {
+            copy(&data, &runner.join("data"))?;
+        }
+        Ok(temp)
+    }
+}
+
+/// Called when `suite`'s files or data are missing: returns (after a line on stderr) when
+/// `GPUSORT_SLT_SKIP` names the suite, else panics with `reason` and what to do.
+pub fn missing(suite: &str, reason: &str) {
+    let skipped = env::var(SKIP_VAR)
+        .unwrap_or_default()
+        .split(',')
+        .any(|name| name.trim() == suite);
+    if skipped {
+        to_stderr(&format!("sqllogictest: suite {suite} SKIPPED ({SKIP_VAR}): {reason}"));
+        return;
+    }
+    panic!(
+        "sqllogictest suite {suite} cannot run: {reason}. The .slt files come from the \
+         datafusion-sqllogictest crate in cargo's registry (GPUSORT_SLT_CRATE_DIR overrides it), \
+         their data from testdata/datafusion-slt (GPUSORT_SLT_DATA_DIR overrides it). \
+         {SKIP_VAR}={suite} skips this suite instead of failing."
+    );
+}
+
+/// Writes a line to the process's stderr past the test harness's capture (which takes only what
+/// `print!`/`eprint!` write), so that it shows without `--nocapture`.
+fn to_stderr(line: &str) {
+    let _ = writeln!(io::stderr().lock(), "{line}");
 }
 
 /// Runs `files` (names in `test_files/`, with or without `.slt`) with a session built like
 /// DataFusion's sqllogictest runner builds one and then passed through `configure`. Prints a
-/// per-file table; returns the counts. Never panics on a failing record: check the report (e.g.
-/// [`SuiteReport::assert_all_passed`]).
+/// per-file table and the summary line; returns the counts. Panics when the files or data are
+/// missing (unless `GPUSORT_SLT_SKIP` names [`SUITE_SORT_FILES`]), never on a failing record:
+/// check the report (e.g. [`SuiteReport::assert_all_passed`]).
 pub async fn run_slt_suite(
     configure: impl Fn(SessionStateBuilder) -> SessionStateBuilder,
     files: &[&str],
 ) -> SuiteReport {
-    match slt_source_dir() {
-        Ok(dir) => run_slt_suite_in(&dir, configure, files).await,
+    let start = Instant::now();
+    let tree = match SltSources::find().and_then(|sources| sources.assemble()) {
+        Ok(tree) => tree,
         Err(reason) => {
-            not_run_notice(
-                &reason,
-                "Set GPUSORT_SLT_DIR to a datafusion-slt folder (see its README.md) to run it.",
-            );
-            SuiteReport::not_run(reason)
+            missing(SUITE_SORT_FILES, &reason);
+            return SuiteReport::skipped(reason);
         }
+    };
+    let mut report = run_in_tree(tree.path(), configure, files, start).await;
+    if files == SORT_SLT_FILES && env::var_os("GPUSORT_SLT_FILES").is_none() {
+        report.min_records = SORT_FILES_MIN_RECORDS;
     }
+    report
 }
 
-/// Says loudly on stderr that a suite did not run, and why.
-pub fn not_run_notice(reason: &str, what_to_do: &str) {
-    let bar = "!".repeat(100);
-    eprintln!("{bar}\n!!! THE DATAFUSION SQLLOGICTEST SUITE DID NOT RUN: {reason}.");
-    eprintln!("!!! {what_to_do}\n{bar}");
-}
-
-/// [`run_slt_suite`] on the `.slt` folder `source` (laid out like `shared/datafusion-slt`).
+/// [`run_slt_suite`] on a copy of `tree` (laid out as [`SltSources::assemble`] lays it out),
+/// which the run leaves as it found it.
 pub async fn run_slt_suite_in(
-    source: &Path,
+    tree: &Path,
     configure: impl Fn(SessionStateBuilder) -> SessionStateBuilder,
     files: &[&str],
 ) -> SuiteReport {
-    let _lock = SUITE_LOCK.lock().await;
     let start = Instant::now();
-    let source = source.to_path_buf();
-
-    // The temporary copy outlives the working-directory guard (declared after it, so dropped
-    // first): the process leaves the directory before it is deleted.
     let temp = tempfile::Builder::new()
         .prefix("gpusort-slt-")
         .tempdir()
         .expect("cannot create a temporary directory");
-    let copy = temp.path().join("datafusion-slt");
-    copy_dir(&source, &copy).unwrap_or_else(|e| panic!("cannot copy {} to {}: {e}", source.display(), copy.display()));
-    let _cwd = CwdGuard::enter(&copy.join(RUNNER_DIR));
+    copy_dir(tree, temp.path())
+        .unwrap_or_else(|e| panic!("cannot copy {} to {}: {e}", tree.display(), temp.path().display()));
+    run_in_tree(temp.path(), configure, files, start).await
+}
+
+/// Runs `files` with the working directory in `tree`'s runner directory; the tree receives the
+/// files' scratch output. `start` is when the suite started (assembling the tree included).
+async fn run_in_tree(
+    tree: &Path,
+    configure: impl Fn(SessionStateBuilder) -> SessionStateBuilder,
+    files: &[&str],
+    start: Instant,
+) -> SuiteReport {
+    let _lock = SUITE_LOCK.lock().await;
+    let _cwd = CwdGuard::enter(&tree.join(RUNNER_DIR));
 
     let filter: Option<Vec<String>> = env::var("GPUSORT_SLT_FILES").ok().map(|v| {
         v.split(',')
@@ -438,49 +564,41 @@ pub async fn run_slt_suite_in(
     if report.problems() > 0 {
         println!("{}", report.failure_details());
     }
+    to_stderr(&report.summary());
     report
 }
 
-/// DataFusion's whole sqllogictest suite: a temporary `.slt` folder with every file of the
-/// `datafusion-sqllogictest` crate this workspace builds against (its `test_files/` and `data/`,
-/// from cargo's registry: `GPUSORT_SLT_CRATE_DIR`, else
-/// `$CARGO_HOME/registry/src/*/datafusion-sqllogictest-<DataFusion's version>`) laid over the
-/// sort folder of [`slt_source_dir`] (which brings the data of arrow-testing, parquet-testing and
-/// DataFusion's core tests that many files read), and the names of its `.slt` files, sorted.
-/// The Spark-compatible functions' files (`spark/`) are left out: the runner registers those
-/// functions only for them. Files whose data is missing fail the same way with and without
-/// gpusort.
+/// DataFusion's whole sqllogictest suite: a temporary tree ([`SltSources::assemble`]) with every
+/// file of the `datafusion-sqllogictest` crate this workspace builds against over the vendored
+/// data of the sort files (so those files, and every other file that reads only that data, run),
+/// and the names of its `.slt` files, sorted. The Spark-compatible functions' files (`spark/`)
+/// are left out: the runner registers those functions only for them. Files whose data is not
+/// vendored fail the same way with and without gpusort.
 pub fn full_slt_suite() -> Result<(tempfile::TempDir, Vec<String>), String> {
-    let sorts = slt_source_dir()?;
-    let krate = match env::var_os("GPUSORT_SLT_CRATE_DIR") {
-        Some(dir) => PathBuf::from(dir),
-        None => registry_crate_dir(&format!("datafusion-sqllogictest-{}", datafusion::DATAFUSION_VERSION))?,
-    };
-    let test_files = krate.join("test_files");
-    if !test_files.is_dir() {
-        return Err(format!("{} has no test_files folder", krate.display()));
-    }
-    let temp = tempfile::Builder::new()
-        .prefix("gpusort-slt-suite-")
-        .tempdir()
-        .map_err(|e| format!("cannot create a temporary directory: {e}"))?;
-    let runner = temp.path().join(RUNNER_DIR);
-    copy_dir(&sorts, temp.path()).map_err(|e| format!("cannot copy {}: {e}", sorts.display()))?;
-    copy_dir(&test_files, &runner.join("test_files"))
-        .map_err(|e| format!("cannot copy {}: {e}", test_files.display()))?;
-    let data = krate.join("data");
-    if data.is_dir() {
-        copy_dir(&data, &runner.join("data")).map_err(|e| format!("cannot copy {}: {e}", data.display()))?;
-    }
+    let temp = SltSources::find()?.assemble()?;
     let mut files = vec![];
-    list_slt_files(&runner.join("test_files"), Path::new(""), &mut files)
-        .map_err(|e| format!("cannot list the .slt files: {e}"))?;
+    list_slt_files(
+        &temp.path().join(RUNNER_DIR).join("test_files"),
+        Path::new(""),
+        &mut files,
+    )
+    .map_err(|e| format!("cannot list the .slt files: {e}"))?;
     files.retain(|f| !f.starts_with("spark/"));
     files.sort();
     Ok((temp, files))
 }
 
-/// The folder of crate `name_version` in cargo's registry sources.
+/// The `datafusion-sqllogictest` crate's folder: `GPUSORT_SLT_CRATE_DIR`, else the crate of
+/// DataFusion's version (the lock file pins both to one release) in cargo's registry sources.
+fn sqllogictest_crate_dir() -> Result<PathBuf, String> {
+    if let Some(dir) = env::var_os("GPUSORT_SLT_CRATE_DIR") {
+        return Ok(PathBuf::from(dir));
+    }
+    registry_crate_dir(&format!("datafusion-sqllogictest-{}", datafusion::DATAFUSION_VERSION))
+}
+
+/// The folder of crate `name_version` in cargo's registry sources
+/// (`$CARGO_HOME/registry/src/<registry>/<name_version>`, `CARGO_HOME` defaulting to `~/.cargo`).
 fn registry_crate_dir(name_version: &str) -> Result<PathBuf, String> {
     let cargo_home = env::var_os("CARGO_HOME")
         .map(PathBuf::from)
@@ -492,7 +610,7 @@ fn registry_crate_dir(name_version: &str) -> Result<PathBuf, String> {
         .filter_map(|e| e.ok())
         .map(|e| e.path().join(name_version))
         .find(|p| p.is_dir())
-        .ok_or_else(|| format!("no {name_version} in {} (set GPUSORT_SLT_CRATE_DIR)", src.display()))
+        .ok_or_else(|| format!("no {name_version} in {}", src.display()))
 }
 
 /// Appends the `.slt` files below `dir` (as paths relative to the top folder, `/`-separated).
@@ -646,10 +764,6 @@ fn panic_message(panic: &(dyn Any + Send)) -> String {
     } else {
         "(a non-string panic payload)".to_string()
     }
-}
-
-fn env_flag(name: &str) -> bool {
-    env::var(name).is_ok_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"))
 }
 
 /// Copies a folder recursively (following symbolic links).
