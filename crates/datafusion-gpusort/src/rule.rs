@@ -7,6 +7,9 @@ use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use datafusion::error::Result;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
+use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
@@ -31,7 +34,8 @@ use crate::exec::GpuSortExec;
 /// With `gpusort.merge_partitions` (the default), a `SortPreservingMergeExec` over
 /// per-partition sorts becomes one `GpuSortExec` over all partitions
 /// (`CoalescePartitionsExec` below it): one large sort on the GPU instead of many small ones
-/// and a CPU merge.
+/// and a CPU merge. Projections and filters planned between the merge and the sorts move
+/// above the one sort.
 ///
 /// Run it last, before `SanityCheckPlan` ([`register`](crate::register) does).
 #[derive(Debug, Default, Clone)]
@@ -66,32 +70,65 @@ fn replace_sort(sort: &SortExec, options: &GpuSortConfig) -> Result<Option<GpuSo
     ))
 }
 
-fn merge_partitions(merge: &SortPreservingMergeExec, options: &GpuSortConfig) -> Result<Option<GpuSortExec>> {
-    let Some(sort) = merge.input().downcast_ref::<GpuSortExec>() else {
+/// Whether `node` passes its one input's rows through in order, partition by partition, and
+/// can be put above a single sort instead of per-partition ones: projections and filters.
+/// `keeps_rows`: it also passes every row (a `LIMIT` above it may move
+/// below it).
+fn order_preserving(node: &Arc<dyn ExecutionPlan>) -> Option<(bool, &Arc<dyn ExecutionPlan>)> {
+    let keeps_rows = node.downcast_ref::<ProjectionExec>().is_some();
+    let passes = keeps_rows || node.downcast_ref::<FilterExec>().is_some();
+    let [child] = node.children()[..] else { return None };
+    (passes && node.maintains_input_order() == [true]).then_some((keeps_rows, child))
+}
+
+/// A `SortPreservingMergeExec` over per-partition `GpuSortExec`s, with projections and filters
+/// between the two (`order_preserving`), as one `GpuSortExec` over all partitions with those
+/// nodes above it: `SPM > Projection > GpuSortExec(per partition) > input` becomes
+/// `Projection > GpuSortExec > CoalescePartitionsExec > input`.
+fn merge_partitions(
+    merge: &SortPreservingMergeExec,
+    options: &GpuSortConfig,
+) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+    let mut between = vec![];
+    let mut keeps_rows = true;
+    let mut node = merge.input();
+    while let Some((keeps, child)) = order_preserving(node) {
+        between.push(Arc::clone(node));
+        keeps_rows &= keeps;
+        node = child;
+    }
+    let Some(sort) = node.downcast_ref::<GpuSortExec>() else {
         return Ok(None);
     };
     if !sort.preserve_partitioning() {
         return Ok(None);
     }
     // SortPreservingMergeExec(fetch = a) over per-partition top-b sorts is the global top a
-    // only when each partition keeps at least a rows.
+    // only when each partition keeps at least a rows, and moves below the nodes between only
+    // when they keep every row.
     let fetch = match (merge.fetch(), sort.fetch()) {
-        (m, None) => m,
-        (Some(m), Some(s)) if s >= m => Some(m),
+        (None, s) if between.is_empty() => s,
+        (None, None) => None,
+        (Some(m), None) if keeps_rows => Some(m),
+        (Some(m), Some(s)) if s >= m && keeps_rows => Some(m),
         _ => return Ok(None),
     };
     let coalesced: Arc<dyn ExecutionPlan> = Arc::new(CoalescePartitionsExec::new(Arc::clone(sort.input())));
-    let single = GpuSortExec::try_new(sort.expr().clone(), coalesced)?
-        .with_fetch(fetch)
-        .with_options(options.clone());
-    if !single
-        .properties()
-        .equivalence_properties()
-        .ordering_satisfy(merge.expr().clone())?
-    {
+    let mut top: Arc<dyn ExecutionPlan> = Arc::new(
+        GpuSortExec::try_new(sort.expr().clone(), coalesced)?
+            .with_fetch(fetch)
+            .with_options(options.clone()),
+    );
+    for node in between.into_iter().rev() {
+        top = Arc::clone(&node).replace_children(
+            vec![top],
+            ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
+        )?;
+    }
+    if !top.equivalence_properties().ordering_satisfy(merge.expr().clone())? {
         return Ok(None);
     }
-    Ok(Some(single))
+    Ok(Some(top))
 }
 
 impl PhysicalOptimizerRule for GpuSortRule {
@@ -102,7 +139,7 @@ impl PhysicalOptimizerRule for GpuSortRule {
         }
         plan.transform_up(|node| {
             let replaced = if let Some(sort) = node.downcast_ref::<SortExec>() {
-                replace_sort(sort, &options)?
+                replace_sort(sort, &options)?.map(|exec| Arc::new(exec) as Arc<dyn ExecutionPlan>)
             } else if let Some(merge) = node.downcast_ref::<SortPreservingMergeExec>()
                 && options.merge_partitions
             {
@@ -111,7 +148,7 @@ impl PhysicalOptimizerRule for GpuSortRule {
                 None
             };
             Ok(match replaced {
-                Some(exec) => Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>),
+                Some(exec) => Transformed::yes(exec),
                 None => Transformed::no(node),
             })
         })

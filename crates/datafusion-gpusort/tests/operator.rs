@@ -74,6 +74,44 @@ async fn plans_show_gpu_sort_and_options_apply() {
     assert!(p.contains("SortExec") && !p.contains("GpuSortExec"), "{p}");
 }
 
+/// Projections and filters that DataFusion plans between the merge of sorted partitions and
+/// the per-partition sorts go above one `GpuSortExec` over all partitions.
+#[tokio::test]
+async fn projections_and_filters_over_partition_sorts_get_one_sort() {
+    let ctx = context(true, 2000, 4);
+    // (query, whether the projection is planned above the sort: below it when a sort key is
+    // one of its expressions)
+    for (q, above) in [
+        ("SELECT c, b, a FROM t ORDER BY b NULLS FIRST, a DESC, c", true),
+        (
+            "SELECT a * 2 AS a2, c, b FROM t WHERE c > 0.5 ORDER BY b, a2 DESC, c",
+            false,
+        ),
+        ("SELECT c, b, a FROM t ORDER BY a, b, c LIMIT 1500", true),
+    ] {
+        let p = plan(&ctx, q).await;
+        assert!(
+            p.matches("GpuSortExec").count() == 1
+                && !p.contains("SortPreservingMergeExec")
+                && !p.contains("preserve_partitioning=[true]")
+                && p.contains("CoalescePartitionsExec")
+                && !has_stock_sort(&p),
+            "{q}:\n{p}"
+        );
+        let physical = p.split("physical_plan").nth(1).unwrap_or(&p);
+        let (projection, sort) = (physical.find("ProjectionExec"), physical.find("GpuSortExec"));
+        assert!(
+            projection.is_some() && (projection < sort) == above,
+            "{q}: the projection is {} the sort:\n{p}",
+            if above { "above" } else { "below" }
+        );
+    }
+    // Without merge_partitions, the per-partition sorts and the merge stay.
+    ctx.sql("SET gpusort.merge_partitions = false").await.unwrap();
+    let p = plan(&ctx, "SELECT c, b, a FROM t ORDER BY b, a, c").await;
+    assert!(p.contains("SortPreservingMergeExec"), "{p}");
+}
+
 #[tokio::test]
 async fn explain_analyze_shows_path_and_reason() {
     let ctx = context(true, 2000, 1);

@@ -83,6 +83,9 @@ pub const TOTAL_ORDER_QUERIES: &[&str] = &[
     "SELECT * FROM t WHERE a > 1000 ORDER BY a",
     "SELECT b, count(*) AS n FROM t GROUP BY b ORDER BY n DESC, b",
     "SELECT a, row_number() OVER (PARTITION BY b ORDER BY a, c) AS r FROM t ORDER BY a, r, b",
+    "SELECT c, b, a FROM t ORDER BY b NULLS FIRST, a DESC, c",
+    "SELECT a * 2 AS a2, c, b FROM t WHERE c > 0.5 ORDER BY b, a2 DESC, c",
+    "SELECT c, b, a FROM t ORDER BY a, b, c LIMIT 1500",
 ];
 
 /// Runs every query of [`TOTAL_ORDER_QUERIES`] on both sessions and compares the rows; checks
