@@ -20,6 +20,7 @@ pub mod plan;
 pub mod progress;
 pub mod report;
 pub mod sort;
+pub mod timeline;
 pub mod writer;
 
 use clap::{Parser, Subcommand};

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use datafusion::physical_plan::display::DisplayableExecutionPlan;
 use datafusion::physical_plan::execute_stream;
 use futures::StreamExt;
 use tempfile::NamedTempFile;
@@ -16,6 +17,7 @@ use crate::interrupt;
 use crate::plan::{PlanArgs, SortPlan};
 use crate::progress::{Monitor, ProgressMode};
 use crate::report::{PhaseTimes, PlanMetrics, SortReport};
+use crate::timeline;
 use crate::writer::{Codec, DEFAULT_ROW_GROUP_SIZE, ORDER_BY_METADATA_KEY, SortedParquetWriter, WriteOptions};
 
 /// `gpusort sort`'s arguments.
@@ -43,6 +45,11 @@ pub struct SortArgs {
     /// Print nothing but errors
     #[arg(short, long)]
     pub quiet: bool,
+
+    /// Print a timeline of the sort's steps to stderr as they happen, and the plan with every
+    /// operator's metrics at the end
+    #[arg(long)]
+    pub timeline: bool,
 }
 
 impl SortArgs {
@@ -55,6 +62,7 @@ impl SortArgs {
             compression: Codec::default(),
             force: false,
             quiet: false,
+            timeline: false,
         }
     }
 
@@ -78,6 +86,9 @@ fn parse_row_group_size(s: &str) -> std::result::Result<usize, String> {
 /// says; the summary is the caller's to print.
 pub async fn sort(args: &SortArgs, mode: ProgressMode) -> Result<SortReport> {
     let start = Instant::now();
+    if args.timeline {
+        timeline::enable();
+    }
     let output = &args.output;
     let (temp, _cleanup) = interrupt::create_removed_on_interrupt(|| create_temp_file(output, args.force))?;
 
@@ -110,24 +121,32 @@ pub async fn sort(args: &SortArgs, mode: ProgressMode) -> Result<SortReport> {
         run_start,
         mode,
     );
+    timeline::mark("sort: planned");
     let mut stream = execute_stream(Arc::clone(&planned.plan), planned.ctx.task_ctx()).map_err(df_err)?;
     let mut first_output = None;
     while let Some(batch) = stream.next().await {
         let batch = batch.map_err(df_err)?;
         if first_output.is_none() {
             first_output = Some(Instant::now());
+            timeline::mark("sort: first sorted batch");
             monitor.writing();
         }
         writer.write(batch).await.map_err(write_err)?;
     }
     drop(stream);
+    timeline::mark("sort: last sorted batch handed to the writer");
     let stats = writer.finish().await.map_err(write_err)?;
+    timeline::mark("sort: output written");
     let seen_read_done = monitor.finish();
 
     interrupt::persist(temp, output, args.force)?;
     let end = Instant::now();
 
     let metrics = PlanMetrics::collect(&planned.plan);
+    if args.timeline {
+        let plan = DisplayableExecutionPlan::with_metrics(planned.plan.as_ref()).indent(true);
+        eprintln!("plan with metrics:\n{plan}");
+    }
     let first_output = first_output.unwrap_or(end);
     // The scans' own end time, else when the monitor saw the last row read; never after the
     // first sorted row.
