@@ -1,0 +1,251 @@
+#!/usr/bin/env python3
+"""TPC-H lineitem sorted file to file: the `gpusort` tool (GPU, CPU, DataFusion's sort) against
+DuckDB's `COPY`, in one command on one machine, with every output checked against DuckDB's.
+
+    python3 tpch.py --gpusort PATH/TO/gpusort --sf 10 --data /tmp/tpch [--runs 2]
+        [--lists 1,2,3] [--contenders gpu,cpu,duckdb,datafusion] [--extra "--gpu-memory-limit 4G"]
+        [--csv out.csv] [--svg phases.svg]
+
+Needs `tpchgen-cli` (pip) to make lineitem at the scale factor (once, kept in --data) and the
+`duckdb` Python package. Each ORDER BY list is sorted by each contender in turn, `--runs`
+rounds; the table gives the best wall time of each, its ratio to DuckDB's, and gpusort's own
+phases (planning, reading, sorting, writing) from its summary. Before the first gpusort run the
+kernel cache is a new empty folder, so the first row of `gpu` is the cold start a new machine
+pays (compiling the kernels); later runs use the cache.
+
+Checks, against DuckDB's output of the same list: the same number of rows, the same key columns
+row for row, and the same order-independent checksum of every row (the sum of DuckDB's hash of
+all the columns as text), computed by DuckDB on all cores.
+"""
+
+import argparse
+import csv
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+LISTS = {
+    "1": "l_shipdate, l_orderkey, l_linenumber",
+    "2": "l_returnflag, l_linestatus, l_extendedprice DESC, l_orderkey, l_linenumber",
+    "3": "l_comment, l_orderkey, l_linenumber",
+    "4": "l_partkey, l_suppkey",
+    "5": "l_orderkey DESC, l_linenumber DESC",
+    "6": "l_shipmode, l_receiptdate DESC NULLS LAST, l_quantity",
+}
+
+COLUMNS = [
+    "l_orderkey", "l_partkey", "l_suppkey", "l_linenumber", "l_quantity", "l_extendedprice",
+    "l_discount", "l_tax", "l_returnflag", "l_linestatus", "l_shipdate", "l_commitdate",
+    "l_receiptdate", "l_shipinstruct", "l_shipmode", "l_comment",
+]
+
+PHASES = ["planning", "reading", "sorting", "writing"]
+
+
+def key_columns(order_by):
+    return [k.strip().split()[0] for k in order_by.split(",")]
+
+
+def make_lineitem(sf, data):
+    path = os.path.join(data, f"sf{sf}", "lineitem.parquet")
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        t = time.time()
+        subprocess.run(["tpchgen-cli", "parquet", "-s", str(sf), "--tables", "lineitem",
+                        "--output-dir", os.path.dirname(path)], check=True)
+        print(f"tpchgen-cli: SF{sf} lineitem in {time.time() - t:.1f} s", flush=True)
+    return path
+
+
+def run_gpusort(binary, args, inp, out, order_by, env):
+    cmd = [binary, "sort", inp, "-o", out, "--order-by", order_by, "--force"] + args
+    t = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    wall = time.time() - t
+    if p.returncode != 0:
+        return wall, None, p.stderr.strip().splitlines()[-1:] or ["exit %d" % p.returncode]
+    phases = {}
+    m = re.search(r"planning ([\d.]+) ?(m?s) \+ reading ([\d.]+) ?(m?s) \+ sorting(?:\+merging)? ([\d.]+) ?(m?s) "
+                  r"\+ writing ([\d.]+) ?(m?s)", p.stderr)
+    if m:
+        vals = m.groups()
+        for i, name in enumerate(PHASES):
+            v, unit = float(vals[2 * i]), vals[2 * i + 1]
+            phases[name] = v / 1000 if unit == "ms" else v
+    where = re.search(r"sorted   (.*)", p.stderr)
+    phases["where"] = where.group(1) if where else ""
+    kernels = re.search(r"GPU      kernels ([\d.]+) ?(m?s)", p.stderr)
+    if kernels:
+        phases["kernels"] = float(kernels.group(1)) / (1000 if kernels.group(2) == "ms" else 1)
+    return wall, phases, p.stderr
+
+
+def run_duckdb(inp, out, order_by, threads):
+    import duckdb
+    con = duckdb.connect()
+    con.execute(f"SET threads={threads}")
+    t = time.time()
+    con.execute(f"COPY (SELECT * FROM read_parquet('{inp}') ORDER BY {order_by}) "
+                f"TO '{out}' (FORMAT parquet, COMPRESSION zstd)")
+    wall = time.time() - t
+    con.close()
+    return wall
+
+
+def check(out, ref, order_by, threads):
+    """None when `out` has DuckDB's rows in DuckDB's key order, else what differs."""
+    import duckdb
+    con = duckdb.connect()
+    con.execute(f"SET threads={threads}")
+    keys = key_columns(order_by)
+    diff = " OR ".join(f"a.{k} IS DISTINCT FROM b.{k}" for k in keys)
+    n_a, n_b = (con.execute(f"SELECT count(*) FROM read_parquet('{p}')").fetchone()[0] for p in (out, ref))
+    if n_a != n_b:
+        return f"{n_a} rows, DuckDB {n_b}"
+    bad = con.execute(
+        f"SELECT count(*) FROM read_parquet('{out}', file_row_number=true) a "
+        f"JOIN read_parquet('{ref}', file_row_number=true) b USING (file_row_number) WHERE {diff}").fetchone()[0]
+    if bad:
+        return f"{bad} rows whose keys differ from DuckDB's"
+    h = "hash(" + ", ".join(f"{c}::VARCHAR" for c in COLUMNS) + ")::HUGEINT"
+    sums = [con.execute(f"SELECT sum({h}) FROM read_parquet('{p}')").fetchone()[0] for p in (out, ref)]
+    if sums[0] != sums[1]:
+        return "row checksums differ from DuckDB's"
+    return None
+
+
+def svg(rows, path):
+    """Stacked bars of gpusort's phases (and DuckDB's total) per list and contender."""
+    bars = [r for r in rows if r["seconds"] is not None]
+    if not bars:
+        return
+    colors = {"planning": "#999999", "reading": "#4e79a7", "sorting": "#f28e2b", "writing": "#59a14f",
+              "total": "#b07aa1"}
+    scale = 700 / max(r["seconds"] for r in bars)
+    h, y = 22, 30
+    out = ['<svg xmlns="http://www.w3.org/2000/svg" width="1000" height="%d" font-family="sans-serif" '
+           'font-size="12">' % (40 + len(bars) * (h + 6) + 30)]
+    out.append('<text x="10" y="18">seconds per phase (gpusort summary); DuckDB: total</text>')
+    for r in bars:
+        label = f"list {r['list']} {r['contender']}"
+        out.append(f'<text x="10" y="{y + 15}">{label}</text>')
+        x = 180
+        parts = [(p, r.get(p)) for p in PHASES] if r.get("planning") is not None else [("total", r["seconds"])]
+        for name, v in parts:
+            w = max(0.0, (v or 0) * scale)
+            out.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{h}" fill="{colors[name]}">'
+                       f'<title>{name} {v:.2f} s</title></rect>')
+            x += w
+        out.append(f'<text x="{x + 5:.1f}" y="{y + 15}">{r["seconds"]:.2f} s</text>')
+        y += h + 6
+    lx = 10
+    for name, c in colors.items():
+        out.append(f'<rect x="{lx}" y="{y + 10}" width="12" height="12" fill="{c}"/>'
+                   f'<text x="{lx + 16}" y="{y + 21}">{name}</text>')
+        lx += 100
+    out.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(out))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gpusort", required=True)
+    ap.add_argument("--sf", default="10")
+    ap.add_argument("--data", default="/tmp/tpch")
+    ap.add_argument("--out-dir", default=None, help="where outputs go (default: a temporary folder)")
+    ap.add_argument("--lists", default="1,2,3")
+    ap.add_argument("--contenders", default="gpu,cpu,duckdb")
+    ap.add_argument("--extra", default="", help="more arguments for every gpusort run")
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--timeline", action="store_true", help="print gpusort's --timeline of its last run of each")
+    ap.add_argument("--csv")
+    ap.add_argument("--svg")
+    args = ap.parse_args()
+
+    inp = make_lineitem(args.sf, args.data)
+    print(f"input: {inp} ({os.path.getsize(inp) / 2**30:.2f} GiB), {args.threads} threads", flush=True)
+    contenders = args.contenders.split(",")
+    out_dir = args.out_dir or tempfile.mkdtemp(prefix="tpch-bench-")
+    os.makedirs(out_dir, exist_ok=True)
+    cache = tempfile.mkdtemp(prefix="gpusort-kernels-")  # empty: the first GPU run compiles
+    env = dict(os.environ, GPUSORT_KERNEL_CACHE=cache)
+    extra = args.extra.split()
+    gpusort_args = {"gpu": [], "cpu": ["--device", "cpu"], "datafusion": ["--no-gpusort"]}
+    rows = []
+    first_gpu = True
+    for li in args.lists.split(","):
+        order_by = LISTS[li]
+        print(f"\n== list {li}: ORDER BY {order_by}", flush=True)
+        ref = os.path.join(out_dir, f"duckdb-{li}.parquet")
+        duck = [run_duckdb(inp, ref, order_by, args.threads) for _ in range(args.runs)]
+        best_duck = min(duck)
+        print(f"duckdb: {' '.join(f'{d:.2f}' for d in duck)} s", flush=True)
+        if "duckdb" in contenders:
+            rows.append(dict(list=li, contender="duckdb", seconds=best_duck, ratio=1.0, check="reference"))
+        for c in contenders:
+            if c == "duckdb":
+                continue
+            out = os.path.join(out_dir, f"{c}-{li}.parquet")
+            walls, best = [], None
+            runs = args.runs + (1 if c == "gpu" and first_gpu else 0)
+            for r in range(runs):
+                timeline = ["--timeline"] if args.timeline and r == runs - 1 else []
+                wall, phases, log = run_gpusort(args.gpusort, gpusort_args[c] + extra + timeline, inp, out,
+                                                order_by, env)
+                if phases is None:
+                    print(f"{c}: FAILED: {log}", flush=True)
+                    break
+                if timeline:
+                    print(log, flush=True)
+                if c == "gpu" and first_gpu and r == 0:
+                    rows.append(dict(list=li, contender="gpu (cold kernel cache)", seconds=wall,
+                                     ratio=best_duck / wall, check="", **phases))
+                    first_gpu = False
+                    continue
+                walls.append(wall)
+                if best is None or wall < best[0]:
+                    best = (wall, phases)
+            if best is None:
+                rows.append(dict(list=li, contender=c, seconds=None, ratio=None, check="failed"))
+                continue
+            problem = check(out, ref, order_by, args.threads)
+            print(f"{c}: {' '.join(f'{w:.2f}' for w in walls)} s; {best[1].get('where', '')}; "
+                  f"check: {problem or 'ok'}", flush=True)
+            rows.append(dict(list=li, contender=c, seconds=best[0], ratio=best_duck / best[0],
+                             check=problem or "ok", **best[1]))
+            os.remove(out)
+        os.remove(ref)
+    shutil.rmtree(cache, ignore_errors=True)
+
+    print("\n| list | ORDER BY | contender | seconds | DuckDB / it | planning | reading | sorting | writing | "
+          "GPU kernels | check |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    f = lambda v: "" if v is None else f"{v:.2f}"
+    ratio = lambda v: "" if v is None else f"{v:.2f}x"
+    for r in rows:
+        print(f"| {r['list']} | {LISTS[r['list']]} | {r['contender']} | {f(r['seconds'])} | "
+              + ratio(r['ratio']) + " | "
+              + " | ".join(f(r.get(p)) for p in PHASES) + f" | {f(r.get('kernels'))} | {r['check']} |")
+    if args.csv:
+        with open(args.csv, "w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["list", "order_by", "contender", "seconds", "duckdb_ratio"] + PHASES + ["kernels", "check"])
+            for r in rows:
+                w.writerow([r["list"], LISTS[r["list"]], r["contender"], r["seconds"], r["ratio"]]
+                           + [r.get(p) for p in PHASES] + [r.get("kernels"), r["check"]])
+    if args.svg:
+        svg(rows, args.svg)
+    failed = [r for r in rows if r["check"] not in ("ok", "reference", "")]
+    if failed:
+        print(f"\n{len(failed)} outputs failed their check", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
