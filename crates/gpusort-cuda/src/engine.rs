@@ -33,8 +33,8 @@ use gpusort::plan::{Algorithm, RadixPass, RecordMove, Strategy};
 use crate::device::{self, DeviceInfo};
 use crate::error::{CudaSortError, Result};
 use crate::kernels::{
-    CacheOutcome, KernelCache, KernelTuning, Kernels, LoadingKernels, MSD_LOCAL_CAP, MSD_LOCAL_MAX_WORDS, ONESWEEP_HIST_IPT,
-    ONESWEEP_MAX_DIGITS, ONESWEEP_MAX_ROWS,
+    CacheOutcome, KernelCache, KernelTuning, Kernels, LoadingKernels, MSD_LOCAL_CAP, MSD_LOCAL_MAX_WORDS,
+    ONESWEEP_HIST_IPT, ONESWEEP_MAX_DIGITS, ONESWEEP_MAX_ROWS,
 };
 use crate::msd::MSD_MAX_DIGIT_BITS;
 

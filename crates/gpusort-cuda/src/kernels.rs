@@ -33,7 +33,10 @@ pub const OPTIONS: &[&str] = &["-std=c++17", "-lineinfo"];
 
 /// The program of one family: [`COMMON`], then the family's source.
 pub fn family_source(family: &str, text: &str) -> String {
-    format!("// ---- {} ----\n{}\n// ---- {family} ----\n{text}\n", COMMON.0, COMMON.1)
+    format!(
+        "// ---- {} ----\n{}\n// ---- {family} ----\n{text}\n",
+        COMMON.0, COMMON.1
+    )
 }
 
 /// The kernels' compile-time settings the host may choose: each is a `#define` put before the
@@ -877,15 +880,27 @@ mod tests {
             assert!(common < own, "{name}");
             // No family's program holds another family's source.
             for (other, _) in FAMILIES.iter().filter(|(o, _)| o != name) {
-                assert!(!source.contains(&format!("// ---- {other} ----")), "{name} holds {other}");
+                assert!(
+                    !source.contains(&format!("// ---- {other} ----")),
+                    "{name} holds {other}"
+                );
             }
         }
         let kernels: &[(&str, &[&str])] = &[
             ("grs.cu", &["grs_rank_b8", "grs_scatter_b4", "scan_spine"]),
             ("srts.cu", &["srts_upsweep_b8", "srts_downsweep_b4"]),
-            ("gather.cu", &["gather_records", "pack_rows", "gather_unpack", "copy_ranges", "iota"]),
-            ("msd.cu", &["msd_count_b11", "msd_scatter_b8", "msd_subsegments", "msd_local"]),
-            ("onesweep.cu", &["onesweep_histogram", "onesweep_scan", "onesweep_pass_b8"]),
+            (
+                "gather.cu",
+                &["gather_records", "pack_rows", "gather_unpack", "copy_ranges", "iota"],
+            ),
+            (
+                "msd.cu",
+                &["msd_count_b11", "msd_scatter_b8", "msd_subsegments", "msd_local"],
+            ),
+            (
+                "onesweep.cu",
+                &["onesweep_histogram", "onesweep_scan", "onesweep_pass_b8"],
+            ),
             ("keys.cu", &["key_bounds", "encode_keys"]),
         ];
         for (family, names) in kernels {

@@ -543,7 +543,13 @@ mod tests {
         )));
         check(Arc::new(StringArray::from_iter_values(["", "", ""])));
         check(Arc::new(StringViewArray::from_iter((0..300_000).map(|i| {
-            (i % 5 != 0).then(|| if i % 2 == 0 { format!("s{i}") } else { format!("a longer string value {i}") })
+            (i % 5 != 0).then(|| {
+                if i % 2 == 0 {
+                    format!("s{i}")
+                } else {
+                    format!("a longer string value {i}")
+                }
+            })
         }))));
         check(Arc::new(BinaryViewArray::from_iter_values(
             (0..70_000).map(|i| vec![i as u8; i % 19]),
