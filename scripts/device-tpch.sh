@@ -2,13 +2,14 @@
 # Runs on the GPU machine (the `device` tool), from the repository root: the TPC-H lineitem
 # benchmark (crates/gpusort-cli/benches/tpch.py) of the `gpusort` binary in .gpu/ against
 # DuckDB. .gpu/ holds gpusort.xz (scripts/pack-gpu.sh) and the wheels: duckdb.tar.xz (the
-# duckdb wheel unpacked and repacked with xz) and tpchgen_cli-*.whl. Logs go under $OUT.
+# duckdb wheel unpacked and repacked with xz; device-unpack.sh leaves it as duckdb.tar) and
+# tpchgen_cli-*.whl. Logs go under $OUT.
 #
 #   SF=10 LISTS=1,2,3 CONTENDERS=gpu,cpu,duckdb RUNS=2 EXTRA="" bash scripts/device-tpch.sh
 set -u
 . "$(dirname "$0")/device-unpack.sh"
 if [ ! -d /tmp/site/duckdb ]; then
-  mkdir -p /tmp/site && tar xJf .gpu/duckdb.tar.xz -C /tmp/site &&
+  mkdir -p /tmp/site && tar xf .gpu/duckdb.tar -C /tmp/site &&
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/tpchgen_cli-*.whl || exit 1
 fi
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
