@@ -94,7 +94,10 @@ impl FromStr for StrategyChoice {
     }
 }
 
-/// A byte count such as `512M`, `2g`, `1048576` or `0` (no limit).
+/// A byte count, written as DuckDB and datafusion-cli take them: `1073741824`, `512k`, `512m`,
+/// `8g`, `1t` (binary: 2^10, 2^20, ...), `512KiB`, `512MiB`, `8GiB`, `1TiB` (binary too),
+/// `512KB`, `512MB`, `8GB`, `1TB` (decimal: 10^3, 10^6, ...), `100B`; fractions such as `1.5g`;
+/// case and spaces do not matter. `0` means no limit wherever a limit is set with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ByteSize(pub usize);
 
@@ -104,28 +107,48 @@ impl fmt::Display for ByteSize {
     }
 }
 
+impl ByteSize {
+    /// Parses `s` (see the type's doc); `None` when it is not a byte count that fits a
+    /// `usize`.
+    pub fn parse(s: &str) -> Option<Self> {
+        let t = s.trim().to_ascii_lowercase();
+        let split = t
+            .char_indices()
+            .find(|(_, c)| c.is_ascii_alphabetic())
+            .map_or(t.len(), |(i, _)| i);
+        let (digits, unit) = t.split_at(split);
+        let multiplier: f64 = match unit.trim() {
+            "" | "b" | "byte" | "bytes" => 1.0,
+            "k" | "kib" => (1u64 << 10) as f64,
+            "m" | "mib" => (1u64 << 20) as f64,
+            "g" | "gib" => (1u64 << 30) as f64,
+            "t" | "tib" => (1u64 << 40) as f64,
+            "kb" => 1e3,
+            "mb" => 1e6,
+            "gb" => 1e9,
+            "tb" => 1e12,
+            _ => return None,
+        };
+        let digits = digits.trim();
+        if digits.is_empty() || !digits.chars().all(|c| c.is_ascii_digit() || c == '.') {
+            return None;
+        }
+        if multiplier == 1.0 && !digits.contains('.') {
+            return digits.parse::<usize>().ok().map(Self);
+        }
+        let n: f64 = digits.parse().ok()?;
+        let bytes = (n * multiplier).round();
+        (bytes.is_finite() && bytes < usize::MAX as f64).then_some(Self(bytes as usize))
+    }
+}
+
 impl FromStr for ByteSize {
     type Err = DataFusionError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let t = s.trim().to_ascii_lowercase();
-        let t = t.strip_suffix('b').unwrap_or(&t);
-        let (digits, unit) = match t.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
-            Some((i, _)) => t.split_at(i),
-            None => (t, ""),
-        };
-        let shift = match unit {
-            "" => 0,
-            "k" => 10,
-            "m" => 20,
-            "g" => 30,
-            "t" => 40,
-            _ => return config_err!("expected a byte count like 512M or 2G, got '{s}'"),
-        };
-        let n: f64 = match digits.trim().parse() {
-            Ok(n) if n >= 0.0 => n,
-            _ => return config_err!("expected a byte count like 512M or 2G, got '{s}'"),
-        };
-        Ok(Self((n * (1u64 << shift) as f64) as usize))
+        match Self::parse(s) {
+            Some(size) => Ok(size),
+            None => config_err!("expected a byte count like 512M, 512MiB, 8G, 8GiB or 8GB, got '{s}'"),
+        }
     }
 }
 
@@ -199,9 +222,26 @@ mod tests {
         );
         c.set("gpu_memory_limit", "1.5G").unwrap();
         assert_eq!(c.gpu_memory_limit.0, 3 << 29);
-        c.set("gpu_memory_limit", "64mb").unwrap();
+        c.set("gpu_memory_limit", "64mib").unwrap();
         assert_eq!(c.gpu_memory_limit.0, 64 << 20);
         assert!(c.set("gpu_memory_limit", "lots").is_err());
+        for (text, bytes) in [
+            ("8GiB", 8usize << 30),
+            ("8g", 8 << 30),
+            ("8 G", 8 << 30),
+            ("8GB", 8_000_000_000),
+            ("512MiB", 512 << 20),
+            ("512mb", 512_000_000),
+            ("1.5k", 1536),
+            ("100B", 100),
+            ("0", 0),
+            ("1073741824", 1 << 30),
+        ] {
+            assert_eq!(ByteSize::parse(text), Some(ByteSize(bytes)), "{text}");
+        }
+        for bad in ["", "g", "-1g", "8 gigs", "1e3", "8xb", "99999999999999999999t"] {
+            assert_eq!(ByteSize::parse(bad), None, "{bad}");
+        }
         assert!(c.set("min_rows", "-1").is_err());
         c.set("enabled", "FALSE").unwrap();
         assert!(!c.enabled);

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 
 use datafusion::error::DataFusionError;
 
-/// A `gpusort` failure. `main` prints it as `gpusort: error: <one line>` and exits with 1.
+/// A `gpusort` failure. `main` prints it as `gpusort: error: <one line>` and exits with
+/// [`CliError::exit_code`]: 2 for bad usage, 1 for the rest.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
     /// An input names nothing on disk.
@@ -91,6 +92,20 @@ pub enum CliError {
         /// What failed.
         cause: String,
     },
+    /// The spill directory is full: its disk, or `--disk-limit`.
+    #[error(
+        "the spill directory {dir} is full ({cause}); free space there, point --temp-dir elsewhere or raise --memory-limit"
+    )]
+    SpillFull {
+        /// The directory.
+        dir: PathBuf,
+        /// What said so.
+        cause: String,
+    },
+    /// Standard output could not be written (a full disk; a closed pipe is no error, see
+    /// [`CliError::is_broken_pipe`]).
+    #[error("writing to standard output: {0}")]
+    Stdout(io::Error),
     /// The sort needed more memory than `--memory-limit` allows.
     #[error("out of memory under --memory-limit {limit}: {cause}")]
     OutOfMemory {
@@ -102,10 +117,18 @@ pub enum CliError {
     /// Planning or running the sort failed in DataFusion or in gpusort.
     #[error("{0}")]
     Engine(String),
-    /// An option value that does not fit (e.g. a row group size of 0).
+    /// An option value that does not fit (e.g. a row group size of 0, a GPU that is not
+    /// there). Exit code 2.
     #[error("{0}")]
     Usage(String),
 }
+
+/// The exit code of bad usage.
+pub const USAGE_EXIT: u8 = 2;
+
+/// The exit code after a closed standard output pipe: 128 + SIGPIPE, what a shell reports
+/// for a tool that a closed pipe stopped (GNU tools die of SIGPIPE; Rust ignores it).
+pub const BROKEN_PIPE_EXIT: u8 = 141;
 
 /// `Result` with [`CliError`].
 pub type Result<T, E = CliError> = std::result::Result<T, E>;
@@ -115,6 +138,21 @@ impl CliError {
     /// backtraces) become `; `.
     pub fn one_line(&self) -> String {
         one_line(&self.to_string())
+    }
+
+    /// The process's exit code for this error.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Usage(_) => USAGE_EXIT,
+            _ if self.is_broken_pipe() => BROKEN_PIPE_EXIT,
+            _ => 1,
+        }
+    }
+
+    /// Whether standard output is a pipe whose reader went away (`gpusort explain ... | head
+    /// -1`): the process ends quietly then.
+    pub fn is_broken_pipe(&self) -> bool {
+        matches!(self, Self::Stdout(e) if e.kind() == io::ErrorKind::BrokenPipe)
     }
 
     /// A DataFusion error, classified: a memory pool that ran out becomes
@@ -149,23 +187,76 @@ pub fn one_line(text: &str) -> String {
         .join("; ")
 }
 
-/// DataFusion's error texts start with the kind of error (`External error: `, `Execution
-/// error: `...), which says nothing to a user of the tool; drops them.
-fn strip_prefixes(text: &str) -> String {
-    const PREFIXES: &[&str] = &[
-        "External error: ",
-        "Execution error: ",
-        "Arrow error: ",
-        "Parquet error: ",
-        "Object Store error: ",
-        "IO error: ",
-        "Error during planning: ",
+/// DataFusion's, arrow's and parquet's error texts say the kind of error at every layer
+/// (`External error: `, `Parquet argument error: External: `, `Io error: IO error: `...),
+/// which says nothing to a user of the tool; drops them wherever they start a `: `-separated
+/// part.
+pub fn strip_prefixes(text: &str) -> String {
+    const KINDS: &[&str] = &[
+        "External error",
+        "External",
+        "Execution error",
+        "Arrow error",
+        "Parquet error",
+        "Parquet argument error",
+        "Object Store error",
+        "IO error",
+        "Io error",
+        "Io",
+        "Error during planning",
+        "Internal error",
+        "General error",
+        "Invalid argument error",
+        "Resources exhausted",
     ];
-    let mut t = text;
-    while let Some(rest) = PREFIXES.iter().find_map(|p| t.strip_prefix(p)) {
-        t = rest;
+    text.split(": ")
+        .filter(|part| !KINDS.contains(part))
+        .collect::<Vec<_>>()
+        .join(": ")
+}
+
+/// Whether `text` (an error's, all its layers) says a disk is full, or a spill went past the
+/// disk manager's limit (`--disk-limit`).
+pub fn says_disk_full(text: &str) -> bool {
+    const FULL: &[&str] = &[
+        "No space left on device",
+        "Disk quota exceeded",
+        "File too large",
+        "used disk space during the spilling process has exceeded",
+    ];
+    FULL.iter().any(|f| text.contains(f))
+}
+
+/// A clap error (bad usage) as one line: its first paragraph with the lines joined, its tips
+/// after it; the usage and `--help` lines dropped.
+pub fn clap_one_line(error: &clap::Error) -> String {
+    use clap::error::ErrorKind;
+    if error.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+        return "no command given: sort, explain or info; try --help".into();
     }
-    t.to_string()
+    let text = error.render().to_string();
+    let mut paragraphs = text.split("\n\n").map(str::trim).filter(|p| !p.is_empty());
+    let first = paragraphs.next().unwrap_or_default();
+    let mut lines = first.lines().map(str::trim);
+    let mut line = lines
+        .next()
+        .unwrap_or_default()
+        .trim_start_matches("error: ")
+        .to_string();
+    let rest: Vec<&str> = lines.filter(|l| !l.is_empty()).collect();
+    if !rest.is_empty() {
+        if !line.ends_with(':') {
+            line.push(':');
+        }
+        line.push(' ');
+        line.push_str(&rest.join(", "));
+    }
+    for tip in paragraphs.filter(|p| p.starts_with("tip:")) {
+        line.push_str("; ");
+        line.push_str(&one_line(tip));
+    }
+    line.push_str("; try --help");
+    line
 }
 
 #[cfg(test)]
@@ -182,5 +273,29 @@ mod tests {
         );
         let e = CliError::from_datafusion(DataFusionError::Execution("the GPU fell over".into()), None);
         assert_eq!(e.one_line(), "the GPU fell over");
+        assert_eq!(
+            strip_prefixes("Parquet argument error: External: snappy: corrupt input (x: 2)"),
+            "snappy: corrupt input (x: 2)"
+        );
+        assert_eq!(
+            strip_prefixes("Io error: IO error: unexpected end of file"),
+            "unexpected end of file"
+        );
+        assert!(says_disk_full(
+            "could not spill: IO error: No space left on device (os error 28)"
+        ));
+    }
+
+    #[test]
+    fn exit_codes() {
+        assert_eq!(CliError::Usage("x".into()).exit_code(), 2);
+        assert_eq!(CliError::Engine("x".into()).exit_code(), 1);
+        let pipe = CliError::Stdout(io::Error::from(io::ErrorKind::BrokenPipe));
+        assert!(pipe.is_broken_pipe());
+        assert_eq!(pipe.exit_code(), 141);
+        assert_eq!(
+            CliError::Stdout(io::Error::from(io::ErrorKind::StorageFull)).exit_code(),
+            1
+        );
     }
 }

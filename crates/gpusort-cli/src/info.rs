@@ -111,6 +111,7 @@ pub async fn explain(args: &PlanArgs) -> Result<String> {
     );
     let _ = writeln!(s, "order by  {}", planned.order_by.to_sql());
     let _ = writeln!(s, "sort on   {}", predicted_device(args, inputs.rows()));
+    let _ = writeln!(s, "strategy  {}", strategy(args));
     let _ = writeln!(
         s,
         "memory    {}",
@@ -138,6 +139,23 @@ pub async fn explain(args: &PlanArgs) -> Result<String> {
         Codec::default()
     );
     Ok(s)
+}
+
+/// The strategy a sort would use, in words.
+fn strategy(args: &PlanArgs) -> String {
+    let config = args.gpusort_config();
+    if !config.enabled {
+        return "DataFusion's SortExec (--no-gpusort)".into();
+    }
+    match config.strategy {
+        StrategyChoice::Auto => {
+            "auto: chosen per sort from its rows, key bits and payload (the rule calibrated on the H100); \
+             on the CPU a stable LSD radix sort"
+                .into()
+        }
+        StrategyChoice::Cpu => "cpu (--strategy cpu)".into(),
+        StrategyChoice::Fixed(s) => format!("{s} (--strategy)"),
+    }
 }
 
 /// Where a sort of `rows` rows would run with these arguments, and why.

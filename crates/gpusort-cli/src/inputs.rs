@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow::datatypes::{Schema, SchemaRef};
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
 use parquet::arrow::parquet_to_arrow_schema;
 use parquet::file::metadata::ParquetMetaDataReader;
 
@@ -79,6 +81,20 @@ impl Inputs {
     /// Bytes of all files.
     pub fn bytes(&self) -> u64 {
         self.files.iter().map(|f| f.bytes).sum()
+    }
+
+    /// Reads the inputs again to find the first damaged one, after a scan failed with a
+    /// Parquet or I/O error that does not say which file it was reading: each row group is
+    /// decoded, and in the first that fails each column, so the error names the file, the
+    /// row group and the column. `None` when every file reads well (the failure was
+    /// something else).
+    pub fn find_damage(&self) -> Option<CliError> {
+        self.files.iter().find_map(|f| {
+            damage_in(&f.path).map(|why| CliError::Damaged {
+                path: f.path.clone(),
+                why,
+            })
+        })
     }
 
     /// "1 file" or "3 files".
@@ -197,6 +213,47 @@ fn read_footer(path: &Path) -> Result<(InputFile, SchemaRef)> {
         row_groups: metadata.num_row_groups(),
     };
     Ok((input, Arc::new(schema)))
+}
+
+/// What is damaged in `path`: `row group R, column C: cause`, or `None`.
+fn damage_in(path: &Path) -> Option<String> {
+    let clean = |e: &dyn std::fmt::Display| crate::error::one_line(&crate::error::strip_prefixes(&e.to_string()));
+    let builder = match File::open(path).map(ParquetRecordBatchReaderBuilder::try_new) {
+        Ok(Ok(builder)) => builder,
+        Ok(Err(e)) => return Some(clean(&e)),
+        Err(e) => return Some(clean(&e)),
+    };
+    let metadata = Arc::clone(builder.metadata());
+    drop(builder);
+    let descr = metadata.file_metadata().schema_descr_ptr();
+    let read = |row_group: usize, leaf: Option<usize>| -> Result<(), String> {
+        let file = File::open(path).map_err(|e| clean(&e))?;
+        let options = ArrowReaderOptions::new();
+        let meta = ArrowReaderMetadata::try_new(Arc::clone(&metadata), options).map_err(|e| clean(&e))?;
+        let mut builder = ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta)
+            .with_row_groups(vec![row_group])
+            .with_batch_size(64 * 1024);
+        if let Some(leaf) = leaf {
+            builder = builder.with_projection(ProjectionMask::leaves(&descr, [leaf]));
+        }
+        for batch in builder.build().map_err(|e| clean(&e))? {
+            batch.map_err(|e| clean(&e))?;
+        }
+        Ok(())
+    };
+    for row_group in 0..metadata.num_row_groups() {
+        let Err(whole) = read(row_group, None) else { continue };
+        for leaf in 0..descr.num_columns() {
+            if let Err(why) = read(row_group, Some(leaf)) {
+                return Some(format!(
+                    "row group {row_group}, column {}: {why}",
+                    descr.column(leaf).path().string()
+                ));
+            }
+        }
+        return Some(format!("row group {row_group}: {whole}"));
+    }
+    None
 }
 
 /// The first difference between two files' schemas (column names and types; nullability,

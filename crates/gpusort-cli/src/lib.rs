@@ -62,18 +62,28 @@ pub enum Command {
 }
 
 /// Runs `cli`: output on stdout (`info`, `explain`), progress and the summary on stderr
-/// (`sort`).
+/// (`sort`). A closed or full stderr loses the progress and the summary, not the sort; a
+/// stdout that cannot be written is a [`CliError::Stdout`].
 pub async fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Sort(args) => {
             let mode = ProgressMode::detect(args.quiet);
             let report = sort::sort(&args, mode).await?;
             if mode != ProgressMode::Quiet {
-                eprint!("{}", report.summary());
+                progress::to_stderr(format_args!("{}", report.summary()));
             }
         }
-        Command::Explain(args) => print!("{}", info::explain(&args).await?),
-        Command::Info => print!("{}", info::info()),
+        Command::Explain(args) => to_stdout(&info::explain(&args).await?)?,
+        Command::Info => to_stdout(&info::info())?,
     }
     Ok(())
+}
+
+/// Writes `text` to stdout and flushes it.
+fn to_stdout(text: &str) -> Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(CliError::Stdout)
 }

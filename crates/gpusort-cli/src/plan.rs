@@ -16,6 +16,7 @@ use datafusion_gpusort::{ByteSize, DeviceChoice, GpuSortConfig, SessionStateBuil
 
 use crate::error::{CliError, Result};
 use crate::inputs::Inputs;
+use crate::interrupt::SpillDir;
 use crate::order_by::OrderBy;
 
 /// How to sort: what `gpusort sort` and `gpusort explain` share.
@@ -30,14 +31,20 @@ pub struct PlanArgs {
     #[arg(short = 'k', long, value_name = "LIST")]
     pub order_by: String,
 
-    /// Memory the sort may use, e.g. 8g (more spills to disk); default: no limit
+    /// Memory the sort and the writer may use together, e.g. 8g, 8GiB, 8GB, 512MiB (more
+    /// spills to disk); 0 or none: no limit
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub memory_limit: Option<ByteSize>,
 
-    /// Device memory one GPU sort may use, e.g. 20g; larger sorts run on the CPU. Default:
+    /// Device memory one GPU sort may use, e.g. 20g; larger sorts run on the CPU. 0 or none:
     /// the GPU's free memory
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub gpu_memory_limit: Option<ByteSize>,
+
+    /// Disk space the spill files may take, e.g. 100g; 0 or none: no limit (the disk's free
+    /// space)
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub disk_limit: Option<ByteSize>,
 
     /// Where to sort: auto (GPU 0 if usable, else the CPU), cpu, or a GPU number (the sort
     /// fails if it is not usable)
@@ -71,12 +78,18 @@ impl PlanArgs {
             order_by: order_by.into(),
             memory_limit: None,
             gpu_memory_limit: None,
+            disk_limit: None,
             device: DeviceChoice::Auto,
             strategy: StrategyChoice::Auto,
             min_rows: None,
             temp_dir: None,
             no_gpusort: false,
         }
+    }
+
+    /// `--memory-limit` in bytes; `None` for no limit (not given, or 0).
+    pub fn memory_limit_bytes(&self) -> Option<usize> {
+        self.memory_limit.map(|b| b.0).filter(|&b| b > 0)
     }
 
     /// The `gpusort.*` options these arguments ask for.
@@ -96,8 +109,11 @@ impl PlanArgs {
 }
 
 fn parse_size(s: &str) -> std::result::Result<ByteSize, String> {
+    if s.trim().eq_ignore_ascii_case("none") {
+        return Ok(ByteSize(0));
+    }
     s.parse::<ByteSize>()
-        .map_err(|_| format!("expected a size like 512m, 8g or 1073741824, got '{s}'"))
+        .map_err(|_| format!("expected a size like 512m, 512MiB, 8g, 8GiB, 8GB or 1073741824 (0: no limit), got '{s}'"))
 }
 
 fn parse_device(s: &str) -> std::result::Result<DeviceChoice, String> {
@@ -107,7 +123,16 @@ fn parse_device(s: &str) -> std::result::Result<DeviceChoice, String> {
 
 fn parse_strategy(s: &str) -> std::result::Result<StrategyChoice, String> {
     s.parse::<StrategyChoice>()
-        .map_err(|_| format!("expected auto, grs-direct, grs-indirect, srts-direct, srts-indirect or cpu, got '{s}'"))
+        .map_err(|_| format!("expected auto, {} or cpu, got '{s}'", strategy_names()))
+}
+
+/// The GPU strategies' names, comma-separated.
+fn strategy_names() -> String {
+    gpusort::Strategy::ALL
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// A planned sort: the session, the checked inputs, the ORDER BY and the physical plan.
@@ -120,17 +145,42 @@ pub struct SortPlan {
     pub order_by: OrderBy,
     /// `scan -> sort`, one output partition.
     pub plan: Arc<dyn ExecutionPlan>,
-    /// `--memory-limit` as given, for messages.
+    /// `--memory-limit` as given, for messages (`None`: no limit).
     pub memory_limit: Option<String>,
+    /// Where spill files go: a directory of the sort's own in `--temp-dir` (or the system's
+    /// temporary directory), removed with its files when the plan is dropped or on a signal.
+    /// `None` for a plan that is only shown.
+    pub spill_dir: Option<SpillDir>,
+}
+
+/// How [`SortPlan::with_options`] sets up the session.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SessionOptions {
+    /// Make a spill directory of the sort's own ([`SortPlan::spill_dir`]).
+    pub spill_dir: bool,
+    /// The memory pool's size, when not all of `--memory-limit` (the writer keeps a share).
+    pub pool_bytes: Option<usize>,
 }
 
 impl SortPlan {
-    /// Checks the inputs, parses the ORDER BY list, and plans the sort.
+    /// Checks the inputs, parses the ORDER BY list, and plans the sort (to be shown: no spill
+    /// directory is made).
     pub async fn try_new(args: &PlanArgs) -> Result<Self> {
+        Self::with_options(args, SessionOptions::default()).await
+    }
+
+    /// [`Self::try_new`] with a session set up as `options` say.
+    pub async fn with_options(args: &PlanArgs, options: SessionOptions) -> Result<Self> {
         let inputs = Inputs::try_new(&args.inputs)?;
         let order_by = OrderBy::try_new(&args.order_by, &inputs.schema)?;
-        let ctx = session(args)?;
-        let memory_limit = args.memory_limit.map(|b| format_size(b.0 as u64));
+        let spill_dir = if options.spill_dir {
+            Some(SpillDir::create(&spill_base(args)?)?)
+        } else {
+            None
+        };
+        let pool = options.pool_bytes.or(args.memory_limit_bytes());
+        let ctx = session(args, spill_dir.as_ref().map(SpillDir::path), pool)?;
+        let memory_limit = args.memory_limit_bytes().map(|b| format_size(b as u64));
         let df_err = |e| CliError::from_datafusion(e, memory_limit.as_deref());
 
         let urls = inputs
@@ -161,28 +211,49 @@ impl SortPlan {
             order_by,
             plan,
             memory_limit,
+            spill_dir,
         })
     }
 }
 
-/// The session: DataFusion's defaults, gpusort's rule and options, a memory pool of
-/// `--memory-limit` (DataFusion's greedy pool, which names the largest consumers when it runs
-/// out) and spill files in `--temp-dir`.
-pub fn session(args: &PlanArgs) -> Result<SessionContext> {
+/// Where the spill directory goes: `--temp-dir`, else the system's temporary directory.
+fn spill_base(args: &PlanArgs) -> Result<PathBuf> {
+    let base = args.temp_dir.clone().unwrap_or_else(std::env::temp_dir);
+    if !base.is_dir() {
+        let what = if args.temp_dir.is_some() {
+            "--temp-dir "
+        } else {
+            "the temporary directory "
+        };
+        return Err(CliError::Usage(format!("{what}{}: not a directory", base.display())));
+    }
+    Ok(base)
+}
+
+/// The session: DataFusion's defaults, gpusort's rule and options, a memory pool of `pool`
+/// bytes (DataFusion's greedy pool, which names the largest consumers when it runs out), spill
+/// files in `spill_dir` (else `--temp-dir`, else the system's temporary directory) up to
+/// `--disk-limit`.
+pub fn session(args: &PlanArgs, spill_dir: Option<&Path>, pool: Option<usize>) -> Result<SessionContext> {
     let config = SessionConfig::new().with_option_extension(args.gpusort_config());
     let mut runtime = RuntimeEnvBuilder::new();
-    if let Some(limit) = args.memory_limit {
-        runtime = runtime.with_memory_limit(limit.0, 1.0);
+    if let Some(limit) = pool {
+        runtime = runtime.with_memory_limit(limit, 1.0);
     }
-    if let Some(dir) = &args.temp_dir {
-        if !dir.is_dir() {
+    match (spill_dir, &args.temp_dir) {
+        (Some(dir), _) => runtime = runtime.with_temp_file_path(dir),
+        (None, Some(dir)) if !dir.is_dir() => {
             return Err(CliError::Usage(format!(
                 "--temp-dir {}: not a directory",
                 dir.display()
             )));
         }
-        runtime = runtime.with_temp_file_path(dir);
+        (None, Some(dir)) => runtime = runtime.with_temp_file_path(dir),
+        (None, None) => {}
     }
+    // DataFusion's default stops spilling at 100 GB; the tool's is the disk's free space.
+    let disk_limit = args.disk_limit.map_or(0, |b| b.0 as u64);
+    runtime = runtime.with_max_temp_directory_size(if disk_limit == 0 { u64::MAX } else { disk_limit });
     let runtime = runtime.build_arc().map_err(|e| CliError::from_datafusion(e, None))?;
     let state = SessionStateBuilder::new()
         .with_default_features()

@@ -17,6 +17,13 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use crate::report::{PlanMetrics, group_digits, rate};
 use crate::writer::WriteProgress;
 
+/// Writes `text` to stderr, losing it when stderr is closed or full (`gpusort sort ... 2>&1 |
+/// head -1`): progress and the summary are not worth stopping a sort for.
+pub fn to_stderr(text: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let _ = std::io::stderr().lock().write_fmt(text);
+}
+
 /// How often the monitor reads the metrics.
 const TICK: Duration = Duration::from_millis(50);
 
@@ -246,7 +253,7 @@ fn watch(
             (None, ProgressMode::Lines)
                 if shown_phase != Some(phase) || (!stopping && now.duration_since(last_line) >= LINE_EVERY) =>
             {
-                eprintln!("gpusort: {:<8} {message}", phase.name());
+                to_stderr(format_args!("gpusort: {:<8} {message}\n", phase.name()));
                 last_line = now;
             }
             _ => {}

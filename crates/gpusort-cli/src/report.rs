@@ -43,6 +43,11 @@ pub struct PlanMetrics {
     pub spill_count: u64,
     /// Bytes spilled.
     pub spilled_bytes: u64,
+    /// Rows spilled (a row spilled with its run and again by each intermediate merge that
+    /// took it counts each time).
+    pub spilled_rows: u64,
+    /// Merges of some runs into one spilled run (more runs than one merge could read).
+    pub intermediate_merges: u64,
     /// Time merging spilled runs, nanoseconds (gpusort's external sort reports it).
     pub merge_ns: u64,
 }
@@ -103,6 +108,8 @@ impl PlanMetrics {
                 "bytes_from_device" => self.bytes_from_device += n,
                 "spill_count" => self.spill_count += n,
                 "spilled_bytes" => self.spilled_bytes += n,
+                "spilled_rows" => self.spilled_rows += n,
+                "intermediate_merges" => self.intermediate_merges += n,
                 "merge_time" => self.merge_ns += n,
                 _ => {}
             }
@@ -177,7 +184,9 @@ pub struct PhaseTimes {
     /// Until the scans had read every row (the sort takes them in meanwhile, and an external
     /// sort sorts and spills runs).
     pub reading: Duration,
-    /// From the last row read to the first sorted row out (merging spilled runs included).
+    /// From the last row read to the first sorted row out: sorting, or when runs were spilled
+    /// (each sorted as it was cut, while reading), merging them; the summary and the progress
+    /// display name it alike.
     pub sorting: Duration,
     /// From the first sorted row out to the file closed and renamed.
     pub writing: Duration,
@@ -217,7 +226,13 @@ pub struct SortReport {
     pub metrics: PlanMetrics,
     /// `--memory-limit`, if given.
     pub memory_limit: Option<String>,
+    /// The writer's share of it, bytes.
+    pub writer_memory: Option<usize>,
 }
+
+/// Below this many rows the summary gives no rows/s: the time is the tool's start-up, not
+/// the sort.
+pub const MIN_ROWS_FOR_RATE: u64 = 100_000;
 
 impl SortReport {
     /// The summary printed at the end, a few lines.
@@ -250,20 +265,25 @@ impl SortReport {
                 "no sorting_columns (a key is a nested column)"
             }
         );
+        // As the progress display names the phase.
         let sorting = if self.metrics.spill_count > 0 {
-            "sorting+merging"
+            "merging"
         } else {
             "sorting"
         };
+        let speed = if self.rows >= MIN_ROWS_FOR_RATE {
+            format!("  ({} rows/s)", rate(self.rows, t.total()))
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             s,
-            "  time     {} = planning {} + reading {} + {sorting} {} + writing {}  ({} rows/s)",
+            "  time     {} = planning {} + reading {} + {sorting} {} + writing {}{speed}",
             seconds(t.total()),
             seconds(t.planning),
             seconds(t.reading),
             seconds(t.sorting),
             seconds(t.writing),
-            rate(self.rows, t.total())
         );
         let _ = writeln!(s, "  sorted   {}", self.metrics.where_sorted());
         let m = &self.metrics;
@@ -277,17 +297,31 @@ impl SortReport {
             );
         }
         if m.spill_count > 0 {
+            // How many times each row went to disk on average: once with its run, and again
+            // with every intermediate merge that took it.
+            let writes = m.spilled_rows as f64 / self.rows.max(1) as f64;
             let _ = writeln!(
                 s,
-                "  spilled  {} runs, {}{} (memory limit {})",
-                m.spill_count,
+                "  spilled  {} in {} file{}, each row written {writes:.1} time{}{}{} (memory limit {}{})",
                 format_size(m.spilled_bytes),
+                m.spill_count,
+                if m.spill_count == 1 { "" } else { "s" },
+                if (writes - 1.0).abs() < 0.05 { "" } else { "s" },
+                match m.intermediate_merges {
+                    0 => String::new(),
+                    1 => ", 1 intermediate merge".into(),
+                    n => format!(", {n} intermediate merges"),
+                },
                 if m.merge_ns > 0 {
                     format!("; merging {}", seconds(Duration::from_nanos(m.merge_ns)))
                 } else {
                     String::new()
                 },
-                self.memory_limit.as_deref().unwrap_or("none")
+                self.memory_limit.as_deref().unwrap_or("none"),
+                match self.writer_memory {
+                    Some(w) => format!(", of which the writer {}", format_size(w as u64)),
+                    None => String::new(),
+                },
             );
         }
         s

@@ -7,18 +7,23 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use arrow::error::ArrowError;
+use datafusion::error::DataFusionError;
 use datafusion::physical_plan::display::DisplayableExecutionPlan;
 use datafusion::physical_plan::execute_stream;
+use datafusion_gpusort::{DeviceChoice, StrategyChoice};
 use futures::StreamExt;
 use tempfile::NamedTempFile;
 
-use crate::error::{CliError, Result};
+use crate::error::{self, CliError, Result};
 use crate::interrupt;
-use crate::plan::{PlanArgs, SortPlan};
+use crate::plan::{PlanArgs, SessionOptions, SortPlan, format_size};
 use crate::progress::{Monitor, ProgressMode};
 use crate::report::{PhaseTimes, PlanMetrics, SortReport};
 use crate::timeline;
-use crate::writer::{Codec, DEFAULT_ROW_GROUP_SIZE, ORDER_BY_METADATA_KEY, SortedParquetWriter, WriteOptions};
+use crate::writer::{
+    Codec, DEFAULT_ROW_GROUP_SIZE, ORDER_BY_METADATA_KEY, SortedParquetWriter, WriteOptions, writer_share,
+};
 
 /// `gpusort sort`'s arguments.
 #[derive(Debug, Clone, clap::Args)]
@@ -34,7 +39,8 @@ pub struct SortArgs {
     #[arg(long, value_name = "ROWS", default_value_t = DEFAULT_ROW_GROUP_SIZE, value_parser = parse_row_group_size)]
     pub row_group_size: usize,
 
-    /// Compression of the output: uncompressed, snappy or zstd(LEVEL)
+    /// Compression of the output: uncompressed (or none), snappy, lz4_raw, lz4, gzip(0..9),
+    /// brotli(0..11) or zstd(1..22); a codec with levels alone takes its default level
     #[arg(long, value_name = "CODEC", default_value = "zstd(3)")]
     pub compression: Codec,
 
@@ -71,6 +77,7 @@ impl SortArgs {
         WriteOptions {
             row_group_size: self.row_group_size,
             codec: self.compression,
+            memory_budget: self.plan.memory_limit_bytes().map(writer_share),
         }
     }
 }
@@ -90,15 +97,23 @@ pub async fn sort(args: &SortArgs, mode: ProgressMode) -> Result<SortReport> {
         timeline::enable();
     }
     let output = &args.output;
+    check_device(&args.plan)?;
     let (temp, _cleanup) = interrupt::create_removed_on_interrupt(|| create_temp_file(output, args.force))?;
 
-    let planned = SortPlan::try_new(&args.plan).await?;
-    let memory_limit = planned.memory_limit.clone();
-    let df_err = |e| CliError::from_datafusion(e, memory_limit.as_deref());
-    let write_err = |e: parquet::errors::ParquetError| CliError::Write {
-        path: output.clone(),
-        cause: e.to_string(),
+    // --memory-limit covers the sort and the writer: the writer keeps its share, DataFusion's
+    // pool has the rest.
+    let write_options = args.write_options();
+    let session = SessionOptions {
+        spill_dir: true,
+        pool_bytes: write_options.memory_budget.map(|writer| {
+            let limit = args.plan.memory_limit_bytes().unwrap_or(0);
+            limit.saturating_sub(writer).max(1)
+        }),
     };
+    let planned = SortPlan::with_options(&args.plan, session).await?;
+    let memory_limit = planned.memory_limit.clone();
+    let run_err = |e| run_error(e, &planned, args);
+    let write_err = |e: parquet::errors::ParquetError| write_error(e, output);
     // The inputs' schema, less a sort order recorded by an earlier gpusort (the writer records
     // this one).
     let mut schema = planned.inputs.schema.as_ref().clone();
@@ -109,7 +124,7 @@ pub async fn sort(args: &SortArgs, mode: ProgressMode) -> Result<SortReport> {
         .reopen()
         .map_err(|e| CliError::io(format!("opening {}", temp.path().display()), e))?;
     let mut writer =
-        SortedParquetWriter::try_new(file, schema, &planned.order_by, &args.write_options()).map_err(write_err)?;
+        SortedParquetWriter::try_new(file, schema, &planned.order_by, &write_options).map_err(write_err)?;
 
     let total_rows = planned.inputs.rows();
     let run_start = Instant::now();
@@ -122,10 +137,10 @@ pub async fn sort(args: &SortArgs, mode: ProgressMode) -> Result<SortReport> {
         mode,
     );
     timeline::mark("sort: planned");
-    let mut stream = execute_stream(Arc::clone(&planned.plan), planned.ctx.task_ctx()).map_err(df_err)?;
+    let mut stream = execute_stream(Arc::clone(&planned.plan), planned.ctx.task_ctx()).map_err(run_err)?;
     let mut first_output = None;
     while let Some(batch) = stream.next().await {
-        let batch = batch.map_err(df_err)?;
+        let batch = batch.map_err(run_err)?;
         if first_output.is_none() {
             first_output = Some(Instant::now());
             timeline::mark("sort: first sorted batch");
@@ -145,7 +160,7 @@ pub async fn sort(args: &SortArgs, mode: ProgressMode) -> Result<SortReport> {
     let metrics = PlanMetrics::collect(&planned.plan);
     if args.timeline {
         let plan = DisplayableExecutionPlan::with_metrics(planned.plan.as_ref()).indent(true);
-        eprintln!("plan with metrics:\n{plan}");
+        crate::progress::to_stderr(format_args!("plan with metrics:\n{plan}\n"));
     }
     let first_output = first_output.unwrap_or(end);
     // The scans' own end time, else when the monitor saw the last row read; never after the
@@ -178,13 +193,92 @@ pub async fn sort(args: &SortArgs, mode: ProgressMode) -> Result<SortReport> {
         times,
         metrics,
         memory_limit,
+        writer_memory: write_options.memory_budget,
     })
+}
+
+/// `--device N` names a GPU that must be usable: checked before anything runs (a small input
+/// sorts on the CPU and would not notice).
+fn check_device(args: &PlanArgs) -> Result<()> {
+    let config = args.gpusort_config();
+    let DeviceChoice::Gpu(ordinal) = config.device else {
+        return Ok(());
+    };
+    if !config.enabled || config.strategy == StrategyChoice::Cpu {
+        return Ok(());
+    }
+    match gpusort_cuda::device::probe(ordinal) {
+        Ok(_) => Ok(()),
+        Err(why) => Err(CliError::Usage(format!(
+            "--device {ordinal}: GPU {ordinal} is not usable: {why}"
+        ))),
+    }
+}
+
+/// An error of the running plan, with its culprit: a full spill directory, a damaged input
+/// file (found by reading the inputs again, so it names the file, row group and column), or
+/// else DataFusion's cause.
+fn run_error(e: DataFusionError, planned: &SortPlan, args: &SortArgs) -> CliError {
+    let text = e.to_string();
+    if error::says_disk_full(&text) {
+        let dir = planned
+            .spill_dir
+            .as_ref()
+            .map(|d| d.path().to_path_buf())
+            .or_else(|| args.plan.temp_dir.clone())
+            .unwrap_or_else(std::env::temp_dir);
+        let cause = match args.plan.disk_limit {
+            Some(limit) if limit.0 > 0 && text.contains("exceeded the allowable limit") => {
+                format!("the spill files reached --disk-limit {}", format_size(limit.0 as u64))
+            }
+            _ => error::one_line(&error::strip_prefixes(&e.find_root().to_string())),
+        };
+        return CliError::SpillFull { dir, cause };
+    }
+    if reads_input(&e)
+        && let Some(damage) = planned.inputs.find_damage()
+    {
+        return damage;
+    }
+    CliError::from_datafusion(e, planned.memory_limit.as_deref())
+}
+
+/// Whether `e` could come from reading an input: a Parquet, Arrow or I/O error.
+fn reads_input(e: &DataFusionError) -> bool {
+    match e.find_root() {
+        DataFusionError::ParquetError(_) | DataFusionError::IoError(_) | DataFusionError::ObjectStore(_) => true,
+        DataFusionError::ArrowError(inner, _) => matches!(
+            inner.as_ref(),
+            ArrowError::ParquetError(_) | ArrowError::ExternalError(_) | ArrowError::IoError(..)
+        ),
+        DataFusionError::External(inner) => {
+            inner.downcast_ref::<parquet::errors::ParquetError>().is_some()
+                || inner.downcast_ref::<ArrowError>().is_some()
+                || inner.downcast_ref::<std::io::Error>().is_some()
+        }
+        _ => false,
+    }
+}
+
+/// A failure of the writer: a full disk names the output's directory.
+fn write_error(e: parquet::errors::ParquetError, output: &Path) -> CliError {
+    CliError::Write {
+        path: output.to_path_buf(),
+        cause: error::one_line(&error::strip_prefixes(&e.to_string())),
+    }
 }
 
 /// The hidden temporary file the output is written to, in the output's directory (so that the
 /// final rename stays on one file system). Fails when the output exists (unless `force`) or
 /// its directory cannot be written.
 fn create_temp_file(output: &Path, force: bool) -> Result<NamedTempFile> {
+    let text = output.as_os_str().to_string_lossy();
+    if text.is_empty() || text.ends_with(std::path::MAIN_SEPARATOR) || output.file_name().is_none() {
+        return Err(CliError::Usage(format!(
+            "-o {text:?}: names a directory; name the output file, e.g. {}",
+            Path::new(&*text).join("sorted.parquet").display()
+        )));
+    }
     if output.is_dir() {
         return Err(CliError::Usage(format!(
             "{}: is a directory; name the output file",

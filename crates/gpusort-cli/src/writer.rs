@@ -2,6 +2,11 @@
 //! group's `sorting_columns`. Row groups are cut at `--row-group-size` rows and their columns
 //! encoded and compressed in parallel (rayon), a few row groups at a time, driven by a thread
 //! of their own, so encoding overlaps with the sort producing the next rows.
+//!
+//! Under a memory budget (a share of `--memory-limit`, see [`writer_share`]) a row group is also
+//! cut when its rows reach half the budget in memory, and row groups wait to be encoded while
+//! those in flight (their rows and their encoded pages, counted as twice their rows) would
+//! take more than the budget.
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -11,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::thread::JoinHandle;
 
-use arrow::array::{ArrayRef, RecordBatch};
+use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
 use arrow::compute::cast;
 use arrow::datatypes::{DataType, Schema, SchemaRef};
 use parquet::arrow::arrow_writer::{ArrowColumnChunk, ArrowColumnWriter, ArrowRowGroupWriterFactory, compute_leaves};
@@ -21,7 +26,7 @@ use parquet::errors::ParquetError;
 use parquet::file::metadata::{KeyValue, SortingColumn};
 use parquet::file::properties::WriterProperties;
 use rayon::prelude::*;
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use crate::order_by::OrderBy;
 
@@ -41,8 +46,18 @@ fn row_groups_in_flight() -> usize {
 /// The key under which the output's file metadata records the ORDER BY list in SQL.
 pub const ORDER_BY_METADATA_KEY: &str = "gpusort.order_by";
 
-/// A compression codec this build can write: `uncompressed`, `snappy` or `zstd(LEVEL)`
-/// (`zstd` alone is level 3), parsed by the Parquet crate.
+/// The part of `--memory-limit` the writer keeps for the row groups it encodes (the sort's
+/// memory pool has the rest): an eighth, at most 1 GiB.
+pub fn writer_share(memory_limit: usize) -> usize {
+    (memory_limit / 8).clamp(1, 1 << 30)
+}
+
+/// The codecs, as `--compression` takes them.
+pub const CODECS: &str = "uncompressed (or none), snappy, lz4_raw, lz4, gzip(0..9), brotli(0..11), zstd(1..22)";
+
+/// A compression codec of the output: every codec the Parquet crate writes (`uncompressed`
+/// or `none`, `snappy`, `lz4_raw`, `lz4` (Hadoop's framing), `gzip(LEVEL)`, `brotli(LEVEL)`,
+/// `zstd(LEVEL)`; a codec with levels alone takes its default level: gzip 6, brotli 1, zstd 3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Codec(pub Compression);
 
@@ -55,20 +70,63 @@ impl Default for Codec {
 impl FromStr for Codec {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let mut t = s.trim().to_ascii_lowercase();
-        if t == "zstd" {
-            t = "zstd(3)".into();
-        }
-        let compression = Compression::from_str(&t).map_err(|e| {
-            let e = e.to_string();
-            e.strip_prefix("Parquet error: ").unwrap_or(&e).to_string()
-        })?;
-        match compression {
-            Compression::UNCOMPRESSED | Compression::SNAPPY | Compression::ZSTD(_) => Ok(Self(compression)),
-            _ => Err(format!(
-                "{s} is not built into gpusort; use uncompressed, snappy or zstd(1..22)"
-            )),
-        }
+        use parquet::basic::{BrotliLevel, GzipLevel, ZstdLevel};
+        let t: String = s
+            .trim()
+            .to_ascii_lowercase()
+            .chars()
+            .filter(|c| !c.is_whitespace())
+            .collect();
+        let (name, level) = match t.split_once('(') {
+            Some((name, rest)) => {
+                let Some(level) = rest.strip_suffix(')') else {
+                    return Err(format!("{s}: expected CODEC or CODEC(LEVEL), e.g. zstd(3)"));
+                };
+                (name, Some(level))
+            }
+            None => (t.as_str(), None),
+        };
+        let number = |range: &str| -> Result<Option<i64>, String> {
+            level
+                .map(|l| {
+                    l.parse::<i64>()
+                        .map_err(|_| format!("{s}: the level of {name} is a number, {range}"))
+                })
+                .transpose()
+        };
+        let bad_level = |range: &str| format!("{s}: the level of {name} must be {range}");
+        let no_level = || -> Result<(), String> {
+            match level {
+                Some(_) => Err(format!("{s}: {name} has no levels")),
+                None => Ok(()),
+            }
+        };
+        let compression = match name {
+            "uncompressed" | "none" => no_level().map(|()| Compression::UNCOMPRESSED)?,
+            "snappy" => no_level().map(|()| Compression::SNAPPY)?,
+            "lz4_raw" | "lz4raw" => no_level().map(|()| Compression::LZ4_RAW)?,
+            "lz4" => no_level().map(|()| Compression::LZ4)?,
+            "gzip" => {
+                let level = number("0 to 9")?.unwrap_or(6);
+                let level = u32::try_from(level).map_err(|_| bad_level("0 to 9"))?;
+                Compression::GZIP(GzipLevel::try_new(level).map_err(|_| bad_level("0 to 9"))?)
+            }
+            "brotli" => {
+                let level = number("0 to 11")?.unwrap_or(1);
+                let level = u32::try_from(level).map_err(|_| bad_level("0 to 11"))?;
+                Compression::BROTLI(BrotliLevel::try_new(level).map_err(|_| bad_level("0 to 11"))?)
+            }
+            "zstd" => {
+                let level = number("1 to 22")?.unwrap_or(3);
+                let level = i32::try_from(level).map_err(|_| bad_level("1 to 22"))?;
+                if !(1..=22).contains(&level) {
+                    return Err(bad_level("1 to 22"));
+                }
+                Compression::ZSTD(ZstdLevel::try_new(level).map_err(|_| bad_level("1 to 22"))?)
+            }
+            _ => return Err(format!("unknown codec {s}; the codecs are {CODECS}")),
+        };
+        Ok(Self(compression))
     }
 }
 
@@ -76,6 +134,8 @@ impl std::fmt::Display for Codec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.0 {
             Compression::ZSTD(level) => write!(f, "zstd({})", level.compression_level()),
+            Compression::GZIP(level) => write!(f, "gzip({})", level.compression_level()),
+            Compression::BROTLI(level) => write!(f, "brotli({})", level.compression_level()),
             other => write!(f, "{}", other.to_string().to_ascii_lowercase()),
         }
     }
@@ -88,6 +148,9 @@ pub struct WriteOptions {
     pub row_group_size: usize,
     /// The codec of every column.
     pub codec: Codec,
+    /// Bytes the row groups being encoded may hold (see the module doc); `None`: no bound
+    /// but the number of row groups in flight.
+    pub memory_budget: Option<usize>,
 }
 
 impl Default for WriteOptions {
@@ -95,7 +158,31 @@ impl Default for WriteOptions {
         Self {
             row_group_size: DEFAULT_ROW_GROUP_SIZE,
             codec: Codec::default(),
+            memory_budget: None,
         }
+    }
+}
+
+/// The memory budget in permits of this many bytes (a semaphore counts in `u32`s).
+const BUDGET_UNIT: usize = 1024;
+
+/// Bytes the rows of `batch` take in memory: each column's slice (not the whole buffers a
+/// slice shares), and for string and binary views the bytes of the long values they point at.
+pub fn batch_bytes(batch: &RecordBatch) -> usize {
+    batch.columns().iter().map(|c| column_bytes(c.as_ref())).sum()
+}
+
+fn column_bytes(column: &dyn Array) -> usize {
+    fn long_values(views: &[u128]) -> usize {
+        views.iter().map(|v| *v as u32 as usize).filter(|&len| len > 12).sum()
+    }
+    match column.data_type() {
+        DataType::Utf8View => 16 * column.len() + long_values(column.as_string_view().views()),
+        DataType::BinaryView => 16 * column.len() + long_values(column.as_binary_view().views()),
+        _ => column
+            .to_data()
+            .get_slice_memory_size()
+            .unwrap_or_else(|_| column.get_array_memory_size()),
     }
 }
 
@@ -133,8 +220,12 @@ pub struct SortedParquetWriter {
     row_group_size: usize,
     pending: Vec<RecordBatch>,
     pending_rows: usize,
+    /// Bytes of `pending`.
+    pending_bytes: usize,
+    /// The memory budget: row groups in flight hold permits of [`BUDGET_UNIT`] bytes.
+    budget: Option<(Arc<Semaphore>, usize)>,
     rows: u64,
-    sender: Option<mpsc::Sender<Vec<RecordBatch>>>,
+    sender: Option<mpsc::Sender<RowGroup>>,
     thread: Option<JoinHandle<Result<usize, ParquetError>>>,
     sorting_columns: bool,
     progress: WriteProgress,
@@ -166,7 +257,7 @@ impl SortedParquetWriter {
         // writes row groups whose columns were encoded elsewhere.
         let (file_writer, factory) =
             ArrowWriter::try_new(file, Arc::clone(&schema), Some(props))?.into_serialized_writer()?;
-        let (sender, receiver) = mpsc::channel::<Vec<RecordBatch>>(1);
+        let (sender, receiver) = mpsc::channel::<RowGroup>(1);
         let thread_schema = Arc::clone(&schema);
         let progress = WriteProgress {
             units: Arc::default(),
@@ -182,6 +273,13 @@ impl SortedParquetWriter {
             row_group_size: options.row_group_size,
             pending: vec![],
             pending_rows: 0,
+            pending_bytes: 0,
+            budget: options.memory_budget.map(|bytes| {
+                let permits = bytes
+                    .div_ceil(BUDGET_UNIT)
+                    .clamp(1, Semaphore::MAX_PERMITS.min(u32::MAX as usize));
+                (Arc::new(Semaphore::new(permits)), permits)
+            }),
             rows: 0,
             sender: Some(sender),
             thread: Some(thread),
@@ -191,16 +289,31 @@ impl SortedParquetWriter {
     }
 
     /// Adds `batch` to the file; full row groups go to the encoder (waiting while it has as
-    /// many as it encodes at once, and one more queued).
+    /// many as it encodes at once, and one more queued, or as the memory budget allows).
     pub async fn write(&mut self, batch: RecordBatch) -> Result<(), ParquetError> {
         let mut batch = batch;
+        // Half the budget a row group: its rows and its encoded pages fit the budget.
+        let group_cap = self
+            .budget
+            .as_ref()
+            .map_or(usize::MAX, |(_, permits)| permits * BUDGET_UNIT / 2);
+        let row_bytes = if self.budget.is_some() && batch.num_rows() > 0 {
+            batch_bytes(&batch).div_ceil(batch.num_rows()).max(1)
+        } else {
+            0
+        };
         while batch.num_rows() > 0 {
-            let take = (self.row_group_size - self.pending_rows).min(batch.num_rows());
+            let mut take = (self.row_group_size - self.pending_rows).min(batch.num_rows());
+            if row_bytes > 0 {
+                let room = group_cap.saturating_sub(self.pending_bytes).div_ceil(row_bytes).max(1);
+                take = take.min(room);
+            }
             self.pending.push(batch.slice(0, take));
             self.pending_rows += take;
+            self.pending_bytes += take * row_bytes;
             self.rows += take as u64;
             batch = batch.slice(take, batch.num_rows() - take);
-            if self.pending_rows == self.row_group_size {
+            if self.pending_rows == self.row_group_size || self.pending_bytes >= group_cap {
                 self.send_pending().await?;
             }
         }
@@ -236,10 +349,31 @@ impl SortedParquetWriter {
     }
 
     async fn send_pending(&mut self) -> Result<(), ParquetError> {
-        let group = std::mem::take(&mut self.pending);
+        let batches = std::mem::take(&mut self.pending);
+        let bytes = std::mem::take(&mut self.pending_bytes);
         self.pending_rows = 0;
+        // Its rows and its encoded pages, until it is in the file.
+        let permit = match &self.budget {
+            Some((semaphore, permits)) => {
+                let want = (2 * bytes).div_ceil(BUDGET_UNIT).clamp(1, *permits) as u32;
+                Some(
+                    Arc::clone(semaphore)
+                        .acquire_many_owned(want)
+                        .await
+                        .map_err(|e| ParquetError::External(Box::new(e)))?,
+                )
+            }
+            None => None,
+        };
         let sender = self.sender.as_ref().expect("not finished");
-        if sender.send(group).await.is_err() {
+        if sender
+            .send(RowGroup {
+                batches,
+                _permit: permit,
+            })
+            .await
+            .is_err()
+        {
             // The thread stopped on an error: its result says which.
             self.sender = None;
             let thread = self.thread.take().expect("the thread is there until finish");
@@ -257,6 +391,12 @@ impl SortedParquetWriter {
     }
 }
 
+/// A row group on its way to the file, with its share of the memory budget.
+struct RowGroup {
+    batches: Vec<RecordBatch>,
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
 /// The writer thread: encodes each row group received (its columns in parallel, up to
 /// [`row_groups_in_flight`] row groups at once) and appends them in order. Returns the number
 /// of row groups.
@@ -264,13 +404,17 @@ fn write_row_groups(
     mut file_writer: parquet::file::writer::SerializedFileWriter<File>,
     factory: ArrowRowGroupWriterFactory,
     schema: SchemaRef,
-    mut receiver: mpsc::Receiver<Vec<RecordBatch>>,
+    mut receiver: mpsc::Receiver<RowGroup>,
     units: Arc<AtomicU64>,
 ) -> Result<usize, ParquetError> {
     // Which top-level field each leaf column belongs to.
     let descr = file_writer.schema_descr();
     let roots: Vec<usize> = (0..descr.num_columns()).map(|i| descr.get_column_root_idx(i)).collect();
-    let mut in_flight: VecDeque<std_mpsc::Receiver<Result<Vec<ArrowColumnChunk>, ParquetError>>> = VecDeque::new();
+    type Encoded = (
+        Result<Vec<ArrowColumnChunk>, ParquetError>,
+        Option<OwnedSemaphorePermit>,
+    );
+    let mut in_flight: VecDeque<std_mpsc::Receiver<Encoded>> = VecDeque::new();
     let mut index = 0;
     let in_flight_max = row_groups_in_flight();
     let append = |file_writer: &mut parquet::file::writer::SerializedFileWriter<File>,
@@ -288,26 +432,67 @@ fn write_row_groups(
         ));
         Ok(())
     };
-    let wait = |r: std_mpsc::Receiver<Result<Vec<ArrowColumnChunk>, ParquetError>>| {
-        r.recv()
-            .unwrap_or_else(|_| Err(ParquetError::General("a row group encoder panicked".into())))
-    };
-    while let Some(group) = receiver.blocking_recv() {
-        let writers = factory.create_column_writers(index)?;
-        index += 1;
-        let (done, result) = std_mpsc::channel();
-        let (schema, roots, units) = (Arc::clone(&schema), roots.clone(), Arc::clone(&units));
-        rayon::spawn(move || {
-            let _ = done.send(encode_row_group(writers, &roots, &schema, &group, &units));
-        });
-        in_flight.push_back(result);
-        while in_flight.len() >= in_flight_max {
-            let chunks = wait(in_flight.pop_front().expect("not empty"))?;
-            append(&mut file_writer, chunks)?;
+    let panicked = || (Err(ParquetError::General("a row group encoder panicked".into())), None);
+    let mut open = true;
+    while open || !in_flight.is_empty() {
+        // Take the next row group while there is room: waiting for it when nothing is being
+        // encoded, else only looking.
+        if open && in_flight.len() < in_flight_max {
+            let next = if in_flight.is_empty() {
+                receiver.blocking_recv()
+            } else {
+                match receiver.try_recv() {
+                    Ok(group) => Some(group),
+                    Err(mpsc::error::TryRecvError::Empty) => None,
+                    Err(mpsc::error::TryRecvError::Disconnected) => {
+                        open = false;
+                        None
+                    }
+                }
+            };
+            match next {
+                Some(RowGroup {
+                    batches: group,
+                    _permit: permit,
+                }) => {
+                    let writers = factory.create_column_writers(index)?;
+                    index += 1;
+                    let (done, result) = std_mpsc::channel::<Encoded>();
+                    let (schema, roots, units) = (Arc::clone(&schema), roots.clone(), Arc::clone(&units));
+                    rayon::spawn(move || {
+                        let chunks = encode_row_group(writers, &roots, &schema, &group, &units);
+                        // The rows go now; the permit stays with the encoded pages.
+                        drop(group);
+                        let _ = done.send((chunks, permit));
+                    });
+                    in_flight.push_back(result);
+                    continue;
+                }
+                None if in_flight.is_empty() => {
+                    open = false;
+                    continue;
+                }
+                None => {}
+            }
         }
-    }
-    while let Some(r) = in_flight.pop_front() {
-        append(&mut file_writer, wait(r)?)?;
+        // Append the oldest row group when it is encoded: waiting for it when no other can be
+        // taken, else for a moment (the sort may be waiting for the memory it holds).
+        let Some(front) = in_flight.front() else { continue };
+        let encoded = if !open || in_flight.len() >= in_flight_max {
+            Some(front.recv().unwrap_or_else(|_| panicked()))
+        } else {
+            match front.recv_timeout(std::time::Duration::from_millis(1)) {
+                Ok(encoded) => Some(encoded),
+                Err(std_mpsc::RecvTimeoutError::Timeout) => None,
+                Err(std_mpsc::RecvTimeoutError::Disconnected) => Some(panicked()),
+            }
+        };
+        if let Some((chunks, permit)) = encoded {
+            in_flight.pop_front();
+            append(&mut file_writer, chunks?)?;
+            // Its memory is free once its pages are in the file.
+            drop(permit);
+        }
     }
     file_writer.close()?;
     Ok(index)
@@ -394,19 +579,53 @@ mod tests {
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
     #[test]
-    fn codecs_parse_like_parquet_rewrite() {
+    fn codecs_parse_with_their_levels() {
         assert_eq!("zstd(3)".parse::<Codec>().unwrap(), Codec::default());
-        assert_eq!("ZSTD".parse::<Codec>().unwrap().to_string(), "zstd(3)");
-        assert_eq!("snappy".parse::<Codec>().unwrap().to_string(), "snappy");
-        assert_eq!("Uncompressed".parse::<Codec>().unwrap().to_string(), "uncompressed");
-        assert!(
-            "gzip(6)"
-                .parse::<Codec>()
-                .unwrap_err()
-                .contains("not built into gpusort")
-        );
-        assert!("zstd(99)".parse::<Codec>().is_err());
-        assert!("fast".parse::<Codec>().is_err());
+        for (text, shown) in [
+            ("ZSTD", "zstd(3)"),
+            ("zstd(19)", "zstd(19)"),
+            ("snappy", "snappy"),
+            ("Uncompressed", "uncompressed"),
+            ("none", "uncompressed"),
+            ("lz4_raw", "lz4_raw"),
+            ("lz4", "lz4"),
+            ("gzip", "gzip(6)"),
+            ("gzip(9)", "gzip(9)"),
+            ("brotli", "brotli(1)"),
+            ("brotli( 11 )", "brotli(11)"),
+        ] {
+            assert_eq!(text.parse::<Codec>().unwrap().to_string(), shown, "{text}");
+        }
+        let err = |text: &str| text.parse::<Codec>().unwrap_err();
+        assert_eq!(err("zstd(99)"), "zstd(99): the level of zstd must be 1 to 22");
+        assert_eq!(err("zstd(0)"), "zstd(0): the level of zstd must be 1 to 22");
+        assert_eq!(err("gzip(10)"), "gzip(10): the level of gzip must be 0 to 9");
+        assert_eq!(err("brotli(-1)"), "brotli(-1): the level of brotli must be 0 to 11");
+        assert_eq!(err("gzip(fast)"), "gzip(fast): the level of gzip is a number, 0 to 9");
+        assert_eq!(err("snappy(2)"), "snappy(2): snappy has no levels");
+        assert_eq!(err("zstd(3"), "zstd(3: expected CODEC or CODEC(LEVEL), e.g. zstd(3)");
+        assert!(err("lzo").starts_with("unknown codec lzo; the codecs are uncompressed"));
+    }
+
+    #[test]
+    fn batch_bytes_count_slices_and_long_views() {
+        let ints: ArrayRef = Arc::new(Int32Array::from_iter_values(0..1000));
+        let views: ArrayRef = Arc::new(StringViewArray::from_iter_values((0..1000).map(|i| {
+            if i % 2 == 0 {
+                "short".to_string()
+            } else {
+                format!("{i:0>20}")
+            }
+        })));
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("i", DataType::Int32, false),
+            Field::new("s", DataType::Utf8View, false),
+        ]));
+        let batch = RecordBatch::try_new(schema, vec![ints, views]).unwrap();
+        assert_eq!(batch_bytes(&batch), 4000 + 16_000 + 500 * 20);
+        assert_eq!(batch_bytes(&batch.slice(0, 10)), 40 + 160 + 5 * 20);
+        assert_eq!(writer_share(64 << 20), 8 << 20);
+        assert_eq!(writer_share(64 << 30), 1 << 30);
     }
 
     #[tokio::test(flavor = "multi_thread")]
@@ -449,6 +668,7 @@ mod tests {
         let options = WriteOptions {
             row_group_size: 7,
             codec: "snappy".parse().unwrap(),
+            memory_budget: None,
         };
         let mut w =
             SortedParquetWriter::try_new(File::create(&path).unwrap(), Arc::clone(&schema), &order_by, &options)
