@@ -61,8 +61,8 @@ use datafusion::physical_plan::spill::SpillManager;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::{SinkExt, StreamExt, TryStreamExt};
 use gpusort::cpu::gather::concat_batches;
-use gpusort::{SortKey, SortOutput, SortRequest, SortSpec};
-use gpusort_cuda::{CudaBackend, CudaSortError, GpuSortSession};
+use gpusort::{EncoderOptions, SortKey, SortOutput, SortRequest, SortSpec};
+use gpusort_cuda::{CudaBackend, CudaSortError, GPU_STRING_PREFIX_BYTES, GpuSortSession};
 use rayon::prelude::*;
 
 use crate::config::{DeviceChoice, GpuSortConfig, StrategyChoice};
@@ -384,7 +384,7 @@ impl GpuSorter {
         let gpu = match self.choose_path(usize::MAX) {
             Ok(SortPath::Gpu(gpu)) => self.sort_input(batch).ok().and_then(|(extended, spec)| {
                 let request = SortRequest::new(&extended, &spec).with_strategy(self.options.strategy.strategy());
-                gpu.max_rows_within(&request, self.gpu_limit())
+                gpu.max_rows_within(&gpu_request(&request), self.gpu_limit())
                     .ok()
                     .map(|rows| rows.max(1))
             }),
@@ -1337,7 +1337,7 @@ fn run_sort(
     metrics: &GpuSortMetrics,
 ) -> Result<SortOutput, GpuSortExecError> {
     let reason = match path {
-        SortPath::Gpu(gpu) => match gpu.sort_within(request, gpu_limit) {
+        SortPath::Gpu(gpu) => match gpu.sort_within(&gpu_request(request), gpu_limit) {
             Ok(out) => {
                 metrics.record(&out.stats, Some(&gpusort::SortBackend::name(gpu.as_ref())));
                 return Ok(out);
@@ -1354,6 +1354,14 @@ fn run_sort(
     let out = gpusort::SortBackend::sort(cpu_backend(), request)?;
     metrics.record(&out.stats, None);
     Ok(out)
+}
+
+/// `request` as a GPU sort runs it: with the longer string prefixes a device sorts cheaply
+/// ([`GPU_STRING_PREFIX_BYTES`]).
+fn gpu_request<'a>(request: &SortRequest<'a>) -> SortRequest<'a> {
+    request.clone().with_encoder_options(EncoderOptions {
+        max_prefix_bytes: GPU_STRING_PREFIX_BYTES,
+    })
 }
 
 /// `batch` without the evaluated key columns [`GpuSorter::sort_input`] appended after the

@@ -25,4 +25,4 @@ pub use engine::{DeviceColumn, DeviceRecords, DeviceTable, Gpu, GpuSortPlan, Gpu
 pub use error::{CudaSortError, Result};
 pub use kernels::{KernelCache, KernelTuning};
 pub use pinned::{FRESH_PIN_MAX, HostBuffer, PinnedPool, PinnedPoolStats};
-pub use session::GpuSortSession;
+pub use session::{GPU_STRING_PREFIX_BYTES, GpuSortSession};
