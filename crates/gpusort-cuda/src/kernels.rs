@@ -214,7 +214,7 @@ impl std::fmt::Display for KernelTuning {
 }
 
 /// 128-bit FNV-1a: a stable hash (unlike std's `DefaultHasher`) for cache file names.
-fn fnv1a128(parts: &[&[u8]]) -> u128 {
+pub(crate) fn fnv1a128(parts: &[&[u8]]) -> u128 {
     const OFFSET: u128 = 0x6c62272e07bb014262b821756295c58d;
     const PRIME: u128 = 0x0000000001000000000000000000013b;
     let mut h = OFFSET;
@@ -241,11 +241,15 @@ pub fn cache_key(source: &str, arch: &str, options: &[&str], nvrtc_version: (i32
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KernelCache {
     dir: Option<PathBuf>,
+    /// Whether the kernels built ahead of time ([`crate::prebuilt`]) are used where they match.
+    prebuilt: bool,
 }
 
 /// How kernels were obtained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CacheOutcome {
+    /// Built ahead of time and embedded in the binary ([`crate::prebuilt`]).
+    Prebuilt,
     /// Read from the cache.
     Hit,
     /// Compiled (and stored, if the cache is on).
@@ -255,7 +259,14 @@ pub enum CacheOutcome {
 impl KernelCache {
     /// A cache in `dir`, or none.
     pub fn new(dir: Option<PathBuf>) -> Self {
-        Self { dir }
+        Self { dir, prebuilt: true }
+    }
+
+    /// Whether kernels built ahead of time are used where they match the sources (default:
+    /// yes; off, every program is read from the cache or compiled).
+    pub fn with_prebuilt(mut self, prebuilt: bool) -> Self {
+        self.prebuilt = prebuilt;
+        self
     }
 
     /// The cache named by `GPUSORT_KERNEL_CACHE` (`off` disables it), else
@@ -276,7 +287,7 @@ impl KernelCache {
                 .map(|x| x.join("gpusort/kernels"))
                 .or_else(|| home.map(|h| h.join(".cache/gpusort/kernels"))),
         };
-        Self { dir }
+        Self { dir, prebuilt: true }
     }
 
     /// The cache directory, if caching is on.
@@ -285,7 +296,8 @@ impl KernelCache {
     }
 
     /// The CUBIN of each of `programs` for `arch` (in their order), each from the cache or
-    /// compiled by NVRTC, the compiles on threads of their own. `Hit` when every one was cached.
+    /// compiled by NVRTC, the compiles on threads of their own; the outcome is the slowest way
+    /// any of them came.
     pub fn load_or_compile_all(
         &self,
         programs: &[(&str, String)],
@@ -315,12 +327,15 @@ impl KernelCache {
                 .collect()
         });
         let mut cubins = Vec::with_capacity(results.len());
-        let mut outcome = CacheOutcome::Hit;
+        // The slowest way any program came: compiled, else read from the cache, else prebuilt.
+        let mut outcome = CacheOutcome::Prebuilt;
         for r in results {
             let (cubin, o) = r?;
-            if o == CacheOutcome::Compiled {
-                outcome = CacheOutcome::Compiled;
-            }
+            outcome = match (outcome, o) {
+                (_, CacheOutcome::Compiled) | (CacheOutcome::Compiled, _) => CacheOutcome::Compiled,
+                (_, CacheOutcome::Hit) | (CacheOutcome::Hit, _) => CacheOutcome::Hit,
+                _ => CacheOutcome::Prebuilt,
+            };
             cubins.push(cubin);
         }
         Ok((cubins, outcome))
@@ -334,6 +349,9 @@ impl KernelCache {
         arch: &str,
         nvrtc_version: (i32, i32),
     ) -> Result<(Vec<u8>, CacheOutcome)> {
+        if let Some(cubin) = self.prebuilt.then(|| crate::prebuilt::find(source, arch)).flatten() {
+            return Ok((cubin.to_vec(), CacheOutcome::Prebuilt));
+        }
         let key = cache_key(source, arch, OPTIONS, nvrtc_version);
         let path = self.dir.as_ref().map(|d| d.join(format!("{key}.cubin")));
         if let Some(bytes) = path.as_ref().and_then(|p| std::fs::read(p).ok()) {
@@ -495,6 +513,7 @@ impl LoadingKernels {
                     target: "gpusort::timeline",
                     "kernels {} and loaded in {:.2} s",
                     match outcome {
+                        CacheOutcome::Prebuilt => "built ahead of time",
                         CacheOutcome::Hit => "read from the cache",
                         CacheOutcome::Compiled => "compiled",
                     },
@@ -855,7 +874,7 @@ mod tests {
         let cubin = compile_cubin(&programs[0].1, "sm_90").unwrap();
         assert!(cubin.starts_with(b"\x7fELF"), "a CUBIN is an ELF file");
         let dir = std::env::temp_dir().join(format!("gpusort-cache-test-{}", std::process::id()));
-        let cache = KernelCache::new(Some(dir.clone()));
+        let cache = KernelCache::new(Some(dir.clone())).with_prebuilt(false);
         let (first, outcome) = cache
             .load_or_compile_all(&programs, "sm_90", crate::device::nvrtc_version())
             .unwrap();

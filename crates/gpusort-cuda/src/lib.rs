@@ -16,6 +16,7 @@ mod error;
 pub mod kernels;
 pub mod msd;
 pub mod pinned;
+pub mod prebuilt;
 mod session;
 pub mod transfer;
 
