@@ -10,6 +10,12 @@ use clap::Parser;
 use clap::error::ErrorKind;
 use gpusort_cli::{Cli, CliError, error, interrupt, run};
 
+/// A sort allocates and frees gigabytes of batches and buffers: mimalloc keeps freed memory
+/// for the next allocation where glibc's malloc returns large blocks to the kernel, which
+/// then zeroes fresh pages at the next touch.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -23,6 +29,12 @@ fn main() -> ExitCode {
             return ExitCode::from(error::USAGE_EXIT);
         }
     };
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    if let gpusort_cli::Command::Sort(args) = &cli.command
+        && args.plan.memory_limit_bytes().is_some()
+    {
+        bound_allocator();
+    }
     let result = interrupt::install().and_then(|()| {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
@@ -41,3 +53,50 @@ fn main() -> ExitCode {
         }
     }
 }
+
+/// Under `--memory-limit`, memory the sort frees goes back to the system at once: mimalloc
+/// keeps freed pages for 10 ms (arenas 100 ms) and commits its arenas eagerly (then a purge
+/// only marks pages free, and they stay resident), which took the peak resident size of a sort
+/// of 1.6M rows at `--memory-limit 16m` to 415 MiB; with these two options, 181 MiB (the test
+/// `peak_memory_follows_the_limit` measures it). Set before the first arena is made, so on
+/// glibc from a constructor (below) that reads the arguments before `main`.
+fn bound_allocator() {
+    // mimalloc's `mi_option_t` (the same numbers in its v2 and v3).
+    const MI_OPTION_ARENA_EAGER_COMMIT: libc::c_int = 4;
+    const MI_OPTION_PURGE_DELAY: libc::c_int = 15;
+    unsafe extern "C" {
+        fn mi_option_set(option: libc::c_int, value: libc::c_long);
+    }
+    // SAFETY: sets two of mimalloc's options (the allocator above); both may change at any time.
+    unsafe {
+        mi_option_set(MI_OPTION_PURGE_DELAY, 0);
+        mi_option_set(MI_OPTION_ARENA_EAGER_COMMIT, 0);
+    }
+}
+
+/// Calls [`bound_allocator`] before `main` (before Rust allocates anything) when the arguments
+/// give `--memory-limit` a size that is not 0. glibc passes `argc` and `argv` to the functions
+/// of `.init_array`; this one allocates nothing.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[used]
+#[unsafe(link_section = ".init_array")]
+static BOUND_ALLOCATOR_BEFORE_MAIN: extern "C" fn(libc::c_int, *const *const libc::c_char) = {
+    extern "C" fn before_main(argc: libc::c_int, argv: *const *const libc::c_char) {
+        if argv.is_null() {
+            return;
+        }
+        // SAFETY: glibc's argv: `argc` pointers to NUL-terminated strings.
+        let arg = |i: usize| unsafe { std::ffi::CStr::from_ptr(*argv.add(i)) }.to_bytes();
+        let argc = argc.max(0) as usize;
+        let sorting = (1..argc).any(|i| arg(i) == b"sort");
+        let limit = (1..argc).find_map(|i| match arg(i) {
+            b"--memory-limit" if i + 1 < argc => Some(arg(i + 1)),
+            a => a.strip_prefix(b"--memory-limit="),
+        });
+        // A size with a digit other than 0 is a limit (0 and none are not).
+        if sorting && limit.is_some_and(|l| l.iter().any(|b| (b'1'..=b'9').contains(b))) {
+            bound_allocator();
+        }
+    }
+    before_main
+};
