@@ -3,7 +3,8 @@
 # benchmark (crates/gpusort-cli/benches/tpch.py) of the `gpusort` binary in .gpu/ against
 # DuckDB. .gpu/ holds gpusort.xz (scripts/pack-gpu.sh) and the wheels: duckdb.tar.xz (the
 # duckdb wheel unpacked and repacked with xz; device-unpack.sh leaves it as duckdb.tar) and
-# tpchgen_cli-*.whl. Logs go under $OUT.
+# tpchgen_cli-*.whl, and optionally sql_parquet (the SQL bench, for CONTENDERS sql-copy, df-copy,
+# sql-collect). Logs go under $OUT.
 #
 #   SF=10 LISTS=1,2,3 CONTENDERS=gpu,cpu,duckdb RUNS=2 EXTRA="" bash scripts/device-tpch.sh
 set -u
@@ -16,5 +17,5 @@ export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 crates/gpusort-cli/benches/tpch.py --gpusort .gpu/gpusort --sf "${SF:-10}" --data /tmp/tpch \
   --lists "${LISTS:-1,2,3}" --contenders "${CONTENDERS:-gpu,cpu,duckdb}" --runs "${RUNS:-2}" \
-  --extra "${EXTRA:-}" ${TIMELINE:+--timeline} --csv "$OUT/tpch.csv" --svg "$OUT/tpch.svg" 2>&1 | tee "$OUT/tpch.log"
+  --extra "${EXTRA:-}" ${TIMELINE:+--timeline} $( [ -x .gpu/sql_parquet ] && echo --sql-bench .gpu/sql_parquet ) --csv "$OUT/tpch.csv" --svg "$OUT/tpch.svg" 2>&1 | tee "$OUT/tpch.log"
 echo "tpch exit: ${PIPESTATUS[0]}"

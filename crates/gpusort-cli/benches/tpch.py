@@ -4,7 +4,13 @@ DuckDB's `COPY`, in one command on one machine, with every output checked agains
 
     python3 tpch.py --gpusort PATH/TO/gpusort --sf 10 --data /tmp/tpch [--runs 2]
         [--lists 1,2,3] [--contenders gpu,cpu,duckdb,datafusion] [--extra "--gpu-memory-limit 4G"]
-        [--csv out.csv] [--svg phases.svg]
+        [--sql-bench PATH/TO/sql_parquet] [--csv out.csv] [--svg phases.svg]
+
+Contenders: `gpu`, `cpu` (`gpusort sort --device cpu`), `datafusion` (`gpusort sort --no-gpusort`:
+DataFusion's SortExec into gpusort's writer), `duckdb`, and with `--sql-bench` (the
+`sql_parquet` bench binary) SQL through a DataFusion `SessionContext`: `sql-copy` (`COPY (SELECT
+* FROM 'file' ORDER BY ...) TO 'out.parquet'` with gpusort), `df-copy` (the same on stock
+DataFusion), `sql-collect` (`SELECT ... ORDER BY` collected, with gpusort).
 
 Needs `tpchgen-cli` (pip) to make lineitem at the scale factor (once, kept in --data) and the
 `duckdb` Python package. Each ORDER BY list is sorted by each contender in turn, `--runs`
@@ -88,6 +94,18 @@ def run_gpusort(binary, args, inp, out, order_by, env):
     return wall, phases, p.stderr
 
 
+def run_sql(binary, mode, inp, out, order_by, stock):
+    """The sql_parquet bench: (seconds, rows, plan's sort operator), or None and the error."""
+    if out and os.path.exists(out):
+        os.remove(out)
+    cmd = [binary, inp, order_by, mode] + ([out] if out else []) + (["--stock"] if stock else [])
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    m = re.search(r"seconds=([\d.]+) rows=(\d+) plan=(.*)", p.stdout)
+    if p.returncode != 0 or not m:
+        return None, (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]
+    return (float(m.group(1)), int(m.group(2)), m.group(3)), None
+
+
 def run_duckdb(inp, out, order_by, threads):
     import duckdb
     if os.path.exists(out):
@@ -122,6 +140,32 @@ def check(out, ref, order_by, threads):
     if sums[0] != sums[1]:
         return "row checksums differ from DuckDB's"
     return None
+
+
+def sql_contender(args, c, inp, out, ref, order_by, li, best_duck):
+    """One SQL contender's row of the table (best of --runs)."""
+    mode = "collect" if c == "sql-collect" else "copy"
+    best, err = None, None
+    for _ in range(args.runs):
+        r, err = run_sql(args.sql_bench, mode, inp, None if mode == "collect" else out, order_by, c == "df-copy")
+        if r is None:
+            break
+        if best is None or r[0] < best[0]:
+            best = r
+    if best is None:
+        print(f"{c}: FAILED: {err}", flush=True)
+        return dict(list=li, contender=c, seconds=None, ratio=None, check="failed")
+    seconds, n, plan = best
+    if mode == "copy":
+        problem = check(out, ref, order_by, args.threads)
+        os.remove(out)
+    else:
+        import duckdb
+        want = duckdb.connect().execute(f"SELECT count(*) FROM read_parquet('{ref}')").fetchone()[0]
+        problem = None if n == want else f"{n} rows, DuckDB {want}"
+    print(f"{c}: {seconds:.2f} s ({plan}); check: {problem or 'ok'}", flush=True)
+    return dict(list=li, contender=f"{c} ({plan})", seconds=seconds, ratio=best_duck / seconds,
+                check=problem or "ok")
 
 
 def svg(rows, path):
@@ -170,6 +214,7 @@ def main():
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--timeline", action="store_true", help="print gpusort's --timeline of its last run of each")
+    ap.add_argument("--sql-bench", help="the sql_parquet bench binary (for sql-copy, df-copy, sql-collect)")
     ap.add_argument("--csv")
     ap.add_argument("--svg")
     args = ap.parse_args()
@@ -198,6 +243,9 @@ def main():
             if c == "duckdb":
                 continue
             out = os.path.join(out_dir, f"{c}-{li}.parquet")
+            if c in ("sql-copy", "df-copy", "sql-collect"):
+                rows.append(sql_contender(args, c, inp, out, ref, order_by, li, best_duck))
+                continue
             walls, best = [], None
             runs = args.runs + (1 if c == "gpu" and first_gpu else 0)
             for r in range(runs):

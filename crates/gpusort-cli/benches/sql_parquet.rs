@@ -1,0 +1,65 @@
+//! SQL over a Parquet file through a DataFusion `SessionContext`, with gpusort
+//! (`SessionStateBuilder::with_gpusort`) or stock: the two ways a DataFusion user sorts a file.
+//!
+//! ```text
+//! sql_parquet-<hash> INPUT "ORDER BY LIST" collect|copy [OUTPUT] [--stock]
+//! ```
+//!
+//! `collect` runs `SELECT * FROM 'INPUT' ORDER BY ...` and collects the batches (their rows
+//! are counted); `copy` runs `COPY (SELECT * FROM 'INPUT' ORDER BY ...) TO 'OUTPUT'` with
+//! DataFusion's Parquet writer (zstd(3)). It prints one line: `sql_parquet <mode> <engine>
+//! seconds=S rows=N plan=<the sort operator>`, for `crates/gpusort-cli/benches/tpch.py`.
+
+use std::time::Instant;
+
+use datafusion::execution::SessionStateBuilder;
+use datafusion::physical_plan::displayable;
+use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_gpusort::SessionStateBuilderExt;
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    let stock = args.iter().any(|a| a == "--stock");
+    let args: Vec<&String> = args.iter().filter(|a| *a != "--stock").collect();
+    let [input, order_by, mode, rest @ ..] = &args[..] else {
+        eprintln!("usage: sql_parquet INPUT \"ORDER BY LIST\" collect|copy [OUTPUT] [--stock]");
+        std::process::exit(2);
+    };
+    let config = SessionConfig::new().set_str("datafusion.execution.parquet.compression", "zstd(3)");
+    let builder = SessionStateBuilder::new().with_default_features().with_config(config);
+    let state = if stock {
+        builder.build()
+    } else {
+        builder.with_gpusort().build()
+    };
+    let ctx = SessionContext::new_with_state(state);
+    let select = format!("SELECT * FROM '{input}' ORDER BY {order_by}");
+    let start = Instant::now();
+    let (sql, rows) = match mode.as_str() {
+        "collect" => (select.clone(), None),
+        "copy" => {
+            let out = rest.first().ok_or("copy needs an OUTPUT")?;
+            (format!("COPY ({select}) TO '{out}' STORED AS PARQUET"), Some(()))
+        }
+        m => return Err(format!("unknown mode {m}").into()),
+    };
+    let df = ctx.sql(&sql).await?;
+    let plan = df.clone().create_physical_plan().await?;
+    let plan_text = displayable(plan.as_ref()).indent(false).to_string();
+    let sort = plan_text
+        .lines()
+        .find(|l| l.contains("SortExec") || l.contains("GpuSortExec"))
+        .map(|l| l.trim().split(':').next().unwrap_or("").to_string())
+        .unwrap_or_default();
+    let batches = df.collect().await?;
+    let seconds = start.elapsed().as_secs_f64();
+    let n: usize = match rows {
+        None => batches.iter().map(|b| b.num_rows()).sum(),
+        // COPY returns one row: the count written.
+        Some(()) => arrow::util::display::array_value_to_string(batches[0].column(0), 0)?.parse()?,
+    };
+    let engine = if stock { "datafusion" } else { "gpusort" };
+    println!("sql_parquet {mode} {engine} seconds={seconds:.3} rows={n} plan={sort}");
+    Ok(())
+}
