@@ -139,7 +139,7 @@ fn stop(signal: libc::c_int) -> ! {
     } else {
         ""
     };
-    let _ = write!(std::io::stderr(), "{newline}gpusort: error: interrupted by {name}\n");
+    let _ = writeln!(std::io::stderr(), "{newline}gpusort: error: interrupted by {name}");
     // Other threads may be in the middle of anything (the GPU driver included): no exit
     // handlers, no destructors.
     // SAFETY: ends the process.
