@@ -21,17 +21,34 @@ fn variants() -> Vec<(&'static str, WriterProperties)> {
     let base = || WriterProperties::builder().set_compression(zstd(3));
     vec![
         ("default zstd(3)", base().build()),
-        ("stats chunk", base().set_statistics_enabled(EnabledStatistics::Chunk).build()),
+        (
+            "stats chunk",
+            base().set_statistics_enabled(EnabledStatistics::Chunk).build(),
+        ),
         ("no dictionary", base().set_dictionary_enabled(false).build()),
         ("zstd(1)", WriterProperties::builder().set_compression(zstd(1)).build()),
-        ("uncompressed", WriterProperties::builder().set_compression(Compression::UNCOMPRESSED).build()),
-        ("snappy", WriterProperties::builder().set_compression(Compression::SNAPPY).build()),
+        (
+            "uncompressed",
+            WriterProperties::builder()
+                .set_compression(Compression::UNCOMPRESSED)
+                .build(),
+        ),
+        (
+            "snappy",
+            WriterProperties::builder().set_compression(Compression::SNAPPY).build(),
+        ),
     ]
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let path = std::env::args().nth(1).filter(|a| a != "--bench").ok_or("usage: writer_props FILE.parquet")?;
-    let rows: usize = std::env::var("BENCH_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(1 << 20);
+    let path = std::env::args()
+        .nth(1)
+        .filter(|a| a != "--bench")
+        .ok_or("usage: writer_props FILE.parquet")?;
+    let rows: usize = std::env::var("BENCH_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1 << 20);
     let reader = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(&path)?)?
         .with_batch_size(8192)
         .build()?;
