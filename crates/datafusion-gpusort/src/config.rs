@@ -87,17 +87,17 @@ impl FromStr for StrategyChoice {
             "cpu" => Ok(Self::Cpu),
             other => other.parse::<Strategy>().map(Self::Fixed).or_else(|_| {
                 config_err!(
-                    "gpusort.strategy: expected auto, grs-direct, grs-indirect, srts-direct, srts-indirect, msd-direct, msd-indirect or cpu, got '{s}'"
+                    "gpusort.strategy: expected auto, {} or cpu, got '{s}'",
+                    Strategy::names()
                 )
             }),
         }
     }
 }
 
-/// A byte count, written as DuckDB and datafusion-cli take them: `1073741824`, `512k`, `512m`,
-/// `8g`, `1t` (binary: 2^10, 2^20, ...), `512KiB`, `512MiB`, `8GiB`, `1TiB` (binary too),
-/// `512KB`, `512MB`, `8GB`, `1TB` (decimal: 10^3, 10^6, ...), `100B`; fractions such as `1.5g`;
-/// case and spaces do not matter. `0` means no limit wherever a limit is set with it.
+/// A byte count, written as DuckDB and datafusion-cli take them ([`gpusort::size`]): `8g`,
+/// `8GiB` (binary), `8GB`, `512MB` (decimal), `1073741824`, `1.5g`; `0` or `none` means no limit
+/// wherever a limit is set with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ByteSize(pub usize);
 
@@ -108,37 +108,10 @@ impl fmt::Display for ByteSize {
 }
 
 impl ByteSize {
-    /// Parses `s` (see the type's doc); `None` when it is not a byte count that fits a
-    /// `usize`.
+    /// Parses `s` with [`gpusort::parse_byte_size`]; `None` when it is not a byte count that
+    /// fits a `usize`.
     pub fn parse(s: &str) -> Option<Self> {
-        let t = s.trim().to_ascii_lowercase();
-        let split = t
-            .char_indices()
-            .find(|(_, c)| c.is_ascii_alphabetic())
-            .map_or(t.len(), |(i, _)| i);
-        let (digits, unit) = t.split_at(split);
-        let multiplier: f64 = match unit.trim() {
-            "" | "b" | "byte" | "bytes" => 1.0,
-            "k" | "kib" => (1u64 << 10) as f64,
-            "m" | "mib" => (1u64 << 20) as f64,
-            "g" | "gib" => (1u64 << 30) as f64,
-            "t" | "tib" => (1u64 << 40) as f64,
-            "kb" => 1e3,
-            "mb" => 1e6,
-            "gb" => 1e9,
-            "tb" => 1e12,
-            _ => return None,
-        };
-        let digits = digits.trim();
-        if digits.is_empty() || !digits.chars().all(|c| c.is_ascii_digit() || c == '.') {
-            return None;
-        }
-        if multiplier == 1.0 && !digits.contains('.') {
-            return digits.parse::<usize>().ok().map(Self);
-        }
-        let n: f64 = digits.parse().ok()?;
-        let bytes = (n * multiplier).round();
-        (bytes.is_finite() && bytes < usize::MAX as f64).then_some(Self(bytes as usize))
+        gpusort::parse_byte_size(s).map(Self)
     }
 }
 
@@ -147,7 +120,7 @@ impl FromStr for ByteSize {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match Self::parse(s) {
             Some(size) => Ok(size),
-            None => config_err!("expected a byte count like 512M, 512MiB, 8G, 8GiB or 8GB, got '{s}'"),
+            None => config_err!("{}", gpusort::size::size_error(s)),
         }
     }
 }
@@ -167,10 +140,11 @@ extensions_options! {
         pub min_rows: usize, default = 100_000
         /// `auto` (GPU 0 if usable, else the CPU), `cpu`, or a GPU number (must be usable).
         pub device: DeviceChoice, default = DeviceChoice::Auto
-        /// `auto` (the planner's rule, calibrated on the H100), `grs-direct`, `grs-indirect`,
-        /// `srts-direct`, `srts-indirect`, `msd-direct`, `msd-indirect`, or `cpu`.
+        /// `auto` (the planner's rule, calibrated on the H100), one of `gpusort::Strategy::ALL`
+        /// (grs-direct, grs-indirect, srts-direct, srts-indirect, msd-direct, msd-indirect; a
+        /// test checks this list), or `cpu`.
         pub strategy: StrategyChoice, default = StrategyChoice::Auto
-        /// Device memory one sort may use, e.g. `2G`; 0 means the GPU's free memory. A sort that
+        /// Device memory one sort may use, e.g. `2G` or `2GiB`; 0 (or `none`) means the GPU's free memory. A sort that
         /// needs more runs on the CPU (the reason shows in the metrics).
         pub gpu_memory_limit: ByteSize, default = ByteSize(0)
         /// Where DataFusion sorts each partition and merges them (`SortPreservingMergeExec`),
@@ -225,23 +199,15 @@ mod tests {
         c.set("gpu_memory_limit", "64mib").unwrap();
         assert_eq!(c.gpu_memory_limit.0, 64 << 20);
         assert!(c.set("gpu_memory_limit", "lots").is_err());
-        for (text, bytes) in [
-            ("8GiB", 8usize << 30),
-            ("8g", 8 << 30),
-            ("8 G", 8 << 30),
-            ("8GB", 8_000_000_000),
-            ("512MiB", 512 << 20),
-            ("512mb", 512_000_000),
-            ("1.5k", 1536),
-            ("100B", 100),
-            ("0", 0),
-            ("1073741824", 1 << 30),
-        ] {
-            assert_eq!(ByteSize::parse(text), Some(ByteSize(bytes)), "{text}");
-        }
-        for bad in ["", "g", "-1g", "8 gigs", "1e3", "8xb", "99999999999999999999t"] {
-            assert_eq!(ByteSize::parse(bad), None, "{bad}");
-        }
+        c.set("gpu_memory_limit", "none").unwrap();
+        assert_eq!(c.gpu_memory_limit.0, 0);
+        assert_eq!(ByteSize::parse("8GB"), Some(ByteSize(8_000_000_000)));
+        assert!(
+            c.set("gpu_memory_limit", "8 gigs")
+                .unwrap_err()
+                .to_string()
+                .contains("8GiB")
+        );
         assert!(c.set("min_rows", "-1").is_err());
         c.set("enabled", "FALSE").unwrap();
         assert!(!c.enabled);
@@ -250,5 +216,21 @@ mod tests {
         assert!(keys.contains(&"merge_partitions".to_string()), "{keys:?}");
         c.set("topk_max_fetch", "0").unwrap();
         assert_eq!(c.topk_max_fetch, 0);
+    }
+
+    #[test]
+    fn strategy_messages_name_every_strategy() {
+        let mut c = GpuSortConfig::default();
+        let err = c.set("strategy", "quick").unwrap_err().to_string();
+        let doc = c
+            .entries()
+            .into_iter()
+            .find(|e| e.key == "strategy")
+            .unwrap()
+            .description;
+        for s in Strategy::ALL {
+            assert!(err.contains(&s.to_string()), "{err}");
+            assert!(doc.contains(&s.to_string()), "{doc}");
+        }
     }
 }

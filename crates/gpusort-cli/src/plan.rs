@@ -51,9 +51,9 @@ pub struct PlanArgs {
     #[arg(long, value_name = "N|cpu|auto", default_value = "auto", value_parser = parse_device)]
     pub device: DeviceChoice,
 
-    /// The sort strategy: auto (the rule calibrated on the H100), grs-direct, grs-indirect,
-    /// srts-direct, srts-indirect, msd-direct, msd-indirect, or cpu
-    #[arg(long, value_name = "NAME", default_value = "auto", value_parser = parse_strategy)]
+    /// The sort strategy (the help lists them)
+    #[arg(long, value_name = "NAME", default_value = "auto", value_parser = parse_strategy,
+          help = strategy_help())]
     pub strategy: StrategyChoice,
 
     /// Sorts of fewer rows run on the CPU (a GPU round trip costs more than it saves);
@@ -108,12 +108,9 @@ impl PlanArgs {
     }
 }
 
+/// A size as every size in gpusort is written ([`gpusort::size`]).
 fn parse_size(s: &str) -> std::result::Result<ByteSize, String> {
-    if s.trim().eq_ignore_ascii_case("none") {
-        return Ok(ByteSize(0));
-    }
-    s.parse::<ByteSize>()
-        .map_err(|_| format!("expected a size like 512m, 512MiB, 8g, 8GiB, 8GB or 1073741824 (0: no limit), got '{s}'"))
+    ByteSize::parse(s).ok_or_else(|| gpusort::size::size_error(s))
 }
 
 fn parse_device(s: &str) -> std::result::Result<DeviceChoice, String> {
@@ -123,16 +120,15 @@ fn parse_device(s: &str) -> std::result::Result<DeviceChoice, String> {
 
 fn parse_strategy(s: &str) -> std::result::Result<StrategyChoice, String> {
     s.parse::<StrategyChoice>()
-        .map_err(|_| format!("expected auto, {} or cpu, got '{s}'", strategy_names()))
+        .map_err(|_| format!("expected auto, {} or cpu, got '{s}'", gpusort::Strategy::names()))
 }
 
-/// The GPU strategies' names, comma-separated.
-fn strategy_names() -> String {
-    gpusort::Strategy::ALL
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(", ")
+/// `--strategy`'s help, its list of strategies from [`gpusort::Strategy::ALL`].
+fn strategy_help() -> String {
+    format!(
+        "The sort strategy: auto (the rule calibrated on the H100), {}, or cpu",
+        gpusort::Strategy::names()
+    )
 }
 
 /// A planned sort: the session, the checked inputs, the ORDER BY and the physical plan.
@@ -317,6 +313,13 @@ mod tests {
         assert!(!args.gpusort_config().enabled);
         assert!(parse_device("gpu").unwrap_err().contains("a GPU number"));
         assert!(parse_size("lots").unwrap_err().contains("8g"));
-        assert!(parse_strategy("quick").unwrap_err().contains("srts-direct"));
+        let err = parse_strategy("quick").unwrap_err();
+        for s in gpusort::Strategy::ALL {
+            assert!(
+                err.contains(&s.to_string()) && strategy_help().contains(&s.to_string()),
+                "{err}"
+            );
+        }
+        assert_eq!(parse_size("none").unwrap(), ByteSize(0));
     }
 }

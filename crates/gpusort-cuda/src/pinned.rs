@@ -18,7 +18,8 @@
 //!   (largest first); when that is not enough — or the driver refuses — the request gets
 //!   ordinary heap memory instead, which is always correct but copies at pageable speed. The
 //!   default limit is a quarter of the host's memory (4 GiB when it is unknown);
-//!   `GPUSORT_PINNED_LIMIT` (bytes, or with a `K`/`M`/`G` suffix; `0` turns pinning off) or
+//!   `GPUSORT_PINNED_LIMIT` (a size as [`gpusort::size`] reads them: `8g`, `8GiB`, `8GB`,
+//!   `1073741824`; `0` or `none` turns pinning off) or
 //!   [`PinnedPool::set_limit`] change it.
 //!
 //! Until a GPU is opened ([`PinnedPool::attach`], done by [`CudaBackend`](crate::CudaBackend))
@@ -340,23 +341,11 @@ impl std::fmt::Debug for PinnedPool {
 /// `GPUSORT_PINNED_LIMIT`, else a quarter of the host's memory.
 fn default_limit() -> usize {
     if let Ok(v) = std::env::var("GPUSORT_PINNED_LIMIT")
-        && let Some(bytes) = parse_bytes(&v)
+        && let Some(bytes) = gpusort::parse_byte_size(&v)
     {
         return bytes;
     }
     host_memory().map_or(FALLBACK_LIMIT, |m| m / 4)
-}
-
-/// `1234`, `64K`, `512M`, `8G` (binary units).
-fn parse_bytes(s: &str) -> Option<usize> {
-    let s = s.trim();
-    let (digits, shift) = match s.as_bytes().last()?.to_ascii_uppercase() {
-        b'K' => (&s[..s.len() - 1], 10),
-        b'M' => (&s[..s.len() - 1], 20),
-        b'G' => (&s[..s.len() - 1], 30),
-        _ => (s, 0),
-    };
-    digits.trim().parse::<usize>().ok()?.checked_mul(1 << shift)
 }
 
 /// The host's memory (Linux: `MemTotal` of `/proc/meminfo`).
@@ -861,14 +850,5 @@ mod tests {
         assert_eq!(s.free_bytes, s.pinned_bytes, "every block came back");
         assert_eq!(a.live_bytes.load(Ordering::SeqCst), s.pinned_bytes);
         assert!(s.reused > 0 && s.reused + s.allocated + s.unpinned == 1600, "{s:?}");
-    }
-
-    #[test]
-    fn limits_parse_with_units() {
-        assert_eq!(parse_bytes("0"), Some(0));
-        assert_eq!(parse_bytes("4096"), Some(4096));
-        assert_eq!(parse_bytes("64k"), Some(64 << 10));
-        assert_eq!(parse_bytes(" 8G "), Some(8 << 30));
-        assert_eq!(parse_bytes("lots"), None);
     }
 }

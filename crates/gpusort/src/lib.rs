@@ -9,6 +9,7 @@ pub mod cpu;
 pub mod error;
 pub mod keys;
 pub mod plan;
+pub mod size;
 pub mod spec;
 pub mod ties;
 
@@ -17,4 +18,5 @@ pub use cpu::CpuBackend;
 pub use error::{GpusortError, Result};
 pub use keys::{EncodedKeys, EncoderOptions, KeyEncoder, KeyLayout};
 pub use plan::{Algorithm, Layout, RecordMove, Strategy};
+pub use size::parse_byte_size;
 pub use spec::{SortKey, SortOptions, SortSpec};

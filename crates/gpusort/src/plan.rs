@@ -97,6 +97,12 @@ impl Strategy {
         Self::MSD_INDIRECT,
     ];
 
+    /// The names of [`Self::ALL`], comma-separated (`grs-direct, grs-indirect, ...`): for
+    /// messages and help texts that list the strategies.
+    pub fn names() -> String {
+        Self::ALL.map(|s| s.to_string()).join(", ")
+    }
+
     /// A strategy.
     pub const fn new(algorithm: Algorithm, record_move: RecordMove) -> Self {
         Self { algorithm, record_move }
@@ -163,9 +169,7 @@ impl FromStr for Strategy {
             .into_iter()
             .find(|x| x.to_string().eq_ignore_ascii_case(s.trim()))
             .ok_or_else(|| {
-                GpusortError::InvalidOption(format!(
-                    "unknown strategy '{s}': expected one of grs-direct, grs-indirect, srts-direct, srts-indirect, msd-direct, msd-indirect"
-                ))
+                GpusortError::InvalidOption(format!("unknown strategy '{s}': expected one of {}", Self::names()))
             })
     }
 }
@@ -274,6 +278,10 @@ mod tests {
         assert_eq!("GRS-Direct".parse::<Strategy>().unwrap(), Strategy::GRS_DIRECT);
         let err = "quick".parse::<Strategy>().unwrap_err().to_string();
         assert!(err.contains("quick") && err.contains("srts-indirect"), "{err}");
+        assert_eq!(
+            Strategy::names(),
+            "grs-direct, grs-indirect, srts-direct, srts-indirect, msd-direct, msd-indirect"
+        );
     }
 
     #[test]
