@@ -19,3 +19,19 @@ python3 crates/gpusort-cli/benches/tpch.py --gpusort .gpu/gpusort --sf "${SF:-10
   --lists "${LISTS:-1,2,3}" --contenders "${CONTENDERS:-gpu,cpu,duckdb}" --runs "${RUNS:-2}" \
   --extra "${EXTRA:-}" ${TIMELINE:+--timeline} $( [ -x .gpu/sql_parquet ] && echo --sql-bench .gpu/sql_parquet ) --csv "$OUT/tpch.csv" --svg "$OUT/tpch.svg" 2>&1 | tee "$OUT/tpch.log"
 echo "tpch exit: ${PIPESTATUS[0]}"
+input=/tmp/tpch/sf${SF:-10}/lineitem.parquet
+# The writer's cost per column and setting (WRITER_PROPS=1; needs the writer_props bench).
+if [ "${WRITER_PROPS:-0}" = 1 ] && [ -x .gpu/writer_props ]; then
+  .gpu/writer_props "$input" 2>&1 | tee "$OUT/writer_props.txt"
+fi
+# Where a GPU sort's CPU time goes (PERF=1, where perf is installed).
+if [ "${PERF:-0}" = 1 ]; then
+  if command -v perf >/dev/null; then
+    perf record -F 499 -g -o /tmp/perf.data .gpu/gpusort sort "$input" -o /tmp/perf-out.parquet \
+      -k "${PERF_ORDER_BY:-l_shipdate, l_orderkey, l_linenumber}" --force --quiet
+    perf report -i /tmp/perf.data --no-children --sort comm,sym --stdio 2>/dev/null | grep -E "^ +[0-9]" \
+      | head -60 | tee "$OUT/perf.txt"
+  else
+    echo "perf: not installed"
+  fi
+fi
