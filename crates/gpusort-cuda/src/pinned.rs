@@ -95,8 +95,9 @@ const HUGE_PAGE: usize = 2 << 20;
 /// Why: `cuMemHostAlloc` faults and locks its pages on one thread, at 1.4–1.5 GB/s on the
 /// H100 machine, so an external sort's first runs spent ~0.5 s each pinning their output.
 /// Faulting huge pages on 16 threads and registering them ran at 9.8–17 GB/s in all there
-/// (`scripts/proto_pin.py`, `docs/results/h100-2026-11-25/pinning.txt`); the registration
-/// alone ran at 33–40 GB/s. `GPUSORT_PIN_REGISTER=0` turns it off.
+/// (`scripts/prototypes/proto_pin.py`,
+/// `docs/results/h100-stop12-onesweep-striped-spills/pinning.txt`); the registration alone ran
+/// at 33–40 GB/s. `GPUSORT_PIN_REGISTER=0` turns it off.
 struct RegisteredHostAllocator {
     plain: CudaHostAllocator,
 }

@@ -123,10 +123,10 @@ impl Strategy {
 impl Strategy {
     /// gpusort's default (`auto`): the paper's benchmark re-run on an H100 (`paper` bench of
     /// gpusort-cuda, 10M rows, u32 key + m u32 fields, 8-bit digits,
-    /// docs/results/h100-stop19/). There the paper's C1060 rule is off by up to 3.1x: an LSD
-    /// pass that moves m narrow columns scatters each of them, while the indirect strategy
-    /// sorts only key and index and then gathers the columns once, packed into rows
-    /// (gather.cu). SRTS's 8-bit passes run as one sweep (onesweep.cu), so SRTS leads GRS
+    /// docs/results/h100-stop19-lanes-in-flight-v11/). There the paper's C1060 rule is off by
+    /// up to 3.1x: an LSD pass that moves m narrow columns scatters each of them, while the
+    /// indirect strategy sorts only key and index and then gathers the columns once, packed
+    /// into rows (gather.cu). SRTS's 8-bit passes run as one sweep (onesweep.cu), so SRTS leads GRS
     /// everywhere it matters: SRTS-direct at m <= 2 (ByField m = 2: 0.723 ms, SRTS-indirect
     /// 0.788, GRS-direct 0.958) and SRTS-indirect beyond in the ByField layout (m = 4: 1.022
     /// against SRTS-direct's 1.240); SRTS-direct up to m = 3 in the Hybrid one (direct wins at

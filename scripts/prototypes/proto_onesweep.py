@@ -2,8 +2,8 @@
 # Prototype of the one-sweep LSD pass (kernels/onesweep.cu) against SRTS (kernels/srts.cu) and
 # CUB (through CuPy), on the GPU machine (it has no Rust). Run from the repository root:
 #
-#   python3 scripts/proto_onesweep.py            # correctness cases, then the timing table
-#   IPT=12 ONESWEEP_MIN_BLOCKS=2 ONESWEEP_LOOKBACK_WINDOW=1 python3 scripts/proto_onesweep.py
+#   python3 scripts/prototypes/proto_onesweep.py            # correctness cases, then the timing table
+#   IPT=12 ONESWEEP_MIN_BLOCKS=2 ONESWEEP_LOOKBACK_WINDOW=1 python3 scripts/prototypes/proto_onesweep.py
 #   ONESWEEP_IPT=24 ONESWEEP_KEEP_WORDS=2 python3 ...  # the one-sweep tile apart from SRTS's (IPT)
 #   PROTO_SKIP_CHECKS=1 / PROTO_SKIP_TIMING=1    # one half only
 #   PROTO_OS_GRID=tiles                          # one block per tile instead of persistent blocks
@@ -76,7 +76,7 @@ def after_error():
 import numpy as np
 import cupy as cp
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 IPT = int(os.environ.get("IPT", "16"))
 TILE = 256 * IPT
 OS_IPT = int(os.environ.get("ONESWEEP_IPT", str(IPT)))
