@@ -40,7 +40,11 @@ fn main() -> ExitCode {
             .enable_all()
             .build()
             .map_err(|e| CliError::io("starting the async runtime", e))?;
-        runtime.block_on(run(cli))
+        let result = runtime.block_on(run(cli));
+        gpusort_cli::timeline::mark("main: the command returned");
+        drop(runtime);
+        gpusort_cli::timeline::mark("main: the async runtime is shut down");
+        result
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
