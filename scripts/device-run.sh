@@ -11,7 +11,7 @@
 #             $OUT/cub_native.json (`paper --cub` reads it too)
 #   topk      the datafusion-gpusort `topk` bench (ORDER BY k LIMIT n: DataFusion's TopK against
 #             GpuSortExec, for the default of gpusort.topk_max_fetch)
-#   proto     the one-sweep prototype (scripts/proto_onesweep.py): its timing for each variant in
+#   proto     the one-sweep prototype (scripts/prototypes/proto_onesweep.py): its timing for each variant in
 #             $PROTO_VARIANTS, then its correctness cases for each in $PROTO_CHECK_VARIANTS. A variant
 #             is comma-separated settings, e.g. "IPT=16,ONESWEEP_IPT=24,ONESWEEP_KEEP_WORDS=2"
 #   tune      per engine variant in $TUNE_VARIANTS (comma-separated GPUSORT_* settings, kernels.rs
@@ -41,11 +41,11 @@ for step in $STEPS; do
     topk) BENCH_CSV="$OUT/topk.csv" timeout "${BENCH_TIMEOUT:-300}" .gpu/topk 2>&1 | tee "$OUT/topk.txt" | tail -10 ;;
     proto)
       for v in ${PROTO_VARIANTS:-IPT=16}; do
-        env PROTO_SKIP_CHECKS=1 ${v//,/ } timeout 150 python3 scripts/proto_onesweep.py > "$OUT/proto_$v.txt" 2>&1
+        env PROTO_SKIP_CHECKS=1 ${v//,/ } timeout 150 python3 scripts/prototypes/proto_onesweep.py > "$OUT/proto_$v.txt" 2>&1
         echo "variant $v:"; grep -E "^(100M|10M)|pass|WRONG" "$OUT/proto_$v.txt"
       done
       for v in ${PROTO_CHECK_VARIANTS:-IPT=16}; do
-        env PROTO_SKIP_TIMING=1 ${v//,/ } timeout 200 python3 scripts/proto_onesweep.py > "$OUT/proto_checks_$v.txt" 2>&1
+        env PROTO_SKIP_TIMING=1 ${v//,/ } timeout 200 python3 scripts/prototypes/proto_onesweep.py > "$OUT/proto_checks_$v.txt" 2>&1
         echo "checks, variant $v:"; tail -2 "$OUT/proto_checks_$v.txt"
       done ;;
     tune)
