@@ -76,12 +76,8 @@ use crate::run::{SortedRun, spill_striped};
 /// and at least four times `fetch`.
 const TOPK_MIN_BUFFER_ROWS: usize = 1 << 20;
 
-/// Output batches from which [`GpuSorter::slices`] cuts them on all cores, and how many
-/// [`GpuSorter::stream_sorted`] cuts at once.
+/// Output batches from which [`GpuSorter::slices`] cuts them on all cores.
 const PARALLEL_SLICES: usize = 64;
-
-/// Chunks of [`PARALLEL_SLICES`] output batches cut ahead of the consumer.
-const SLICE_CHUNKS_AHEAD: usize = 4;
 
 /// Key bytes per row and sort key a sort holds on the host besides its input and output (key
 /// words, double buffered, and the permutation).
@@ -290,62 +286,28 @@ impl GpuSorter {
         Ok(())
     }
 
-    /// Streams `sorted` (which the reservation holds) in `batch_size` slices. Many slices are
-    /// cut [`PARALLEL_SLICES`] at a time on all cores, on a task of their own that runs
-    /// [`SLICE_CHUNKS_AHEAD`] chunks ahead of the consumer: the first batch goes out as soon as
-    /// its chunk is cut, and the rest are cut while the consumer (the Parquet writer) works.
-    /// Dropping the stream stops the task and frees the rows.
+    /// Streams `sorted` (which the reservation holds) in `batch_size` slices.
     fn stream_sorted(self, sorted: RecordBatch) -> Result<SendableRecordBatchStream> {
         let schema = Arc::clone(&self.schema);
+        let (slices, bytes) = {
+            let _timer = self.metrics.output_time.timer();
+            (self.slices(&sorted)?, get_record_batch_memory_size(&sorted))
+        };
+        log::debug!(target: "gpusort::timeline", "GpuSortExec: {} output slices cut", slices.len());
         let rows = sorted.num_rows();
-        let bytes = get_record_batch_memory_size(&sorted);
-        let count = rows.div_ceil(self.batch_size);
+        drop(sorted);
+        let reservation = self.reservation;
         let metrics = self.metrics.clone();
-        let record = move |batch: &RecordBatch| metrics.record_output_slice(batch.num_rows(), rows, bytes);
-        if count <= PARALLEL_SLICES {
-            let slices = {
-                let _timer = self.metrics.output_time.timer();
-                self.slices(&sorted, 0..count)?
-            };
-            drop(sorted);
-            let reservation = self.reservation;
-            // The reservation lives as long as the stream; it is freed when the stream is dropped.
-            let stream = futures::stream::iter(slices).map(move |batch| {
-                let _held = &reservation;
-                record(&batch);
-                Ok(batch)
-            });
-            return Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)));
-        }
-        let (mut tx, rx) = futures::channel::mpsc::channel::<Result<Vec<RecordBatch>>>(SLICE_CHUNKS_AHEAD);
-        let output_time = self.metrics.output_time.clone();
-        let batch_size = self.batch_size;
-        let task = SpawnedTask::spawn(async move {
-            for first in (0..count).step_by(PARALLEL_SLICES) {
-                let range = first..count.min(first + PARALLEL_SLICES);
-                let chunk = {
-                    let _timer = output_time.timer();
-                    cut_slices(&sorted, batch_size, range)
-                };
-                let failed = chunk.is_err();
-                if tx.send(chunk).await.is_err() || failed {
-                    break;
-                }
+        // The reservation lives as long as the stream; it is freed when the stream is dropped.
+        let last = slices.len().saturating_sub(1);
+        let stream = futures::stream::iter(slices).enumerate().map(move |(i, batch)| {
+            let _held = &reservation;
+            metrics.record_output_slice(batch.num_rows(), rows, bytes);
+            if i == last {
+                log::debug!(target: "gpusort::timeline", "GpuSortExec: last output batch");
             }
-            log::debug!(target: "gpusort::timeline", "GpuSortExec: {count} output slices cut");
+            Ok(batch)
         });
-        // The sorter (its reservation) lives as long as the stream: the slices hold its rows.
-        let stream = futures::stream::unfold((rx, task, self), |(mut rx, task, sorter)| async move {
-            rx.next().await.map(|chunk| (chunk, (rx, task, sorter)))
-        })
-        .map_ok(move |slices| {
-            let record = record.clone();
-            futures::stream::iter(slices.into_iter().map(move |batch| {
-                record(&batch);
-                Ok(batch)
-            }))
-        })
-        .try_flatten();
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
     }
 
@@ -379,9 +341,23 @@ impl GpuSorter {
         std::mem::take(&mut self.batches)
     }
 
-    /// Slices `range` of `sorted` cut in `batch_size` rows ([`cut_slices`]).
-    fn slices(&self, sorted: &RecordBatch, range: std::ops::Range<usize>) -> Result<Vec<RecordBatch>> {
-        cut_slices(sorted, self.batch_size, range)
+    /// `sorted` as `batch_size` slices whose view columns keep only their own bytes.
+    ///
+    /// Slicing costs ~0.1 µs per column of each slice (2.9 ms for 1221 slices of 21 columns on
+    /// the H100 machine, on the path between the sort and the first output batch), so many
+    /// slices are cut on all cores.
+    fn slices(&self, sorted: &RecordBatch) -> Result<Vec<RecordBatch>> {
+        let n = sorted.num_rows();
+        let count = n.div_ceil(self.batch_size);
+        let slice = |i: usize| {
+            let start = i * self.batch_size;
+            compact_views(sorted.slice(start, self.batch_size.min(n - start)))
+        };
+        if count < PARALLEL_SLICES {
+            (0..count).map(slice).collect()
+        } else {
+            (0..count).into_par_iter().map(slice).collect()
+        }
     }
 
     /// Cuts the buffered rows of a TopK sort down to their best `fetch`.
@@ -434,7 +410,7 @@ impl GpuSorter {
         let sorted = self.sort_batches(batches, self.fetch).await?;
         log::debug!(target: "gpusort::timeline", "run {}: sorted", self.runs.len());
         let size = get_record_batch_memory_size(&sorted);
-        let slices = self.slices(&sorted, 0..sorted.num_rows().div_ceil(self.batch_size))?;
+        let slices = self.slices(&sorted)?;
         drop(sorted);
         let run = if !spill && size <= held {
             self.reservation.shrink(held - size);
@@ -922,25 +898,6 @@ impl GpuSorter {
     }
 }
 
-/// Slices `range` of `sorted` cut in `batch_size` rows, whose view columns keep only their own
-/// bytes.
-///
-/// Slicing costs ~0.1 µs per column of each slice (2.9 ms for 1221 slices of 21 columns on the
-/// H100 machine), and compacting the views of a slice reads each of its long values: many
-/// slices are cut on all cores.
-fn cut_slices(sorted: &RecordBatch, batch_size: usize, range: std::ops::Range<usize>) -> Result<Vec<RecordBatch>> {
-    let n = sorted.num_rows();
-    let slice = |i: usize| {
-        let start = i * batch_size;
-        compact_views(sorted.slice(start, batch_size.min(n - start)))
-    };
-    if range.len() < PARALLEL_SLICES {
-        range.map(slice).collect()
-    } else {
-        range.into_par_iter().map(slice).collect()
-    }
-}
-
 /// The rows of `batches` (taken as one sequence) at `indices`, as one batch.
 fn gather(batches: &[RecordBatch], indices: &[u32]) -> Result<RecordBatch> {
     let mut starts = Vec::with_capacity(batches.len() + 1);
@@ -1242,9 +1199,7 @@ impl RangeMerge {
             // The step's input (slices of the loaded run batches, often their last
             // references) is freed on another core.
             rayon::spawn(move || drop(parts));
-            let slices = self
-                .sorter
-                .slices(&sorted, 0..sorted.num_rows().div_ceil(self.sorter.batch_size))?;
+            let slices = self.sorter.slices(&sorted)?;
             let shared = (sorted.num_rows(), get_record_batch_memory_size(&sorted));
             log::debug!(target: "gpusort::timeline", "merge step {step}: sorted on the GPU");
             return Ok(Some(self.emit_slices(slices, Some(shared))));
