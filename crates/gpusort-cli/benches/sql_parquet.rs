@@ -33,7 +33,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         builder.with_gpusort().build()
     };
-    let ctx = SessionContext::new_with_state(state);
+    // `FROM 'file.parquet'`: tables named by a path or URL, as in datafusion-cli.
+    let ctx = SessionContext::new_with_state(state).enable_url_table();
     let select = format!("SELECT * FROM '{input}' ORDER BY {order_by}");
     let start = Instant::now();
     let (sql, rows) = match mode.as_str() {
