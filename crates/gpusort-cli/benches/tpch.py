@@ -6,8 +6,9 @@ DuckDB's `COPY`, in one command on one machine, with every output checked agains
         [--lists 1,2,3] [--contenders gpu,cpu,duckdb,datafusion] [--extra "--gpu-memory-limit 4G"]
         [--sql-bench PATH/TO/sql_parquet] [--csv out.csv] [--svg phases.svg]
 
-Contenders: `gpu`, `cpu` (`gpusort sort --device cpu`), `datafusion` (`gpusort sort --no-gpusort`:
-DataFusion's SortExec into gpusort's writer), `duckdb`, and with `--sql-bench` (the
+Contenders: `gpu`, `cpu` (`gpusort sort --device cpu`), `gpu-4g` (`--gpu-memory-limit 4GiB`: the
+external sort, runs within 4 GiB of device memory, merged), `datafusion` (`gpusort sort
+--no-gpusort`: DataFusion's SortExec into gpusort's writer), `duckdb`, and with `--sql-bench` (the
 `sql_parquet` bench binary) SQL through a DataFusion `SessionContext`: `sql-copy` (`COPY (SELECT
 * FROM 'file' ORDER BY ...) TO 'out.parquet'` with gpusort), `df-copy` (the same on stock
 DataFusion), `sql-collect` (`SELECT ... ORDER BY` collected, with gpusort).
@@ -227,7 +228,9 @@ def main():
     cache = tempfile.mkdtemp(prefix="gpusort-kernels-")  # empty: the first GPU run compiles
     env = dict(os.environ, GPUSORT_KERNEL_CACHE=cache)
     extra = args.extra.split()
-    gpusort_args = {"gpu": [], "cpu": ["--device", "cpu"], "datafusion": ["--no-gpusort"]}
+    gpusort_args = {"gpu": [], "cpu": ["--device", "cpu"], "datafusion": ["--no-gpusort"],
+                    # larger than the GPU budget: sorted runs of at most 4 GB of device memory, merged
+                    "gpu-4g": ["--gpu-memory-limit", "4GiB"]}
     rows = []
     first_gpu = True
     for li in args.lists.split(","):
