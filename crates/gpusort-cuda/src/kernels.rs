@@ -28,6 +28,18 @@ pub const FAMILIES: &[(&str, &str)] = &[
     ("keys.cu", include_str!("../../../kernels/keys.cu")),
 ];
 
+/// The family (source file of [`FAMILIES`]) that defines kernel `name`.
+pub fn family_of(name: &str) -> &'static str {
+    match name {
+        n if n.starts_with("grs_") || n.starts_with("scan_") => "grs.cu",
+        n if n.starts_with("srts_") => "srts.cu",
+        n if n.starts_with("onesweep_") => "onesweep.cu",
+        n if n.starts_with("msd_") => "msd.cu",
+        "key_bounds" | "encode_keys" => "keys.cu",
+        _ => "gather.cu",
+    }
+}
+
 /// NVRTC options besides the architecture.
 pub const OPTIONS: &[&str] = &["-std=c++17", "-lineinfo"];
 
@@ -628,11 +640,16 @@ impl Kernels {
             .into_iter()
             .map(|cubin| ctx.load_module(Ptx::from_binary(cubin)))
             .collect::<std::result::Result<Vec<_>, _>>()?;
+        // Each kernel from its own family's module (asking the others would be failed driver
+        // calls, which compute-sanitizer reports).
         let f = |name: &str| -> Result<CudaFunction> {
-            modules
+            let family = family_of(name);
+            let module = FAMILIES
                 .iter()
-                .find_map(|m| m.load_function(name).ok())
-                .ok_or_else(|| CudaSortError::Compile(format!("no kernel {name} in the compiled families")))
+                .position(|(f, _)| *f == family)
+                .and_then(|i| modules.get(i))
+                .ok_or_else(|| CudaSortError::Compile(format!("no module of {family} for kernel {name}")))?;
+            Ok(module.load_function(name)?)
         };
         let bins = |name: &str| -> Result<ByBins> {
             Ok(ByBins {
@@ -926,7 +943,28 @@ mod tests {
             let (_, source) = programs.iter().find(|(n, _)| n == family).unwrap();
             for name in *names {
                 assert!(source.contains(name), "{family}: {name}");
+                assert_eq!(family_of(name), *family, "{name}");
             }
+        }
+        // Every kernel Kernels::load looks up is defined in the family family_of names.
+        for name in [
+            "grs_rank_b4",
+            "grs_scatter_b8",
+            "scan_reduce",
+            "scan_down",
+            "srts_upsweep_b4",
+            "srts_spine",
+            "srts_downsweep_b8",
+            "gather_w1",
+            "gather_w16",
+            "gather_bits",
+            "pack_validity",
+            "unpack_validity",
+            "msd_count_b8",
+            "msd_scatter_b11",
+        ] {
+            let (_, source) = programs.iter().find(|(n, _)| *n == family_of(name)).unwrap();
+            assert!(source.contains(&format!(" {name}(")) || source.contains(name), "{name}");
         }
     }
 }
