@@ -41,6 +41,13 @@ fn gpusort(args: &[&str], tmp: &Path) -> Command {
 }
 
 /// Every file and directory under `dir`, as paths relative to it.
+/// Each of `dirs` is empty: the run left nothing behind in it.
+fn assert_nothing_left(dirs: &[&Path]) {
+    for dir in dirs {
+        assert_eq!(everything_under(dir), Vec::<String>::new(), "{}", dir.display());
+    }
+}
+
 fn everything_under(dir: &Path) -> Vec<String> {
     let mut out = vec![];
     let mut dirs = vec![dir.to_path_buf()];
@@ -150,9 +157,7 @@ fn stop_a_spilling_sort(signal: libc::c_int, name: &str, moment: impl Fn(&Path, 
         "{stderr}"
     );
     assert!(!stderr.contains("panicked"), "{stderr}");
-    assert_eq!(everything_under(&out_dir), Vec::<String>::new(), "the output directory");
-    assert_eq!(everything_under(&spill), Vec::<String>::new(), "the spill directory");
-    assert_eq!(everything_under(&tmp), Vec::<String>::new(), "the temporary directory");
+    assert_nothing_left(&[&out_dir, &spill, &tmp]);
 }
 
 #[test]
@@ -354,9 +359,7 @@ fn a_damaged_data_page_names_the_file_row_group_and_column() {
     for noise in ["External", "IO error", "Io error", "Parquet argument error"] {
         assert!(!stderr.contains(noise), "{stderr}");
     }
-    assert_eq!(everything_under(&out_dir), Vec::<String>::new());
-    assert_eq!(everything_under(&spill), Vec::<String>::new());
-    assert_eq!(everything_under(&tmp), Vec::<String>::new());
+    assert_nothing_left(&[&out_dir, &spill, &tmp]);
 }
 
 #[test]
@@ -412,9 +415,7 @@ fn a_full_spill_directory_says_which_it_is() {
     let output = cmd.output().unwrap();
     assert_one_line_error(&output, 1, &format!("the spill directory {}/gpusort-", s(&spill)));
     assert!(String::from_utf8_lossy(&output.stderr).contains("File too large"));
-    assert_eq!(everything_under(&out_dir), Vec::<String>::new());
-    assert_eq!(everything_under(&spill), Vec::<String>::new());
-    assert_eq!(everything_under(&tmp), Vec::<String>::new());
+    assert_nothing_left(&[&out_dir, &spill, &tmp]);
 }
 
 #[test]
@@ -474,7 +475,7 @@ fn bad_usage_is_one_line_with_exit_2() {
             String::from_utf8_lossy(&output.stderr)
         );
         assert_one_line_error(&output, 2, "directory");
-        assert_eq!(everything_under(dir.path()), Vec::<String>::new());
+        assert_nothing_left(&[dir.path()]);
     }
 }
 
