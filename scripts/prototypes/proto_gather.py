@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-# Prototype of the packed gather (kernels/gather.cu pack_rows / gather_unpack) against the
+# Prototype of the packed gather (crates/gpusort-cuda/kernels/gather.cu pack_rows / gather_unpack) against the
 # column-by-column gather, timed with CuPy on the GPU machine (it has no Rust): run from a
-# folder holding a copy of kernels/gather.cu named gather_new.cu. Figures: kernels/NOTES.md v7.
+# folder holding a copy of crates/gpusort-cuda/kernels/gather.cu named gather_new.cu. Figures: crates/gpusort-cuda/kernels/NOTES.md v7.
 import cupy as cp, numpy as np
 HDR = "typedef unsigned char u8;\ntypedef unsigned short u16;\ntypedef unsigned int u32;\ntypedef unsigned long long u64;\n#define FULL_MASK 0xffffffffu\n"
 mod = cp.RawModule(code=HDR + open("gather_new.cu").read(), options=("-std=c++17",), backend="nvrtc")

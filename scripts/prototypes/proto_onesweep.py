@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# Prototype of the one-sweep LSD pass (kernels/onesweep.cu) against SRTS (kernels/srts.cu) and
+# Prototype of the one-sweep LSD pass (crates/gpusort-cuda/kernels/onesweep.cu) against SRTS (crates/gpusort-cuda/kernels/srts.cu) and
 # CUB (through CuPy), on the GPU machine (it has no Rust). Run from the repository root:
 #
 #   python3 scripts/prototypes/proto_onesweep.py            # correctness cases, then the timing table
@@ -8,7 +8,7 @@
 #   PROTO_SKIP_CHECKS=1 / PROTO_SKIP_TIMING=1    # one half only
 #   PROTO_OS_GRID=tiles                          # one block per tile instead of persistent blocks
 #
-# One RawModule of kernels/common.cuh + grs.cu (only for the engine's three-kernel scan of long
+# One RawModule of crates/gpusort-cuda/kernels/common.cuh + grs.cu (only for the engine's three-kernel scan of long
 # SRTS spines) + srts.cu + onesweep.cu, compiled by NVRTC. Lane tables are built as the engine
 # builds them (engine.rs: per lane u64 src, u64 dst, u64 flags << 32 | width). Sorts are 4
 # passes of 8 bits over u32 keys; buffers ping-pong, so results are in the "B" buffers.
@@ -97,7 +97,7 @@ if os.environ.get("ONESWEEP_LOOKBACK_WINDOW"):
     opts.append(f"-DONESWEEP_LOOKBACK_WINDOW={int(os.environ['ONESWEEP_LOOKBACK_WINDOW'])}")
 src = ""
 for name in ("common.cuh", "grs.cu", "srts.cu", "onesweep.cu"):
-    src += f"// ---- {name} ----\n" + open(os.path.join(ROOT, "kernels", name)).read() + "\n"
+    src += f"// ---- {name} ----\n" + open(os.path.join(ROOT, "crates", "gpusort-cuda", "kernels", name)).read() + "\n"
 # A probe that tells how this CuPy passes a struct by value (below).
 src += """
 extern "C" __global__ void proto_records_probe(Records r, u64* out) {

@@ -12,7 +12,7 @@ use cudarc::nvrtc::{Ptx, result as nvrtc, sys as nvrtc_sys};
 use crate::error::{CudaSortError, Result};
 
 /// The shared header every family's program starts with.
-pub const COMMON: (&str, &str) = ("common.cuh", include_str!("../../../kernels/common.cuh"));
+pub const COMMON: (&str, &str) = ("common.cuh", include_str!("../kernels/common.cuh"));
 
 /// The kernel families, one source file each (`kernels/`): each is compiled by NVRTC as a
 /// program of its own (the defines, [`COMMON`], the family), all at once on threads of their
@@ -20,12 +20,12 @@ pub const COMMON: (&str, &str) = ("common.cuh", include_str!("../../../kernels/c
 /// on the H100 machine, one thread; the largest family alone (onesweep.cu) takes about a
 /// quarter of that.
 pub const FAMILIES: &[(&str, &str)] = &[
-    ("grs.cu", include_str!("../../../kernels/grs.cu")),
-    ("srts.cu", include_str!("../../../kernels/srts.cu")),
-    ("gather.cu", include_str!("../../../kernels/gather.cu")),
-    ("msd.cu", include_str!("../../../kernels/msd.cu")),
-    ("onesweep.cu", include_str!("../../../kernels/onesweep.cu")),
-    ("keys.cu", include_str!("../../../kernels/keys.cu")),
+    ("grs.cu", include_str!("../kernels/grs.cu")),
+    ("srts.cu", include_str!("../kernels/srts.cu")),
+    ("gather.cu", include_str!("../kernels/gather.cu")),
+    ("msd.cu", include_str!("../kernels/msd.cu")),
+    ("onesweep.cu", include_str!("../kernels/onesweep.cu")),
+    ("keys.cu", include_str!("../kernels/keys.cu")),
 ];
 
 /// The family (source file of [`FAMILIES`]) that defines kernel `name`.
