@@ -26,9 +26,10 @@ use arrow::datatypes::SchemaRef;
 use gpusort::cpu::gather::fixed_width;
 use gpusort::{KeyEncoder, KeyLayout, SortBackend, SortOutput, SortRequest, SortSpec};
 
-use crate::engine::{Gpu, gather_bytes_per_row};
 use crate::error::{CudaSortError, Result};
+use crate::gpu::Gpu;
 use crate::kernels::KernelCache;
+use crate::memory::device_bytes_needed;
 use crate::pinned::PinnedPool;
 use crate::session::GpuSortSession;
 
@@ -136,28 +137,6 @@ impl CudaBackend {
         let available = memory_limit.map_or(free, |l| l.min(free));
         Ok(available.saturating_sub(fixed) / per_row)
     }
-}
-
-/// Device bytes a sort of `n` rows holds at its peak: both buffers of the varying key words,
-/// and either both buffers of every moved column (direct) or the columns, both buffers of the
-/// row index and what the gathers hold beyond the columns (indirect, [`gather_bytes_per_row`]:
-/// the widest column, or with `pack` the widest packed group), plus scratch.
-pub(crate) fn device_bytes_needed(
-    n: usize,
-    key_words: usize,
-    widths: &[usize],
-    nullable: usize,
-    direct: bool,
-    pack: bool,
-) -> usize {
-    let keys = 2 * key_words * 4 * n;
-    let columns: usize = widths.iter().sum::<usize>() * n + nullable * n.div_ceil(8);
-    let records = if direct {
-        2 * columns + 2 * nullable.div_ceil(32) * 4 * n
-    } else {
-        columns + 2 * 4 * n + gather_bytes_per_row(widths, pack) * n
-    };
-    keys + records + (n / 256 + 1) * 1024 + (16 << 20)
 }
 
 impl SortBackend for CudaBackend {

@@ -18,8 +18,8 @@
 use cudarc::driver::{CudaSlice, DevicePtr, PushKernelArg};
 use gpusort::keys::{FieldEncoding, KeyLayout, NativeColumnStats, OrdinalKind};
 
-use crate::engine::{Gpu, rows_u32};
 use crate::error::{CudaSortError, Result};
+use crate::gpu::{Gpu, rows_u32};
 
 /// Most key words [`Gpu::encode_native_keys`] writes (`KEY_MAX_WORDS` in kernels/keys.cu).
 pub const KEY_MAX_WORDS: usize = 16;

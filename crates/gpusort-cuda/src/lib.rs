@@ -1,9 +1,29 @@
 //! gpusort-cuda: the CUDA backend of gpusort — device discovery ([`device`]), NVRTC
-//! compilation of the kernels in `kernels/` with an on-disk cache ([`kernels`]), the process's
-//! pool of pinned host memory ([`pinned`]) and copies through it ([`transfer`]), the GRS and
-//! SRTS record sorts of Bandyopadhyay & Sahni, direct and indirect, ByField and Hybrid
-//! ([`engine`]), sort keys encoded on the device ([`encode`]), [`CudaBackend`], which implements [`gpusort::SortBackend`] with them, and its
+//! compilation of the kernels in the crate's `kernels/` with an on-disk cache ([`kernels`]),
+//! the process's pool of pinned host memory ([`pinned`]) and copies through it ([`transfer`]),
+//! the GRS and SRTS record sorts of Bandyopadhyay & Sahni, direct and indirect, ByField and
+//! Hybrid, and gpusort's MSD hybrid ([`Gpu::sort`]), sort keys encoded on the device
+//! ([`encode`]), [`CudaBackend`], which implements [`gpusort::SortBackend`] with them, and its
 //! streaming sort, [`GpuSortSession`]. No DataFusion code lives here.
+//!
+//! The host modules mirror the kernel families of `kernels/`, one module per `.cu` file:
+//!
+//! | module | drives | what it does |
+//! | --- | --- | --- |
+//! | `gpu` | — | [`Gpu`]: the context, stream, kernels and memory pool every family uses |
+//! | `lanes` | `common.cuh` | the lane tables, and [`DoubleBuffer`](lanes::DoubleBuffer): a moved column's two buffers |
+//! | `lsd` | `grs.cu`, `srts.cu`, `onesweep.cu` | the LSD sorts: which buffers each pass reads and writes |
+//! | `grs` | `grs.cu` | GRS's passes, the exclusive scan |
+//! | `srts` | `srts.cu` | SRTS's three-kernel passes |
+//! | [`onesweep`] | `onesweep.cu` | SRTS's pass as one sweep |
+//! | [`msd`] | `msd.cu` | the MSD hybrid: its schedule and its passes |
+//! | [`gather`] | `gather.cu` | the indirect strategy's gathers, validity bits, device copies |
+//! | [`encode`] | `keys.cu` | sort keys encoded on the device |
+//! | `sort` | — | [`Gpu::sort`]: a plan's passes, then its gathers |
+//! | `memory` | — | device memory a sort needs |
+//!
+//! Dependencies point one way: `backend` -> `session` -> `sort` -> `lsd`/`msd`/`gather` ->
+//! the families -> `lanes` -> `gpu` -> `kernels`/`device`.
 //!
 //! Everything builds and links without CUDA: the driver and NVRTC are loaded at run time, and
 //! [`device::probe`] says why there is no GPU instead of panicking.
@@ -11,19 +31,30 @@
 mod backend;
 pub mod device;
 pub mod encode;
-pub mod engine;
 mod error;
+pub mod gather;
+mod gpu;
+mod grs;
 pub mod kernels;
+mod lanes;
+mod lsd;
+mod memory;
 pub mod msd;
+pub mod onesweep;
 pub mod pinned;
 pub mod prebuilt;
+mod profile;
 mod session;
+mod sort;
+mod srts;
+mod table;
 pub mod transfer;
 
 pub use backend::{CudaBackend, MAX_DIGIT_BITS};
 pub use device::{DeviceInfo, GpuUnavailable, probe};
-pub use engine::{DeviceColumn, DeviceRecords, DeviceTable, Gpu, GpuSortPlan, GpuSortResult};
 pub use error::{CudaSortError, Result};
+pub use gpu::Gpu;
 pub use kernels::{KernelCache, KernelTuning};
 pub use pinned::{FRESH_PIN_MAX, HostBuffer, PinnedPool, PinnedPoolStats};
 pub use session::{GPU_STRING_PREFIX_BYTES, GpuSortSession};
+pub use table::{DeviceColumn, DeviceRecords, DeviceTable, GpuSortPlan, GpuSortResult};

@@ -61,11 +61,12 @@ use gpusort::plan::{RecordMove, Strategy, radix_passes};
 use gpusort::{EncoderOptions, KeyEncoder, SortKey, SortOutput, SortSpec, SortStats};
 use rayon::prelude::*;
 
-use crate::backend::device_bytes_needed;
 use crate::encode::{DeviceKeyColumn, KEY_MAX_WORDS};
-use crate::engine::{DeviceColumn, DeviceTable, Gpu, GpuSortPlan};
 use crate::error::{CudaSortError, Result};
+use crate::gpu::Gpu;
+use crate::memory::device_bytes_needed;
 use crate::pinned::{HostBuffer, PinnedPool};
+use crate::table::{DeviceColumn, DeviceTable, GpuSortPlan};
 use crate::transfer::Transfers;
 
 /// Bytes of a string or binary sort key (after the column's common prefix) that a GPU sort

@@ -18,8 +18,8 @@ use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr, result};
 use rayon::prelude::*;
 
-use crate::engine::Gpu;
 use crate::error::Result;
+use crate::gpu::Gpu;
 use crate::pinned::{HostBuffer, PinnedPool};
 
 /// Pinned chunks of the ring for heap memory.
