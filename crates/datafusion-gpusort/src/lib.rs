@@ -18,10 +18,14 @@ mod config;
 mod device;
 mod error;
 mod exec;
+mod in_memory;
 mod merge;
 mod metrics;
+mod multi_level_merge;
+mod range_merge;
 mod rule;
 mod run;
+mod run_store;
 mod sorter;
 
 use std::sync::Arc;

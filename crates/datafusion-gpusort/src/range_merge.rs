@@ -1,0 +1,493 @@
+//! [`RangeMerge`]: the final merge of an external sort by key ranges, which sorts on the GPU
+//! or on every core instead of merging row by row on one.
+//!
+//! # Algorithm
+//!
+//! Each step reads about `step_rows / runs` more rows of every run, takes as **splitter** the
+//! smallest of the runs' last loaded rows (runs read to the end do not count), and takes from
+//! every run its loaded rows below the splitter: all rows of the whole input below it, since
+//! each run is sorted and loaded at least that far. Those rows, concatenated in run order,
+//! are sorted — stably, so ties keep their run order, which is input order — on the GPU when
+//! the step's sort is for it (the rows go through a GPU session whole), else by their keys
+//! alone into a permutation that the rows are gathered through in parallel. When no loaded
+//! row is below the splitter, the rows equal to it come first in the output: they leave run by
+//! run, unsorted (they are all equal).
+//!
+//! Steps run one ahead of the consumer, on their own task: step i + 1 reads and sorts while
+//! step i's batches are consumed. Spilled runs read their share of the next step ahead, on
+//! their own tasks. The memory of a step (its rows, their sorted copy, the key sort, the
+//! previous step's output and the read-ahead) is reserved once for the whole merge
+//! ([`step_rows`]); with too little memory for the smallest step the heap merge
+//! ([`crate::merge::RunMergeStream`]) runs instead.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, RecordBatch};
+use arrow::compute::interleave_record_batch;
+use datafusion::common::runtime::SpawnedTask;
+use datafusion::common::utils::memory::get_record_batch_memory_size;
+use datafusion::error::Result;
+use datafusion::execution::memory_pool::MemoryReservation;
+use datafusion::physical_expr::LexOrdering;
+use datafusion::physical_plan::SendableRecordBatchStream;
+use datafusion::physical_plan::metrics::RecordOutput;
+use datafusion::physical_plan::spill::SpillManager;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use futures::{SinkExt, StreamExt, TryStreamExt};
+use rayon::prelude::*;
+
+use crate::in_memory::{InMemorySorter, KEY_BYTES_PER_ROW_AND_KEY, blocking};
+use crate::metrics::GpuSortMetrics;
+use crate::run::SortedRun;
+
+/// Rows a range-merge step takes when sorts run on the CPU.
+const CPU_STEP_ROWS: usize = 4 << 20;
+
+/// Fewest rows a range-merge step takes; with less memory the heap merge runs.
+const MIN_STEP_ROWS: usize = 1 << 16;
+
+/// Fewest batches each spilled run reads ahead during the range merge.
+const MIN_READ_AHEAD: usize = 8;
+
+/// Rows of one step of the range merge of `runs`, with their memory reserved in
+/// `reservation`: the run size (`run_rows`: what one GPU sort holds, or
+/// `gpusort.max_run_rows`; 4M rows on the CPU), halved until the pool grants it (down to 64K
+/// rows). `None` when it does not: the heap merge then runs, in less memory.
+pub(crate) fn step_rows(
+    runs: &[SortedRun],
+    reservation: &mut MemoryReservation,
+    run_rows: Option<usize>,
+    keys: usize,
+    batch_size: usize,
+) -> Option<usize> {
+    let bytes_per_row = runs
+        .iter()
+        .map(|r| match r {
+            SortedRun::Memory { bytes, .. } => bytes.div_ceil(r.rows().max(1)),
+            SortedRun::Spilled { max_batch_bytes, .. } => max_batch_bytes.div_ceil(batch_size),
+        })
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    // Each run reads whole batches: a step takes up to one batch per run more than asked.
+    let slack = runs.len() * batch_size;
+    let mut rows = match run_rows {
+        Some(gpu) if slack < gpu / 2 => gpu - slack,
+        Some(gpu) => gpu / 2,
+        None => CPU_STEP_ROWS,
+    };
+    loop {
+        let bytes = step_bytes(rows, bytes_per_row, keys, runs.len(), batch_size);
+        if reservation.try_grow(bytes).is_ok() {
+            return Some(rows);
+        }
+        if rows / 2 < MIN_STEP_ROWS {
+            return None;
+        }
+        rows /= 2;
+    }
+}
+
+/// Batches each of `runs` spilled runs reads ahead during a range merge of `rows`-row steps:
+/// its share of a whole step, so that the next step's rows are read and decoded (on the
+/// readers' own tasks) while this one sorts.
+fn read_ahead(rows: usize, runs: usize, batch_size: usize) -> usize {
+    rows.div_ceil(runs.max(1) * batch_size.max(1)).max(MIN_READ_AHEAD)
+}
+
+/// Memory the range merge holds with steps of `rows` rows over `runs` runs of batches of
+/// `batch_size` rows: a step's rows read, their sorted copy and the sort of their keys; the
+/// previous step's output, waiting for the consumer; and the batches each run reads ahead
+/// (about the next step's rows, see [`read_ahead`]).
+fn step_bytes(rows: usize, bytes_per_row: usize, keys: usize, runs: usize, batch_size: usize) -> usize {
+    let ahead = read_ahead(rows, runs, batch_size);
+    rows * (3 * bytes_per_row + KEY_BYTES_PER_ROW_AND_KEY * keys.max(1) + 16 + 4)
+        + runs * (ahead + 1) * batch_size * bytes_per_row
+}
+
+/// The final merge by key ranges (see the module docs).
+pub(crate) struct RangeMerge {
+    /// Sorts each step's rows.
+    sorter: InMemorySorter,
+    readers: Vec<RunReader>,
+    step_rows: usize,
+    /// Rows still to produce (`usize::MAX`: all).
+    remaining: usize,
+    /// Holds the step memory ([`step_rows`]) until the merge ends.
+    reservation: MemoryReservation,
+    metrics: GpuSortMetrics,
+    /// Steps taken (for the timeline).
+    step: usize,
+}
+
+impl RangeMerge {
+    /// The merged rows of `runs` (in input order), at most `fetch` of them, in steps of
+    /// `step_rows` rows whose memory `reservation` holds ([`step_rows`]), sorted by `sorter`.
+    pub(crate) fn stream(
+        runs: Vec<SortedRun>,
+        reservation: MemoryReservation,
+        sorter: InMemorySorter,
+        spill: &SpillManager,
+        fetch: Option<usize>,
+        step_rows: usize,
+    ) -> Result<SendableRecordBatchStream> {
+        // Spilled runs read a few batches ahead, on their own tasks, while a step sorts.
+        let ahead = read_ahead(step_rows, runs.len(), sorter.batch_size);
+        let readers = runs
+            .into_iter()
+            .map(|r| Ok(RunReader::new(r.into_stream(spill, ahead)?)))
+            .collect::<Result<Vec<_>>>()?;
+        let schema = Arc::clone(&sorter.schema);
+        let state = Self {
+            metrics: sorter.metrics.clone(),
+            sorter,
+            readers,
+            step_rows,
+            remaining: fetch.unwrap_or(usize::MAX),
+            reservation,
+            step: 0,
+        };
+        // Step i + 1 runs while step i's batches are consumed (its output is reserved, see
+        // `step_bytes`). Dropping the stream aborts the task, which frees everything.
+        let (mut tx, rx) = futures::channel::mpsc::channel::<Result<Vec<RecordBatch>>>(0);
+        let task = SpawnedTask::spawn(async move {
+            let mut state = state;
+            loop {
+                let step = match state.next_step().await {
+                    Ok(Some(batches)) => Ok(batches),
+                    Ok(None) => break,
+                    Err(e) => Err(e),
+                };
+                let failed = step.is_err();
+                if tx.send(step).await.is_err() || failed {
+                    break;
+                }
+            }
+        });
+        let stream = futures::stream::unfold((rx, task), |(mut rx, task)| async move {
+            rx.next().await.map(|step| (step, (rx, task)))
+        })
+        .map_ok(|batches| futures::stream::iter(batches.into_iter().map(Ok)))
+        .try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    }
+
+    /// The next step's output batches; `None` when the merge is done.
+    async fn next_step(&mut self) -> Result<Option<Vec<RecordBatch>>> {
+        if self.remaining == 0 {
+            self.finish();
+            return Ok(None);
+        }
+        let step = self.step;
+        self.step += 1;
+        let Some(splitter) = self.load(step).await? else {
+            // Every run is loaded to its end: all that is left.
+            let mut parts = vec![];
+            for r in self.readers.iter_mut() {
+                let n = r.rows;
+                r.take(n, &mut parts);
+            }
+            return self.sort_step(parts, step).await;
+        };
+        let counts = {
+            let _timer = self.metrics.merge_time.timer();
+            let cmp = self.cmp();
+            self.readers
+                .iter()
+                .map(|r| r.count(&cmp, &splitter, |o| o.is_lt()))
+                .collect::<Result<Vec<_>>>()?
+        };
+        if counts.iter().all(|c| *c == 0) {
+            // Nothing below the splitter: the rows equal to it are the smallest left.
+            let equal = self.take_equal(&splitter).await?;
+            self.metrics.range_merge_steps.add(1);
+            return Ok(Some(self.emit(equal)));
+        }
+        let mut parts = vec![];
+        for (r, n) in self.readers.iter_mut().zip(counts) {
+            r.take(n, &mut parts);
+        }
+        self.sort_step(parts, step).await
+    }
+
+    /// Compares key columns in the sort's order.
+    fn cmp(&self) -> KeyCmp {
+        KeyCmp {
+            options: self.sorter.expr.iter().map(|e| e.options).collect(),
+        }
+    }
+
+    /// Reads the runs' share of the step (all runs at once: spilled runs decode on their own
+    /// tasks, in parallel); the splitter, the smallest last loaded row of the runs that go on
+    /// (`None` when every run is loaded to its end).
+    async fn load(&mut self, step: usize) -> Result<Option<KeyRef>> {
+        let expr = self.sorter.expr.clone();
+        let open = self.readers.iter().filter(|r| !r.done).count().max(1);
+        let per_run = (self.step_rows / open).max(1);
+        futures::future::try_join_all(self.readers.iter_mut().map(|r| r.load(per_run, &expr))).await?;
+        log::debug!(target: "gpusort::timeline", "merge step {step}: runs loaded");
+        let _timer = self.metrics.merge_time.timer();
+        let cmp = self.cmp();
+        let mut splitter: Option<KeyRef> = None;
+        for r in self.readers.iter().filter(|r| !r.done) {
+            if let Some(last) = r.last()
+                && match &splitter {
+                    None => true,
+                    Some(s) => cmp.compare(&last, s)?.is_lt(),
+                }
+            {
+                splitter = Some(last);
+            }
+        }
+        Ok(splitter)
+    }
+
+    /// Takes from each run, in run order, its rows equal to `splitter` (reading on while a
+    /// run's loaded rows all are).
+    async fn take_equal(&mut self, splitter: &KeyRef) -> Result<Vec<RecordBatch>> {
+        let (cmp, expr, batch_size) = (self.cmp(), self.sorter.expr.clone(), self.sorter.batch_size);
+        let mut equal = vec![];
+        for r in self.readers.iter_mut() {
+            loop {
+                let n = r.count(&cmp, splitter, |o| o.is_le())?;
+                let all = n == r.rows;
+                r.take(n, &mut equal);
+                if !all || r.done {
+                    break;
+                }
+                r.load(r.rows + batch_size, &expr).await?;
+            }
+        }
+        Ok(equal)
+    }
+
+    /// Sorts `parts` (a step's rows, in run order) and emits them: whole on the GPU when the
+    /// step is for it, else by their keys and a parallel gather.
+    async fn sort_step(&mut self, parts: Vec<RecordBatch>, step: usize) -> Result<Option<Vec<RecordBatch>>> {
+        if parts.is_empty() {
+            self.finish();
+            return Ok(None);
+        }
+        self.metrics.range_merge_steps.add(1);
+        let limit = (self.remaining != usize::MAX).then_some(self.remaining);
+        let rows: usize = parts.iter().map(|p| p.num_rows()).sum();
+        log::debug!(target: "gpusort::timeline", "merge step {step}: {rows} rows in {} slices", parts.len());
+        if let Some(sorted) = self.sorter.sort_whole_on_gpu(&parts, rows, limit).await? {
+            // The step's input (slices of the loaded run batches, often their last
+            // references) is freed on another core.
+            rayon::spawn(move || drop(parts));
+            let slices = self.sorter.slices(&sorted)?;
+            let shared = (sorted.num_rows(), get_record_batch_memory_size(&sorted));
+            log::debug!(target: "gpusort::timeline", "merge step {step}: sorted on the GPU");
+            return Ok(Some(self.emit_slices(slices, Some(shared))));
+        }
+        let permutation = self.sorter.sort_keys(&parts, limit).await?;
+        log::debug!(target: "gpusort::timeline", "merge step {step}: keys sorted");
+        let batch_size = self.sorter.batch_size;
+        let gathered = blocking(move || {
+            permutation
+                .values()
+                .par_chunks(batch_size)
+                .map(|chunk| gather(&parts, chunk))
+                .collect::<Result<Vec<_>>>()
+        })
+        .await?;
+        log::debug!(target: "gpusort::timeline", "merge step {step}: gathered");
+        Ok(Some(self.emit(gathered)))
+    }
+
+    /// Counts `batches` as output (cut to what the `LIMIT` has left).
+    fn emit(&mut self, batches: Vec<RecordBatch>) -> Vec<RecordBatch> {
+        self.emit_slices(batches, None)
+    }
+
+    /// As [`Self::emit`]; with `shared = Some((rows, bytes))` the batches are slices of one
+    /// batch of `rows` rows holding `bytes`, and each counts its share of them
+    /// ([`GpuSortMetrics::record_output_slice`]).
+    fn emit_slices(&mut self, batches: Vec<RecordBatch>, shared: Option<(usize, usize)>) -> Vec<RecordBatch> {
+        let mut out = Vec::with_capacity(batches.len());
+        for b in batches {
+            if self.remaining == 0 {
+                break;
+            }
+            let b = if b.num_rows() > self.remaining {
+                b.slice(0, self.remaining)
+            } else {
+                b
+            };
+            self.remaining = self.remaining.saturating_sub(b.num_rows());
+            match shared {
+                Some((rows, bytes)) => self.metrics.record_output_slice(b.num_rows(), rows, bytes),
+                None => {
+                    (&b).record_output(&self.metrics.baseline);
+                }
+            }
+            out.push(b);
+        }
+        out
+    }
+
+    /// Closes the runs (spill files are deleted when their readers go) and frees the memory.
+    fn finish(&mut self) {
+        self.readers.clear();
+        self.reservation.free();
+    }
+}
+
+/// The rows of `batches` (taken as one sequence) at `indices`, as one batch.
+fn gather(batches: &[RecordBatch], indices: &[u32]) -> Result<RecordBatch> {
+    let mut starts = Vec::with_capacity(batches.len() + 1);
+    starts.push(0usize);
+    for b in batches {
+        starts.push(starts.last().unwrap() + b.num_rows());
+    }
+    let pairs: Vec<(usize, usize)> = indices
+        .iter()
+        .map(|&i| {
+            let i = i as usize;
+            let b = starts.partition_point(|&s| s <= i) - 1;
+            (b, i - starts[b])
+        })
+        .collect();
+    let refs: Vec<&RecordBatch> = batches.iter().collect();
+    Ok(interleave_record_batch(&refs, &pairs)?)
+}
+
+/// A run being read by the range merge: the batches read and not yet taken (with their sort
+/// key columns), rows taken from the first one, and the rest of the run.
+struct RunReader {
+    stream: SendableRecordBatchStream,
+    loaded: VecDeque<(RecordBatch, Vec<ArrayRef>)>,
+    /// Rows of the first loaded batch already taken.
+    offset: usize,
+    /// Rows loaded and not taken.
+    rows: usize,
+    done: bool,
+}
+
+/// A row of a loaded batch: its sort key columns and its index.
+#[derive(Clone)]
+struct KeyRef {
+    keys: Vec<ArrayRef>,
+    row: usize,
+}
+
+impl RunReader {
+    fn new(stream: SendableRecordBatchStream) -> Self {
+        Self {
+            stream,
+            loaded: Default::default(),
+            offset: 0,
+            rows: 0,
+            done: false,
+        }
+    }
+
+    /// Reads batches until `rows` rows are loaded or the run ends.
+    async fn load(&mut self, rows: usize, expr: &LexOrdering) -> Result<()> {
+        while !self.done && self.rows < rows {
+            match self.stream.next().await {
+                Some(batch) => {
+                    let batch = batch?;
+                    if batch.num_rows() == 0 {
+                        continue;
+                    }
+                    let keys = expr
+                        .iter()
+                        .map(|e| e.expr.evaluate(&batch)?.into_array(batch.num_rows()))
+                        .collect::<Result<Vec<_>>>()?;
+                    self.rows += batch.num_rows();
+                    self.loaded.push_back((batch, keys));
+                }
+                None => self.done = true,
+            }
+        }
+        Ok(())
+    }
+
+    /// The last loaded row.
+    fn last(&self) -> Option<KeyRef> {
+        self.loaded.back().map(|(b, keys)| KeyRef {
+            keys: keys.clone(),
+            row: b.num_rows() - 1,
+        })
+    }
+
+    /// Loaded rows before the first that `before` does not place ahead of `bound` (binary
+    /// search: the loaded rows are sorted).
+    fn count(&self, cmp: &KeyCmp, bound: &KeyRef, before: impl Fn(std::cmp::Ordering) -> bool) -> Result<usize> {
+        let mut n = 0;
+        for (i, (batch, keys)) in self.loaded.iter().enumerate() {
+            let start = if i == 0 { self.offset } else { 0 };
+            let c = cmp.comparator(keys, &bound.keys)?;
+            let len = batch.num_rows();
+            if before(c(len - 1, bound.row)) {
+                n += len - start;
+                continue;
+            }
+            let (mut lo, mut hi) = (start, len - 1);
+            while lo < hi {
+                let mid = (lo + hi) / 2;
+                if before(c(mid, bound.row)) {
+                    lo = mid + 1;
+                } else {
+                    hi = mid;
+                }
+            }
+            return Ok(n + lo - start);
+        }
+        Ok(n)
+    }
+
+    /// Takes the next `n` loaded rows, as slices.
+    fn take(&mut self, mut n: usize, out: &mut Vec<RecordBatch>) {
+        self.rows -= n;
+        while n > 0 {
+            let (batch, _) = self.loaded.front().expect("rows loaded");
+            let len = batch.num_rows() - self.offset;
+            if n < len {
+                out.push(batch.slice(self.offset, n));
+                self.offset += n;
+                return;
+            }
+            out.push(batch.slice(self.offset, len));
+            self.loaded.pop_front();
+            self.offset = 0;
+            n -= len;
+        }
+    }
+}
+
+/// Compares rows of two batches' sort key columns in the sort's order.
+struct KeyCmp {
+    options: Vec<arrow::compute::SortOptions>,
+}
+
+impl KeyCmp {
+    fn comparator(
+        &self,
+        left: &[ArrayRef],
+        right: &[ArrayRef],
+    ) -> Result<impl Fn(usize, usize) -> std::cmp::Ordering + use<>> {
+        let cmps = left
+            .iter()
+            .zip(right)
+            .zip(&self.options)
+            .map(|((l, r), o)| arrow::array::make_comparator(l.as_ref(), r.as_ref(), *o))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(move |i: usize, j: usize| {
+            for c in &cmps {
+                match c(i, j) {
+                    std::cmp::Ordering::Equal => continue,
+                    o => return o,
+                }
+            }
+            std::cmp::Ordering::Equal
+        })
+    }
+
+    fn compare(&self, a: &KeyRef, b: &KeyRef) -> Result<std::cmp::Ordering> {
+        Ok(self.comparator(&a.keys, &b.keys)?(a.row, b.row))
+    }
+}
