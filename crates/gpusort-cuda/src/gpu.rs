@@ -17,8 +17,9 @@ use cudarc::driver::{
 
 use crate::device::{self, DeviceInfo};
 use crate::error::{CudaSortError, Result};
-use crate::kernels::{BLOCK, CacheOutcome, KernelCache, KernelTuning, Kernels, LoadingKernels, MSD_LOCAL_CAP};
-use crate::msd::MSD_MAX_DIGIT_BITS;
+use crate::kernels::{
+    BLOCK, CacheOutcome, KernelCache, KernelTuning, Kernels, LoadingKernels, MSD_LOCAL_CAP, MSD_MAX_DIGIT_BITS,
+};
 
 /// `n` as the row count kernels take (a u32): one sort holds at most 2^32 - 1 rows.
 pub(crate) fn rows_u32(n: usize) -> Result<u32> {

@@ -598,6 +598,9 @@ pub struct Kernels {
     pub encode_keys: CudaFunction,
 }
 
+/// Widest partition digit of the MSD sort (`msd_*_b11`).
+pub const MSD_MAX_DIGIT_BITS: u32 = 11;
+
 /// Bins of the MSD partition kernels `msd_*_b8` and `msd_*_b11`.
 pub const MSD_BINS: [usize; 2] = [256, 2048];
 

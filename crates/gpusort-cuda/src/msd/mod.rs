@@ -27,8 +27,7 @@ use crate::lanes::{LANE_DIGIT, LANE_IOTA, Lane, LaneSet, Role};
 use crate::profile::Profile;
 use crate::table::{DeviceTable, GpuSortPlan};
 
-/// Widest partition digit.
-pub const MSD_MAX_DIGIT_BITS: u32 = 11;
+pub use crate::kernels::MSD_MAX_DIGIT_BITS;
 /// Threads of a block-local sort (`LOCAL_BLOCK` in kernels/msd.cu).
 const LOCAL_BLOCK: u32 = 512;
 /// A lane the block-local sort leaves unwritten (`LANE_SKIP` in kernels/msd.cu).

@@ -1,0 +1,752 @@
+//! [`GpuSortSession::finish`] as named steps: the host's columns and key, the uploads joined,
+//! the device plan and its memory, the device phase (assembly, the key on the device,
+//! [`Gpu::sort`]), ties ordered on the host, the downloads beside the host's gathers, the output
+//! batch. The sort itself is `sort.rs` (Bandyopadhyay & Sahni's strategies, ICPADS 2011,
+//! section IV); no kernel is launched here but through [`Gpu`].
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow::array::{Array, ArrayRef, RecordBatch, RecordBatchOptions, UInt32Array};
+use arrow::buffer::{BooleanBuffer, NullBuffer, ScalarBuffer};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr, result};
+use gpusort::backend::planned_strategy;
+use gpusort::cpu::gather::{concat_column, fixed_array, gather_column};
+use gpusort::keys::{KeyLayout, OrdinalKind, native_ordinal_kind};
+use gpusort::plan::{RecordMove, Strategy, radix_passes};
+use gpusort::{KeyEncoder, SortKey, SortOutput, SortSpec, SortStats};
+use rayon::prelude::*;
+
+use super::upload::{DeviceSegment, Uploaded};
+use super::{GpuColumn, GpuSortSession};
+use crate::encode::{DeviceKeyColumn, KEY_MAX_WORDS};
+use crate::error::{CudaSortError, Result};
+use crate::gpu::Gpu;
+use crate::memory::device_bytes_needed;
+use crate::pinned::{HostBuffer, PinnedPool};
+use crate::table::{DeviceColumn, DeviceTable, GpuSortPlan};
+use crate::transfer::Transfers;
+
+/// Keys encoded on the host: the encoder (its layout, and the columns tied rows are ordered
+/// by), the key words in pinned buffers, and the bits of each word that vary.
+struct HostKeys {
+    encoder: KeyEncoder,
+    words: Vec<HostBuffer>,
+    varying: Vec<u32>,
+}
+
+/// A key the device encodes from its columns: each sort key's device column (its index in
+/// the session's device columns) and ordinal kind, and the most key words the key's types
+/// can take.
+struct DeviceKeys {
+    columns: Vec<(usize, OrdinalKind)>,
+    max_words: usize,
+}
+
+/// Where a sort's key is encoded.
+enum KeySource {
+    Host(HostKeys),
+    Device(DeviceKeys),
+}
+
+/// The host's side of a sort: the columns it concatenated (the keys unless the device encodes
+/// them, and every column the device does not move) and where the key is encoded.
+struct HostSide {
+    /// Indices of the concatenated columns, sorted.
+    on_host: Vec<usize>,
+    concatenated: Vec<ArrayRef>,
+    keys: KeySource,
+}
+
+impl HostSide {
+    /// Column `c`, concatenated.
+    fn column(&self, c: usize) -> &ArrayRef {
+        &self.concatenated[self.on_host.binary_search(&c).expect("a host column")]
+    }
+}
+
+/// How the device sorts: the record move (indirect when tied string prefixes are ordered on
+/// the host), its columns, which of them have nulls, whether gathers are packed.
+struct DevicePlan {
+    strategy: Strategy,
+    direct: bool,
+    /// Whether the key is inexact (truncated string prefixes): ties are ordered on the host.
+    inexact: bool,
+    columns: Vec<GpuColumn>,
+    /// Indices into `columns` of the columns with nulls.
+    nullable: Vec<usize>,
+    pack_gathers: bool,
+}
+
+/// The device's columns assembled from their segments, values and validity bits.
+struct Assembled {
+    values: Vec<DeviceColumn>,
+    bitmaps: Vec<Option<CudaSlice<u8>>>,
+}
+
+/// The key on the device: its words (those that vary; a one-word stand-in for the others),
+/// the bits of each word that vary, and the key's bits in all.
+struct DeviceKeyWords {
+    words: Vec<CudaSlice<u32>>,
+    varying: Vec<u32>,
+    bits: u32,
+}
+
+/// GPU-side marks for the timeline (assembly, key upload), only while it is logged.
+struct Marks(Option<[CudaEvent; 3]>);
+
+impl Marks {
+    fn new(gpu: &Gpu) -> Result<Self> {
+        Ok(Self(
+            match log::log_enabled!(target: "gpusort::timeline", log::Level::Debug) {
+                true => Some([gpu.event()?, gpu.event()?, gpu.event()?]),
+                false => None,
+            },
+        ))
+    }
+
+    fn mark(&self, i: usize, stream: &CudaStream) -> Result<()> {
+        self.0.as_ref().map_or(Ok(()), |m| Ok(m[i].record(stream)?))
+    }
+
+    fn log_sorted(&self, sort_ms: f32) -> Result<()> {
+        if let Some(m) = &self.0 {
+            log::debug!(
+                target: "gpusort::timeline",
+                "session: sorted (GPU: assembly {:.2} ms, keys up {:.2} ms, sort {:.2} ms)",
+                m[0].elapsed_ms(&m[1])?,
+                m[1].elapsed_ms(&m[2])?,
+                sort_ms
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The sorted rows on their way to the host: what the device sorted, the permutation on the
+/// device and (once downloaded) on the host.
+struct Sorted {
+    table: DeviceTable,
+    values: Vec<DeviceColumn>,
+    bitmaps: Vec<Option<CudaSlice<u8>>>,
+    perm_dev: CudaSlice<u32>,
+    perm: HostBuffer,
+    /// Whether `perm` came down before the columns (the host needs it to order ties or to
+    /// gather columns of its own).
+    perm_first: bool,
+    device_ms: f32,
+}
+
+impl GpuSortSession {
+    /// Sorts every row pushed and returns the first `limit` (all with `None`), as one batch,
+    /// with the permutation and what the sort did.
+    pub fn finish(mut self, limit: Option<usize>) -> Result<SortOutput> {
+        let n = self.rows;
+        let limit = limit.unwrap_or(n).min(n);
+        self.check_failed()?;
+        // The last segment goes to the uploader; the host's columns are concatenated and the
+        // keys encoded while the uploads finish.
+        self.send_segment()?;
+        log::debug!(target: "gpusort::timeline", "session finish: {n} rows, last segment sent");
+        let mut stats = SortStats {
+            rows: n,
+            ..Default::default()
+        };
+        let strategy = planned_strategy(self.strategy, self.schema.fields().len(), self.spec.len());
+        if n == 0 {
+            stats.strategy = Some(strategy);
+            return Ok(SortOutput {
+                batch: RecordBatch::new_empty(Arc::clone(&self.schema)),
+                indices: UInt32Array::from(Vec::<u32>::new()),
+                stats,
+            });
+        }
+        let host = self.host_side(&mut stats)?;
+        let start = Instant::now();
+        let uploaded = self.join_uploads(&mut stats)?;
+        let plan = self.plan_device(&host.keys, &uploaded, strategy, &mut stats)?;
+
+        // The device phase: one sort at a time on the sort stream.
+        let _device = self.device_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut copies = Transfers::new(self.gpu.stream());
+        let mut sorted = self.sort_on_device(&host.keys, uploaded.segments, &plan, &mut copies, &mut stats)?;
+        self.order_ties(&host.keys, &mut sorted, &mut copies, &mut stats)?;
+        sorted.table.keys.clear();
+        stats.sort_time = start.elapsed();
+
+        let start = Instant::now();
+        let (device_sorted, host_sorted) =
+            self.download_and_gather(&host, &plan, &mut sorted, limit, &mut copies, &mut stats)?;
+        let batch = self.output_batch(host_sorted, device_sorted, limit)?;
+        stats.gather_time = start.elapsed();
+        log::debug!(target: "gpusort::timeline", "session: output batch built");
+        stats.bytes_to_device += copies.to_device;
+        stats.bytes_from_device = copies.from_device;
+        let kept = if self.want_permutation { limit } else { 0 };
+        let mut perm = sorted.perm;
+        perm.truncate(4 * kept);
+        let indices = UInt32Array::new(ScalarBuffer::new(perm.into_buffer(), 0, kept), None);
+        drop((copies, _device));
+        // The input's batches (and their concatenated columns) are released on another core:
+        // thousands of arrays whose reference counts other threads last touched.
+        let input = (std::mem::take(&mut self.batches), host.concatenated);
+        rayon::spawn(move || drop(input));
+        log::debug!(target: "gpusort::timeline", "session: input released");
+        Ok(SortOutput { batch, indices, stats })
+    }
+
+    /// The host's columns concatenated, and the key: encoded on the device from the columns it
+    /// holds when they are native, else on the host into pinned buffers.
+    fn host_side(&self, stats: &mut SortStats) -> Result<HostSide> {
+        let device_keys = self.device_keys();
+        let start = Instant::now();
+        let mut on_host: Vec<usize> = match device_keys {
+            Some(_) => vec![],
+            None => self.spec.keys().iter().map(|k| k.column).collect(),
+        };
+        on_host.extend((0..self.schema.fields().len()).filter(|c| !self.columns.iter().any(|(i, _)| i == c)));
+        on_host.sort_unstable();
+        on_host.dedup();
+        let concatenated = self.concat_columns(&on_host)?;
+        stats.concat_time = start.elapsed();
+        let keys = match device_keys {
+            Some(d) => KeySource::Device(d),
+            None => {
+                let start = Instant::now();
+                let keys = self.encode_on_host(&concatenated, &on_host)?;
+                stats.encode_time = start.elapsed();
+                log::debug!(target: "gpusort::timeline", "session: keys encoded");
+                KeySource::Host(keys)
+            }
+        };
+        Ok(HostSide {
+            on_host,
+            concatenated,
+            keys,
+        })
+    }
+
+    /// Waits for the uploader's last copies.
+    fn join_uploads(&mut self, stats: &mut SortStats) -> Result<Uploaded> {
+        let uploaded = match self.uploader.take() {
+            Some(u) => u.join()?,
+            None => Uploaded::default(),
+        };
+        log::debug!(target: "gpusort::timeline", "session: uploads done");
+        stats.stage_time = uploaded.stage_time;
+        stats.upload_time = uploaded.upload_time;
+        stats.bytes_to_device = uploaded.to_device;
+        Ok(uploaded)
+    }
+
+    /// The record move, the device's columns, and whether the sort fits the device memory
+    /// (with packed gathers where they fit too); fails with [`CudaSortError::OutOfMemory`].
+    fn plan_device(
+        &self,
+        keys: &KeySource,
+        uploaded: &Uploaded,
+        strategy: Strategy,
+        stats: &mut SortStats,
+    ) -> Result<DevicePlan> {
+        let n = self.rows;
+        let inexact = matches!(keys, KeySource::Host(k) if !k.encoder.layout().is_exact());
+        // Tie resolution needs the permutation before the columns move: indirect.
+        let direct = strategy.record_move == RecordMove::Direct && !inexact;
+        let record_move = if direct {
+            RecordMove::Direct
+        } else {
+            RecordMove::Indirect
+        };
+        let columns: Vec<GpuColumn> = self
+            .columns
+            .iter()
+            .enumerate()
+            .map(|(k, &(index, width))| GpuColumn {
+                index,
+                width,
+                nullable: uploaded.segments.iter().any(|s| s.bitmaps[k].is_some()),
+            })
+            .collect();
+        let nullable: Vec<usize> = (0..columns.len()).filter(|&k| columns[k].nullable).collect();
+        // Key words on the device: those that vary, or (encoded there) at most every word
+        // the key's types can take.
+        let key_words = match keys {
+            KeySource::Host(k) => k.varying.iter().filter(|v| **v != 0).count(),
+            KeySource::Device(d) => d.max_words,
+        };
+        let widths: Vec<usize> = columns.iter().map(|c| c.width).collect();
+        let needed = |pack| device_bytes_needed(n, key_words, &widths, nullable.len(), direct, pack);
+        let free = self.gpu.free_memory()? + uploaded.device_bytes;
+        let available = self.memory_limit.map_or(free, |l| l.min(free));
+        // Packed gathers where the memory allows.
+        let pack_gathers = needed(true) <= available;
+        let needed = needed(false);
+        if needed > available {
+            return Err(CudaSortError::OutOfMemory { needed, available });
+        }
+        let strategy = Strategy::new(strategy.algorithm, record_move);
+        stats.strategy = Some(strategy);
+        stats.moved_columns = if direct { columns.len() } else { 0 };
+        stats.gathered_columns = self.schema.fields().len() - stats.moved_columns;
+        stats.host_gathered_columns = self.schema.fields().len() - columns.len();
+        Ok(DevicePlan {
+            strategy,
+            direct,
+            inexact,
+            columns,
+            nullable,
+            pack_gathers,
+        })
+    }
+
+    /// The device phase up to the sorted permutation: the columns assembled, the key on the
+    /// device, the table (direct: the columns and their validity lanes in it), [`Gpu::sort`];
+    /// the permutation downloaded first when the host needs it before the columns.
+    fn sort_on_device(
+        &self,
+        keys: &KeySource,
+        segments: Vec<DeviceSegment>,
+        plan: &DevicePlan,
+        copies: &mut Transfers,
+        stats: &mut SortStats,
+    ) -> Result<Sorted> {
+        let (gpu, n) = (&self.gpu, self.rows);
+        let stream = gpu.stream();
+        let marks = Marks::new(gpu)?;
+        marks.mark(0, stream)?;
+        let mut cols = self.assemble(segments, &plan.columns)?;
+        marks.mark(1, stream)?;
+        let key = self.key_on_device(keys, &cols, copies, stats)?;
+        let passes = radix_passes(&key.varying, self.digit_bits);
+        stats.key_bits = key.bits;
+        stats.passes = passes.len();
+        let mut table = DeviceTable {
+            num_rows: n,
+            keys: key.words,
+            columns: vec![],
+            records: None,
+        };
+        if plan.direct {
+            // The columns move with the keys; validity too, 32 columns' bits per u32 lane.
+            table.columns = std::mem::take(&mut cols.values);
+            for group in plan.nullable.chunks(32) {
+                let refs: Vec<(&CudaSlice<u8>, u32)> =
+                    group.iter().map(|&k| (cols.bitmaps[k].as_ref().unwrap(), 0)).collect();
+                let lane = gpu.pack_bits(&refs, n)?;
+                table.columns.push(DeviceColumn { data: lane, width: 4 });
+            }
+        }
+        marks.mark(2, stream)?;
+        let sort_plan = GpuSortPlan {
+            strategy: plan.strategy,
+            passes,
+            keep_keys: plan.inexact,
+            want_perm: true,
+            pack_gathers: plan.pack_gathers,
+        };
+        let result = gpu.sort(&mut table, &sort_plan)?;
+        marks.log_sorted(result.kernel_ms)?;
+        let perm_dev = result.perm.expect("asked for the permutation");
+        let mut perm = PinnedPool::global().transfer_buffer(4 * n);
+        // The host needs the permutation before the columns come down only to resolve ties
+        // or to gather columns of its own; otherwise it follows them.
+        let perm_first = plan.inexact || self.schema.fields().len() > plan.columns.len();
+        if perm_first {
+            // SAFETY: synchronized right after.
+            unsafe { copies.download_words(&perm_dev, &mut perm) }?;
+            stream.synchronize()?;
+        }
+        Ok(Sorted {
+            table,
+            values: cols.values,
+            bitmaps: cols.bitmaps,
+            perm_dev,
+            perm,
+            perm_first,
+            device_ms: result.kernel_ms,
+        })
+    }
+
+    /// The key words on the device: the host's varying words uploaded, or the key encoded
+    /// there from its columns ([`crate::encode`]); a word that does not vary is a one-word
+    /// stand-in that no pass reads.
+    fn key_on_device(
+        &self,
+        keys: &KeySource,
+        cols: &Assembled,
+        copies: &mut Transfers,
+        stats: &mut SortStats,
+    ) -> Result<DeviceKeyWords> {
+        let (gpu, n) = (&self.gpu, self.rows);
+        let (words, varying, bits) = match keys {
+            KeySource::Host(k) => {
+                let words = k
+                    .words
+                    .iter()
+                    .zip(&k.varying)
+                    .map(|(w, v)| match *v != 0 {
+                        // SAFETY: the words stay untouched until the sort has synchronized.
+                        true => unsafe { copies.upload_buffer_words(gpu, w, n) },
+                        false => gpu.alloc_words(1),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                (words, k.varying.clone(), k.encoder.layout().total_bits())
+            }
+            KeySource::Device(d) => {
+                let start = Instant::now();
+                let key_columns: Vec<DeviceKeyColumn<'_>> = d
+                    .columns
+                    .iter()
+                    .map(|&(k, kind)| DeviceKeyColumn {
+                        values: &cols.values[k].data,
+                        valid: cols.bitmaps[k].as_ref(),
+                        kind,
+                    })
+                    .collect();
+                let column_stats = gpu.native_key_stats(&key_columns, n)?;
+                let layout = KeyLayout::from_native_stats(&self.spec, &column_stats)?;
+                let (words, varying) = gpu.encode_native_keys(&key_columns, &layout, n)?;
+                let words = words
+                    .into_iter()
+                    .zip(&varying)
+                    .map(|(w, v)| match *v != 0 {
+                        true => Ok(w),
+                        false => gpu.alloc_words(1),
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                stats.encode_time = start.elapsed();
+                log::debug!(target: "gpusort::timeline", "session: keys encoded on the device");
+                (words, varying, layout.total_bits())
+            }
+        };
+        Ok(DeviceKeyWords { words, varying, bits })
+    }
+
+    /// Rows whose truncated string prefixes tie, ordered on the host by their whole values
+    /// ([`gpusort::ties`]) with the sorted key words downloaded; the corrected permutation
+    /// goes back up for the gathers. Nothing to do for an exact key.
+    fn order_ties(
+        &self,
+        keys: &KeySource,
+        sorted: &mut Sorted,
+        copies: &mut Transfers,
+        stats: &mut SortStats,
+    ) -> Result<()> {
+        let n = self.rows;
+        let KeySource::Host(HostKeys {
+            encoder,
+            words,
+            varying,
+        }) = keys
+        else {
+            return Ok(());
+        };
+        if encoder.layout().is_exact() || n <= 1 {
+            return Ok(());
+        }
+        let pool = PinnedPool::global();
+        let mut downloaded: Vec<Option<HostBuffer>> = vec![];
+        for (w, v) in sorted.table.keys.iter().zip(varying) {
+            downloaded.push(if *v != 0 {
+                let mut host = pool.transfer_buffer(4 * n);
+                // SAFETY: synchronized below, before any read.
+                unsafe { copies.download_words(w, &mut host) }?;
+                Some(host)
+            } else {
+                None
+            });
+        }
+        self.gpu.stream().synchronize()?;
+        // Constant words are sorted in any order.
+        let views: Vec<&[u32]> = downloaded
+            .iter()
+            .zip(words)
+            .map(|(s, original)| s.as_ref().unwrap_or(original).as_words())
+            .collect();
+        let ties = gpusort::ties::resolve_ties(
+            encoder.layout(),
+            encoder.sort_columns(),
+            &views,
+            sorted.perm.as_words_mut(),
+        )?;
+        stats.tie_groups = ties.len();
+        if !ties.is_empty() {
+            // SAFETY: `perm` is only read until the downloads below have synchronized.
+            sorted.perm_dev = unsafe { copies.upload_buffer_words(&self.gpu, &sorted.perm, n) }?;
+        }
+        Ok(())
+    }
+
+    /// The device's columns come down into pool buffers (indirect: gathered first, only the
+    /// first `limit` rows) while the host gathers the others through the permutation; returns
+    /// both.
+    #[allow(clippy::type_complexity)]
+    fn download_and_gather(
+        &self,
+        host: &HostSide,
+        plan: &DevicePlan,
+        sorted: &mut Sorted,
+        limit: usize,
+        copies: &mut Transfers,
+        stats: &mut SortStats,
+    ) -> Result<(Vec<(HostBuffer, Option<HostBuffer>)>, Vec<Option<ArrayRef>>)> {
+        let gpu = &self.gpu;
+        let stream = gpu.stream();
+        let downloads_start = gpu.event()?;
+        downloads_start.record(stream)?;
+        let device_sorted = self.download_columns(plan, sorted, limit, copies)?;
+        if !sorted.perm_first && self.want_permutation {
+            // SAFETY: read only after the stream synchronizes below.
+            unsafe { copies.download_words(&sorted.perm_dev, &mut sorted.perm) }?;
+        }
+        let downloads_end = gpu.event()?;
+        downloads_end.record(stream)?;
+        // Only read when the host gathers columns, and then it came down first.
+        let head: &[u32] = if sorted.perm_first {
+            &sorted.perm.as_words()[..limit]
+        } else {
+            &[]
+        };
+        let host_sorted = (0..self.schema.fields().len())
+            .into_par_iter()
+            .map(|c| match plan.columns.iter().any(|g| g.index == c) {
+                true => Ok(None),
+                false => gather_column(host.column(c), head).map(Some),
+            })
+            .collect::<gpusort::Result<Vec<Option<ArrayRef>>>>()?;
+        downloads_end.synchronize()?;
+        log::debug!(target: "gpusort::timeline", "session: downloads done");
+        let download_ms = downloads_start.elapsed_ms(&downloads_end)?;
+        stats.download_time = Duration::from_secs_f64(download_ms as f64 / 1e3);
+        let mut device_ms = sorted.device_ms;
+        if !plan.direct {
+            // Gathers and downloads interleave; the device time counts both.
+            device_ms += download_ms;
+        }
+        stats.device_time = Some(Duration::from_secs_f64(device_ms as f64 / 1e3));
+        sorted.table = DeviceTable {
+            num_rows: 0,
+            keys: vec![],
+            columns: vec![],
+            records: None,
+        };
+        sorted.values.clear();
+        sorted.bitmaps.clear();
+        Ok((device_sorted, host_sorted))
+    }
+
+    /// Starts the download of each device column's first `limit` sorted rows and validity
+    /// bits (indirect: the columns gathered together first, packed into rows where that reads
+    /// fewer sectors and fits, see [`Gpu::gather_columns`]).
+    fn download_columns(
+        &self,
+        plan: &DevicePlan,
+        sorted: &mut Sorted,
+        limit: usize,
+        copies: &mut Transfers,
+    ) -> Result<Vec<(HostBuffer, Option<HostBuffer>)>> {
+        let (gpu, n, pool) = (&self.gpu, self.rows, PinnedPool::global());
+        if !plan.direct {
+            gpu.gather_columns(&mut sorted.values, n, &sorted.perm_dev, limit, plan.pack_gathers)?;
+        }
+        let mut out = vec![];
+        for (k, c) in plan.columns.iter().enumerate() {
+            let dev = if plan.direct {
+                &sorted.table.columns[k].data
+            } else {
+                &sorted.values[k].data
+            };
+            let mut values = pool.transfer_buffer(limit * c.width);
+            // SAFETY: read only after the stream synchronizes.
+            unsafe { copies.download(dev, &mut values) }?;
+            let bits = match &sorted.bitmaps[k] {
+                None => None,
+                Some(bits) => {
+                    let dev_bits = if plan.direct {
+                        let j = plan.nullable.iter().position(|&x| x == k).unwrap();
+                        let lane = &sorted.table.columns[plan.columns.len() + j / 32].data;
+                        gpu.unpack_bits(lane, (j % 32) as u32, limit)?
+                    } else {
+                        gpu.gather_bitmap(bits, 0, &sorted.perm_dev, limit)?
+                    };
+                    let mut host = pool.alloc(limit.div_ceil(32) * 4);
+                    // SAFETY: as above.
+                    unsafe { copies.download(&dev_bits, &mut host) }?;
+                    Some(host)
+                }
+            };
+            out.push((values, bits));
+        }
+        Ok(out)
+    }
+
+    /// The output batch of `limit` rows: the host's gathered columns and the device's
+    /// downloaded ones (pool buffers become the arrays, no copy), in schema order.
+    fn output_batch(
+        &self,
+        host_sorted: Vec<Option<ArrayRef>>,
+        device_sorted: Vec<(HostBuffer, Option<HostBuffer>)>,
+        limit: usize,
+    ) -> Result<RecordBatch> {
+        let mut device_sorted = device_sorted.into_iter();
+        let out_columns: Vec<ArrayRef> = host_sorted
+            .into_iter()
+            .enumerate()
+            .map(|(c, host)| match host {
+                Some(sorted) => sorted,
+                None => {
+                    let (values, bits) = device_sorted.next().expect("a device column");
+                    let nulls = bits.map(|b| NullBuffer::new(BooleanBuffer::new(b.into_buffer(), 0, limit)));
+                    fixed_array(self.batches[0].column(c).as_ref(), values.into_buffer(), nulls, limit)
+                }
+            })
+            .collect();
+        Ok(RecordBatch::try_new_with_options(
+            Arc::clone(&self.schema),
+            out_columns,
+            &RecordBatchOptions::new().with_row_count(Some(limit)),
+        )
+        .map_err(gpusort::GpusortError::from)?)
+    }
+
+    /// The key's columns on the device, when the device encodes the key itself; `None` when
+    /// the host encodes it: some sort column is not native or not on the device, the key
+    /// could be longer than [`KEY_MAX_WORDS`], or `GPUSORT_DEVICE_KEYS=0`.
+    fn device_keys(&self) -> Option<DeviceKeys> {
+        if std::env::var("GPUSORT_DEVICE_KEYS").is_ok_and(|v| v == "0") {
+            return None;
+        }
+        let max_words = KeyLayout::native_max_words(&self.spec, &self.schema)?;
+        if max_words > KEY_MAX_WORDS {
+            return None;
+        }
+        let columns = self
+            .spec
+            .keys()
+            .iter()
+            .map(|key| {
+                let k = self.columns.iter().position(|(c, _)| *c == key.column)?;
+                Some((k, native_ordinal_kind(self.schema.field(key.column).data_type())?))
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(DeviceKeys { columns, max_words })
+    }
+
+    /// The keys encoded on the host into pinned buffers, from the concatenated columns
+    /// `concatenated` (of the columns `on_host`, which hold every sort column).
+    fn encode_on_host(&self, concatenated: &[ArrayRef], on_host: &[usize]) -> Result<HostKeys> {
+        let n = self.rows;
+        let host_column = |c: usize| &concatenated[on_host.binary_search(&c).expect("a host column")];
+        let key_columns: Vec<usize> = {
+            let mut k: Vec<usize> = self.spec.keys().iter().map(|k| k.column).collect();
+            k.sort_unstable();
+            k.dedup();
+            k
+        };
+        let key_batch = RecordBatch::try_new_with_options(
+            Arc::new(self.schema.project(&key_columns).map_err(gpusort::GpusortError::from)?),
+            key_columns.iter().map(|&c| Arc::clone(host_column(c))).collect(),
+            &RecordBatchOptions::new().with_row_count(Some(n)),
+        )
+        .map_err(gpusort::GpusortError::from)?;
+        let key_spec = SortSpec::new(self.spec.keys().iter().map(|k| SortKey {
+            column: key_columns.binary_search(&k.column).expect("a key column"),
+            options: k.options,
+        }));
+        let encoder = KeyEncoder::try_new(&key_batch, &key_spec, &self.encoder)?;
+        let pool = PinnedPool::global();
+        let mut words: Vec<HostBuffer> = (0..encoder.layout().num_words())
+            .map(|_| pool.transfer_buffer(4 * n))
+            .collect();
+        let varying = {
+            let mut views: Vec<&mut [u32]> = words.iter_mut().map(|w| w.as_words_mut()).collect();
+            encoder.encode_into(&mut views)
+        };
+        Ok(HostKeys {
+            encoder,
+            words,
+            varying,
+        })
+    }
+
+    /// Columns `columns` (sorted) of every batch pushed, each in one array.
+    fn concat_columns(&self, columns: &[usize]) -> Result<Vec<ArrayRef>> {
+        Ok(columns
+            .par_iter()
+            .map(|&c| {
+                if self.batches.len() == 1 {
+                    return Ok(Arc::clone(self.batches[0].column(c)));
+                }
+                let parts: Vec<&dyn Array> = self.batches.iter().map(|b| b.column(c).as_ref()).collect();
+                concat_column(&parts)
+            })
+            .collect::<gpusort::Result<Vec<_>>>()?)
+    }
+
+    /// Each device column in one buffer on the sort stream, from its segments (device-to-device
+    /// copies), with its validity bits when it has nulls; each column's segment copies are
+    /// freed as soon as the column is assembled.
+    fn assemble(&self, mut segments: Vec<DeviceSegment>, columns: &[GpuColumn]) -> Result<Assembled> {
+        let gpu = &self.gpu;
+        let stream = gpu.stream();
+        let n = self.rows;
+        let mut values = vec![];
+        let mut bitmaps = vec![];
+        for (k, c) in columns.iter().enumerate() {
+            let col = gpu.alloc_bytes(n * c.width)?;
+            let col_ptr = col.device_ptr(stream).0;
+            let bits = if c.nullable {
+                Some(gpu.alloc_bytes(n.div_ceil(8))?)
+            } else {
+                None
+            };
+            // The values of every segment in one launch.
+            let ranges: Vec<(u64, u64, usize)> = segments
+                .iter()
+                .map(|s| {
+                    let src = s.values[k].as_ref().expect("each column assembled once");
+                    (
+                        src.device_ptr(stream).0,
+                        col_ptr + (s.first_row * c.width) as u64,
+                        s.rows * c.width,
+                    )
+                })
+                .collect();
+            // SAFETY: each source holds the segment's rows of the column, which land at their
+            // own rows of `col`.
+            unsafe { gpu.copy_ranges(&ranges) }?;
+            for s in &segments {
+                if let Some(bits) = &bits {
+                    // Segments start on a byte of the bitmap (their rows are a multiple of 64).
+                    let dst = bits.device_ptr(stream).0 + (s.first_row / 8) as u64;
+                    let len = s.rows.div_ceil(8);
+                    // SAFETY: the bitmap holds the segment's bits.
+                    unsafe {
+                        match &s.bitmaps[k] {
+                            Some(src) => {
+                                result::memcpy_dtod_async(dst, src.device_ptr(stream).0, len, stream.cu_stream())
+                            }
+                            None => result::memset_d8_async(dst, 0xFF, len, stream.cu_stream()),
+                        }
+                    }?;
+                }
+            }
+            if let Some(copy_stream) = &self.copy_stream {
+                // The segments' buffers are freed on the copy stream: after these copies.
+                let assembled = gpu.event()?;
+                assembled.record(stream)?;
+                copy_stream.wait(&assembled)?;
+                for s in segments.iter_mut() {
+                    s.values[k] = None;
+                    s.bitmaps[k] = None;
+                }
+            }
+            values.push(DeviceColumn {
+                data: col,
+                width: c.width,
+            });
+            bitmaps.push(bits);
+        }
+        Ok(Assembled { values, bitmaps })
+    }
+}

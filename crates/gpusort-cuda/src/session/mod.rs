@@ -1,0 +1,303 @@
+//! [`GpuSortSession`]: a GPU sort fed batch by batch, so that the input crosses PCIe while it
+//! arrives instead of after it.
+//!
+//! # Input: segments
+//!
+//! The rows are cut, in input order, into **segments** of a fixed number of rows (about
+//! [`SEGMENT_BYTES`] of fixed-width payload, a multiple of 64 rows). When [`GpuSortSession::push`]
+//! completes a segment it hands it to the session's **uploader thread**, which
+//!
+//! 1. takes the next of [`STAGING_DEPTH`] pinned staging buffers (from the [`PinnedPool`]),
+//!    waiting for the copy that last read it;
+//! 2. copies the segment's rows of every device column into it on all cores, ByField: each
+//!    column's values at their row offsets, then the validity bits of the columns that have
+//!    nulls in the segment;
+//! 3. starts one host-to-device copy per column (and bitmap) on the session's **copy stream**
+//!    into device memory of its own.
+//!
+//! So while batch `k` arrives, segment `j` is staged and segment `j - 1` crosses PCIe.
+//!
+//! Device columns are the fixed-width ones of 1 to 16 bytes ([`fixed_width`]) except
+//! dictionaries (batches may each bring their own dictionary): their values move on the
+//! device. Every other column, and the sort keys, stay on the host.
+//!
+//! # Finish
+//!
+//! [`GpuSortSession::finish`] sends the last, partial segment and waits for the uploads. Then:
+//!
+//! 1. when a sort column is not a native integer or float on the device (strings, booleans,
+//!    dictionaries, 16-byte decimals...), the **key columns** alone are concatenated on the
+//!    host and encoded whole by [`KeyEncoder`] into pinned buffers (the encoding needs the
+//!    whole column: minimum, maximum, common prefixes), while the last uploads finish; only
+//!    the key words that vary go up;
+//! 2. each device column is assembled from its segments by device-to-device copies on the sort
+//!    stream (a column of a segment without nulls gets all-valid bits), each segment's copy
+//!    freed once its column is assembled; keys of native columns are then encoded on the
+//!    device from the assembled columns ([`crate::encode`]: the same words, no host pass and
+//!    no key upload; `GPUSORT_DEVICE_KEYS=0` encodes them on the host instead);
+//! 3. [`Gpu::sort`] runs the planned strategy (the rule calibrated on the H100, or the one asked for);
+//!    truncated string keys that tie are ordered on the host as in the one-batch sort;
+//! 4. the sorted device columns come down straight into pinned pool buffers that become the
+//!    output arrays (no host copy after the download), while the host concatenates and
+//!    gathers the other columns through the permutation ([`gather_column`]).
+//!
+//! The result is the same stable order as the CPU backend's. A session that is dropped
+//! instead (the caller sorts elsewhere) frees its device and pinned memory.
+
+use std::sync::{Arc, Mutex};
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::{DataType, SchemaRef};
+use cudarc::driver::CudaStream;
+use gpusort::backend::check_rows;
+use gpusort::cpu::gather::fixed_width;
+use gpusort::plan::Strategy;
+use gpusort::{EncoderOptions, SortSpec};
+
+use crate::error::{CudaSortError, Result};
+use crate::gpu::Gpu;
+
+mod finish;
+mod upload;
+
+use self::upload::{Part, SegmentJob, SegmentLayout, Uploader};
+
+/// Bytes of a string or binary sort key (after the column's common prefix) that a GPU sort
+/// encodes into its key unless asked otherwise: each key word costs the device a few radix
+/// passes (milliseconds), while rows whose truncated prefixes tie are ordered on the host by
+/// comparing whole values (seconds: TPC-H's `l_comment`, 60M rows of 10-43 bytes, took 5.2 s
+/// to resolve with the CPU backend's 8-byte prefixes).
+pub const GPU_STRING_PREFIX_BYTES: usize = 32;
+
+/// Pinned staging bytes of one segment (its rows: this over the bytes of a row of payload).
+pub const SEGMENT_BYTES: usize = 32 << 20;
+/// Staging buffers in flight: one being filled, the others crossing PCIe.
+pub const STAGING_DEPTH: usize = 3;
+/// Segments hold a multiple of this many rows, so their validity bits start on a byte.
+const SEGMENT_ALIGN: usize = 64;
+/// Rows (of one column) per staging copy task.
+const STAGE_TASK_BYTES: usize = 1 << 20;
+
+/// A column the device moves or gathers: its index, width, and whether it has nulls.
+#[derive(Debug, Clone, Copy)]
+struct GpuColumn {
+    index: usize,
+    width: usize,
+    nullable: bool,
+}
+
+/// A GPU sort fed batch by batch (see the module docs). Made by
+/// [`CudaBackend::begin_sort`](crate::CudaBackend::begin_sort).
+pub struct GpuSortSession {
+    gpu: Arc<Gpu>,
+    device_lock: Arc<Mutex<()>>,
+    digit_bits: u32,
+    schema: SchemaRef,
+    spec: SortSpec,
+    strategy: Option<Strategy>,
+    encoder: EncoderOptions,
+    memory_limit: Option<usize>,
+    expected_rows: Option<usize>,
+    /// Whether [`GpuSortSession::finish`] returns the permutation.
+    want_permutation: bool,
+    /// Device columns (index, width).
+    columns: Vec<(usize, usize)>,
+    batches: Vec<RecordBatch>,
+    rows: usize,
+    /// The segment being filled: its parts and rows; rows handed to the uploader before it;
+    /// the layout once the first batch came.
+    open: Vec<Part>,
+    open_rows: usize,
+    sent_rows: usize,
+    layout: Option<SegmentLayout>,
+    copy_stream: Option<Arc<CudaStream>>,
+    uploader: Option<Uploader>,
+    /// Why an upload failed: the session cannot sort any more.
+    failed: Option<String>,
+}
+
+impl std::fmt::Debug for GpuSortSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuSortSession")
+            .field("spec", &self.spec)
+            .field("rows", &self.rows)
+            .field("batches", &self.batches.len())
+            .finish()
+    }
+}
+
+impl GpuSortSession {
+    pub(crate) fn new(
+        gpu: Arc<Gpu>,
+        device_lock: Arc<Mutex<()>>,
+        digit_bits: u32,
+        schema: SchemaRef,
+        spec: SortSpec,
+    ) -> Result<Self> {
+        spec.validate(schema.fields().len())?;
+        let columns = schema
+            .fields()
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| !matches!(f.data_type(), DataType::Dictionary(..)))
+            .filter_map(|(i, f)| Some((i, fixed_width(f.data_type()).filter(|w| *w <= 16)?)))
+            .collect();
+        Ok(Self {
+            gpu,
+            device_lock,
+            digit_bits,
+            schema,
+            spec,
+            strategy: None,
+            encoder: EncoderOptions {
+                max_prefix_bytes: GPU_STRING_PREFIX_BYTES,
+            },
+            memory_limit: None,
+            expected_rows: None,
+            want_permutation: true,
+            columns,
+            batches: vec![],
+            rows: 0,
+            open: vec![],
+            open_rows: 0,
+            sent_rows: 0,
+            layout: None,
+            copy_stream: None,
+            uploader: None,
+            failed: None,
+        })
+    }
+
+    /// Runs `strategy` instead of the planner's choice.
+    pub fn with_strategy(mut self, strategy: Option<Strategy>) -> Self {
+        self.strategy = strategy;
+        self
+    }
+
+    /// Encodes keys with these options.
+    pub fn with_encoder_options(mut self, encoder: EncoderOptions) -> Self {
+        self.encoder = encoder;
+        self
+    }
+
+    /// Fails with [`CudaSortError::OutOfMemory`] — while the input arrives, or at the latest
+    /// before the sort starts — when the sort would need more than `limit` bytes of device
+    /// memory (or more than the device has free).
+    pub fn with_memory_limit(mut self, limit: Option<usize>) -> Self {
+        self.memory_limit = limit;
+        self
+    }
+
+    /// Whether [`GpuSortSession::finish`] returns the permutation (the default). Without it
+    /// the output's `indices` are empty and the permutation does not cross PCIe unless the
+    /// host needs it (to gather columns of its own or to order tied string prefixes).
+    pub fn with_permutation(mut self, want: bool) -> Self {
+        self.want_permutation = want;
+        self
+    }
+
+    /// Sizes the staging for about `rows` rows (smaller segments for a small sort).
+    pub fn with_expected_rows(mut self, rows: usize) -> Self {
+        self.expected_rows = Some(rows);
+        self
+    }
+
+    /// Rows pushed so far.
+    pub fn num_rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Adds `batch` (of the session's schema) to the sort and starts moving its device columns
+    /// to the GPU. Fails when an earlier upload failed (out of device memory, a driver error):
+    /// the session is then of no further use.
+    pub fn push(&mut self, batch: &RecordBatch) -> Result<()> {
+        let n = batch.num_rows();
+        if n == 0 {
+            return Ok(());
+        }
+        let types_match = batch.num_columns() == self.schema.fields().len()
+            && batch
+                .schema()
+                .fields()
+                .iter()
+                .zip(self.schema.fields())
+                .all(|(a, b)| a.data_type() == b.data_type());
+        if !types_match {
+            return Err(CudaSortError::Unsupported(format!(
+                "a batch of schema {:?} in a sort of {:?}",
+                batch.schema(),
+                self.schema
+            )));
+        }
+        self.check_failed()?;
+        check_rows(self.rows + n)?;
+        self.batches.push(batch.clone());
+        self.rows += n;
+        if self.columns.is_empty() {
+            return Ok(());
+        }
+        let segment_rows = match &self.layout {
+            Some(l) => l.rows,
+            None => {
+                let rows = SegmentLayout::rows_for(&self.columns, self.expected_rows);
+                self.layout.insert(SegmentLayout::new(self.columns.clone(), rows)).rows
+            }
+        };
+        let mut offset = 0;
+        while offset < n {
+            let len = (segment_rows - self.open_rows).min(n - offset);
+            self.open.push(Part {
+                batch: batch.clone(),
+                offset,
+                len,
+                at: self.open_rows,
+            });
+            self.open_rows += len;
+            offset += len;
+            if self.open_rows == segment_rows {
+                self.send_segment()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands the open segment to the uploader (starting it first).
+    fn send_segment(&mut self) -> Result<()> {
+        if self.open_rows == 0 {
+            return Ok(());
+        }
+        if self.uploader.is_none() {
+            let free = self.gpu.free_memory()?;
+            let available = self.memory_limit.map_or(free, |l| l.min(free));
+            let stream = self.gpu.context().new_stream()?;
+            let layout = self.layout.clone().expect("a layout with the first rows");
+            self.copy_stream = Some(Arc::clone(&stream));
+            self.uploader = Some(Uploader::start(Arc::clone(&self.gpu), stream, layout, available)?);
+        }
+        let job = SegmentJob {
+            first_row: self.sent_rows,
+            rows: self.open_rows,
+            parts: std::mem::take(&mut self.open),
+        };
+        self.sent_rows += self.open_rows;
+        self.open_rows = 0;
+        if !self.uploader.as_ref().unwrap().send(job) {
+            // The uploader stopped on an error: that error.
+            let e = match self.uploader.take().unwrap().join() {
+                Err(e) => e,
+                Ok(_) => CudaSortError::Unsupported("the upload thread stopped".into()),
+            };
+            self.failed = Some(e.to_string());
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Fails when an earlier upload failed.
+    fn check_failed(&self) -> Result<()> {
+        match &self.failed {
+            Some(why) => Err(CudaSortError::Unsupported(format!("an earlier upload failed: {why}"))),
+            None => Ok(()),
+        }
+    }
+}

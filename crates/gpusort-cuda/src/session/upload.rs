@@ -1,0 +1,416 @@
+//! The uploader of a [`GpuSortSession`](super::GpuSortSession): segments staged into pinned
+//! buffers on all cores and copied to the device on the session's copy stream while the input
+//! arrives (see the session's module docs). No kernel: copies only.
+
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use arrow::array::{Array, RecordBatch};
+use arrow::util::bit_mask::set_bits;
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr};
+use gpusort::cpu::gather::fixed_values;
+use rayon::prelude::*;
+
+use super::{SEGMENT_ALIGN, SEGMENT_BYTES, STAGE_TASK_BYTES, STAGING_DEPTH};
+use crate::error::{CudaSortError, Result};
+use crate::gpu::Gpu;
+use crate::pinned::{HostBuffer, PinnedPool};
+use crate::transfer::Transfers;
+
+/// Rows `offset..offset + len` of a batch, going to row `at` of a segment.
+#[derive(Debug, Clone)]
+pub(super) struct Part {
+    pub(super) batch: RecordBatch,
+    pub(super) offset: usize,
+    pub(super) len: usize,
+    pub(super) at: usize,
+}
+
+/// Where the columns of a segment lie in its staging buffer: each device column's values
+/// (`rows * width` bytes), then each one's validity bits (`rows / 8` bytes).
+#[derive(Debug, Clone)]
+pub(super) struct SegmentLayout {
+    pub(super) rows: usize,
+    /// Device columns: index in the batch and bytes per row.
+    columns: Vec<(usize, usize)>,
+    values: Vec<usize>,
+    bitmaps: Vec<usize>,
+    bytes: usize,
+}
+
+impl SegmentLayout {
+    pub(super) fn new(columns: Vec<(usize, usize)>, rows: usize) -> Self {
+        debug_assert!(rows.is_multiple_of(SEGMENT_ALIGN));
+        let mut at = 0;
+        let values = columns
+            .iter()
+            .map(|(_, w)| {
+                let o = at;
+                at += rows * w;
+                o
+            })
+            .collect();
+        let bitmaps = columns
+            .iter()
+            .map(|_| {
+                let o = at;
+                at += rows / 8;
+                o
+            })
+            .collect();
+        Self {
+            rows,
+            columns,
+            values,
+            bitmaps,
+            bytes: at,
+        }
+    }
+
+    /// Rows per segment for `columns` (and at most `expected` rows, rounded up).
+    pub(super) fn rows_for(columns: &[(usize, usize)], expected: Option<usize>) -> usize {
+        let row_bytes = columns.iter().map(|(_, w)| *w).sum::<usize>().max(1) + columns.len().div_ceil(8);
+        let rows = (SEGMENT_BYTES / row_bytes).max(SEGMENT_ALIGN);
+        let rows = expected.map_or(rows, |e| rows.min(e.max(1)));
+        rows.div_ceil(SEGMENT_ALIGN) * SEGMENT_ALIGN
+    }
+}
+
+/// A pointer that parallel staging tasks write disjoint ranges through.
+#[derive(Clone, Copy)]
+struct SendPtr(*mut u8);
+// SAFETY: every task writes its own byte range.
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+
+impl SendPtr {
+    /// The address `offset` bytes on.
+    fn at(self, offset: usize) -> *mut u8 {
+        self.0.wrapping_add(offset)
+    }
+}
+
+/// Sets bits `start..start + len` of `bits` (ORed in, as [`set_bits`] does).
+fn set_ones(bits: &mut [u8], start: usize, len: usize) {
+    const ONES: [u8; 1024] = [0xFF; 1024];
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(ONES.len() * 8);
+        set_bits(bits, &ONES, start + done, 0, n);
+        done += n;
+    }
+}
+
+/// Copies the rows of `parts` into `buf` (laid out by `layout`), on all cores; returns, per
+/// device column, whether its validity bits were staged (some part has nulls in it).
+fn stage(layout: &SegmentLayout, parts: &[Part], buf: &mut [u8]) -> Vec<bool> {
+    assert!(buf.len() >= layout.bytes);
+    let base = SendPtr(buf.as_mut_ptr());
+    let nullable: Vec<bool> = layout
+        .columns
+        .iter()
+        .map(|&(c, _)| parts.iter().any(|p| p.batch.column(c).null_count() > 0))
+        .collect();
+    // Values: (column, part, rows of the part) tasks of about STAGE_TASK_BYTES.
+    let mut tasks = vec![];
+    for (k, &(_, w)) in layout.columns.iter().enumerate() {
+        let step = (STAGE_TASK_BYTES / w).max(1);
+        for (p, part) in parts.iter().enumerate() {
+            for start in (0..part.len).step_by(step) {
+                tasks.push((k, p, start, step.min(part.len - start)));
+            }
+        }
+    }
+    tasks.par_iter().for_each(|&(k, p, start, len)| {
+        let (c, w) = layout.columns[k];
+        let part = &parts[p];
+        let values = fixed_values(part.batch.column(c).as_ref(), w);
+        let src = &values.as_slice()[(part.offset + start) * w..(part.offset + start + len) * w];
+        let dst = layout.values[k] + (part.at + start) * w;
+        // SAFETY: tasks write disjoint ranges of the column's region of `buf`.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), base.at(dst), src.len()) };
+    });
+    // Validity: one task per column (parts may share a byte).
+    (0..layout.columns.len())
+        .into_par_iter()
+        .filter(|&k| nullable[k])
+        .for_each(|k| {
+            let (c, _) = layout.columns[k];
+            // SAFETY: each task writes its own column's bitmap region.
+            let bits = unsafe { std::slice::from_raw_parts_mut(base.at(layout.bitmaps[k]), layout.rows / 8) };
+            // `set_bits` ORs into the bytes (and may write whole bytes ahead of the parts that
+            // follow, in order): they start cleared.
+            bits.fill(0);
+            for part in parts {
+                match part.batch.column(c).nulls() {
+                    Some(n) => {
+                        set_bits(bits, n.validity(), part.at, n.offset() + part.offset, part.len);
+                    }
+                    None => set_ones(bits, part.at, part.len),
+                }
+            }
+        });
+    nullable
+}
+
+/// A segment on the device: its rows, each device column's values and (when it has nulls in
+/// the segment) validity bits, allocated on the copy stream.
+pub(super) struct DeviceSegment {
+    pub(super) first_row: usize,
+    pub(super) rows: usize,
+    pub(super) values: Vec<Option<CudaSlice<u8>>>,
+    pub(super) bitmaps: Vec<Option<CudaSlice<u8>>>,
+}
+
+/// A segment for the uploader.
+pub(super) struct SegmentJob {
+    pub(super) first_row: usize,
+    pub(super) rows: usize,
+    pub(super) parts: Vec<Part>,
+}
+
+/// What the uploader did.
+#[derive(Default)]
+pub(super) struct Uploaded {
+    pub(super) segments: Vec<DeviceSegment>,
+    pub(super) device_bytes: usize,
+    pub(super) to_device: u64,
+    pub(super) stage_time: Duration,
+    pub(super) upload_time: Duration,
+}
+
+/// The uploader thread of a session (see the module docs).
+pub(super) struct Uploader {
+    jobs: Option<mpsc::Sender<SegmentJob>>,
+    thread: Option<JoinHandle<Result<Uploaded>>>,
+}
+
+impl Uploader {
+    pub(super) fn start(
+        gpu: Arc<Gpu>,
+        stream: Arc<CudaStream>,
+        layout: SegmentLayout,
+        available: usize,
+    ) -> Result<Self> {
+        let (tx, rx) = mpsc::channel::<SegmentJob>();
+        let thread = std::thread::Builder::new()
+            .name("gpusort-upload".into())
+            .spawn(move || upload_segments(&gpu, &stream, &layout, available, rx))
+            .map_err(|e| CudaSortError::Unsupported(format!("cannot start the upload thread: {e}")))?;
+        Ok(Self {
+            jobs: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    /// Hands over a segment; false when the thread has stopped (with an error).
+    pub(super) fn send(&self, job: SegmentJob) -> bool {
+        self.jobs.as_ref().is_some_and(|j| j.send(job).is_ok())
+    }
+
+    /// Waits for every upload.
+    pub(super) fn join(mut self) -> Result<Uploaded> {
+        self.jobs = None;
+        match self.thread.take().expect("joined once").join() {
+            Ok(r) => r,
+            Err(_) => Err(CudaSortError::Unsupported("the upload thread panicked".into())),
+        }
+    }
+}
+
+impl Drop for Uploader {
+    fn drop(&mut self) {
+        self.jobs = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The uploader's loop: stage each segment in the next staging buffer and start its copies.
+fn upload_segments(
+    gpu: &Gpu,
+    stream: &Arc<CudaStream>,
+    layout: &SegmentLayout,
+    available: usize,
+    jobs: mpsc::Receiver<SegmentJob>,
+) -> Result<Uploaded> {
+    gpu.context().bind_to_thread()?;
+    let pool = PinnedPool::global();
+    let mut out = Uploaded::default();
+    let mut copies = Transfers::new(stream);
+    // Staging buffers and the event after the copies that last read each.
+    let mut staging: Vec<(HostBuffer, Option<CudaEvent>)> = vec![];
+    let mut timings: Vec<(CudaEvent, CudaEvent)> = vec![];
+    let result = (|| -> Result<()> {
+        for (j, job) in jobs.iter().enumerate() {
+            let slot = j % STAGING_DEPTH;
+            if staging.len() <= slot {
+                staging.push((pool.alloc(layout.bytes), None));
+            }
+            let (buf, free) = &mut staging[slot];
+            let wait = Instant::now();
+            if let Some(e) = free.take() {
+                e.synchronize()?;
+            }
+            let start = Instant::now();
+            let nullable = stage(layout, &job.parts, buf.as_mut_slice());
+            let staged = start.elapsed();
+            out.stage_time += staged;
+            log::debug!(
+                target: "gpusort::timeline",
+                "upload: segment {j} staged ({} rows; {:.2} ms waiting for its buffer, {:.2} ms staging)",
+                job.rows,
+                (start - wait).as_secs_f64() * 1e3,
+                staged.as_secs_f64() * 1e3
+            );
+            let begin = gpu.event()?;
+            begin.record(stream)?;
+            let mut segment = DeviceSegment {
+                first_row: job.first_row,
+                rows: job.rows,
+                values: vec![],
+                bitmaps: vec![],
+            };
+            for (k, &(_, w)) in layout.columns.iter().enumerate() {
+                let bytes = &buf.as_slice()[layout.values[k]..layout.values[k] + job.rows * w];
+                segment.values.push(Some(upload(stream, &mut copies, bytes)?));
+                out.device_bytes += bytes.len();
+                segment.bitmaps.push(if nullable[k] {
+                    let bits = &buf.as_slice()[layout.bitmaps[k]..layout.bitmaps[k] + job.rows.div_ceil(8)];
+                    out.device_bytes += bits.len();
+                    Some(upload(stream, &mut copies, bits)?)
+                } else {
+                    None
+                });
+            }
+            let end = gpu.event()?;
+            end.record(stream)?;
+            log::debug!(target: "gpusort::timeline", "upload: segment {j} copies started");
+            *free = Some(gpu.event()?);
+            free.as_ref().unwrap().record(stream)?;
+            timings.push((begin, end));
+            out.segments.push(segment);
+            if out.device_bytes > available {
+                return Err(CudaSortError::OutOfMemory {
+                    needed: out.device_bytes,
+                    available,
+                });
+            }
+        }
+        Ok(())
+    })();
+    // The staging buffers go back to the pool only once no copy reads them.
+    let synced = stream.synchronize();
+    result?;
+    synced?;
+    for (b, e) in &timings {
+        out.upload_time += Duration::from_secs_f64(b.elapsed_ms(e)? as f64 / 1e3);
+    }
+    out.to_device = copies.to_device;
+    Ok(out)
+}
+
+/// Starts copying `bytes` to new device memory allocated on `stream`.
+fn upload(stream: &Arc<CudaStream>, copies: &mut Transfers, bytes: &[u8]) -> Result<CudaSlice<u8>> {
+    // SAFETY: written by the copy before anything reads it.
+    let dst = unsafe { stream.alloc::<u8>(bytes.len().max(1)) }?;
+    // SAFETY: `dst` holds the bytes; the staging buffer is not reused or freed before the
+    // stream passes its event.
+    unsafe { copies.upload_to(bytes, dst.device_ptr(stream).0) }?;
+    Ok(dst)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{FixedSizeBinaryArray, Int64Array, UInt32Array};
+    use arrow::datatypes::DataType;
+    use arrow::datatypes::{Field, Schema};
+
+    fn batch(n: usize, seed: usize, nulls: bool) -> RecordBatch {
+        let a = UInt32Array::from_iter(
+            (0..n).map(|i| (!nulls || !(i + seed).is_multiple_of(3)).then_some((i * 7 + seed) as u32)),
+        );
+        let b = Int64Array::from_iter_values((0..n).map(|i| -((i + seed) as i64)));
+        let c = FixedSizeBinaryArray::try_from_iter((0..n).map(|i| [(i + seed) as u8, 1])).unwrap();
+        RecordBatch::try_new(
+            Arc::new(Schema::new(vec![
+                Field::new("a", DataType::UInt32, true),
+                Field::new("b", DataType::Int64, false),
+                Field::new("c", DataType::FixedSizeBinary(2), false),
+            ])),
+            vec![Arc::new(a), Arc::new(b), Arc::new(c)],
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn segments_hold_a_multiple_of_64_rows_sized_by_the_payload() {
+        let cols = vec![(0, 4), (1, 8)];
+        let rows = SegmentLayout::rows_for(&cols, None);
+        assert_eq!(rows % SEGMENT_ALIGN, 0);
+        assert!(rows * 12 <= SEGMENT_BYTES && rows * 13 > SEGMENT_BYTES / 2, "{rows}");
+        assert_eq!(SegmentLayout::rows_for(&cols, Some(100)), 128);
+        assert_eq!(SegmentLayout::rows_for(&cols, Some(0)), 64);
+        let l = SegmentLayout::new(cols, 128);
+        assert_eq!(
+            (l.values.clone(), l.bitmaps.clone(), l.bytes),
+            (vec![0, 512], vec![1536, 1552], 1568)
+        );
+    }
+
+    #[test]
+    fn staging_copies_values_and_validity_at_unaligned_row_offsets() {
+        // Parts as a push cuts them: a sliced batch, one with no nulls, one that starts mid-byte.
+        let first = batch(40, 1, true).slice(3, 21);
+        let second = batch(30, 2, false);
+        let third = batch(50, 3, true).slice(5, 40);
+        let mut parts = vec![];
+        let mut at = 0;
+        for (b, offset, len) in [(&first, 0, 21), (&second, 0, 30), (&third, 1, 39)] {
+            parts.push(Part {
+                batch: b.clone(),
+                offset,
+                len,
+                at,
+            });
+            at += len;
+        }
+        let rows = at;
+        let layout = SegmentLayout::new(vec![(0, 4), (1, 8), (2, 2)], 128);
+        let mut buf = vec![0xEEu8; layout.bytes];
+        let nullable = stage(&layout, &parts, &mut buf);
+        assert_eq!(nullable, vec![true, false, false]);
+        // Expected: the parts' rows concatenated.
+        let whole =
+            arrow::compute::concat_batches(&first.schema(), &[first.clone(), second.clone(), third.slice(1, 39)])
+                .unwrap();
+        for (k, &(c, w)) in layout.columns.iter().enumerate() {
+            let want = fixed_values(whole.column(c).as_ref(), w);
+            assert_eq!(
+                &buf[layout.values[k]..layout.values[k] + rows * w],
+                want.as_slice(),
+                "column {c}"
+            );
+        }
+        let bits = &buf[layout.bitmaps[0]..layout.bitmaps[0] + rows.div_ceil(8)];
+        let valid = whole.column(0).nulls().unwrap();
+        for r in 0..rows {
+            assert_eq!(bits[r / 8] >> (r % 8) & 1 == 1, valid.is_valid(r), "row {r}");
+        }
+        // Columns without nulls in the segment leave their bitmap region alone.
+        assert!(buf[layout.bitmaps[1]..layout.bytes].iter().all(|&b| b == 0xEE));
+    }
+
+    #[test]
+    fn ones_cover_exactly_their_range() {
+        let mut bits = vec![0u8; 1200];
+        set_ones(&mut bits, 13, 9000);
+        for i in 0..bits.len() * 8 {
+            assert_eq!(bits[i / 8] >> (i % 8) & 1 == 1, (13..9013).contains(&i), "bit {i}");
+        }
+    }
+}
