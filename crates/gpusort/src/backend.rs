@@ -6,7 +6,7 @@ use arrow::array::{RecordBatch, UInt32Array};
 
 use crate::error::{GpusortError, Result};
 use crate::keys::EncoderOptions;
-use crate::plan::{Layout, Strategy, payload_fields};
+use crate::plan::{InputOrder, Layout, Strategy, payload_fields};
 use crate::spec::SortSpec;
 
 /// A sort to run: a batch, what to sort it by, and how.
@@ -95,6 +95,8 @@ pub struct SortStats {
     pub key_bits: u32,
     /// Radix passes run (constant digits skipped).
     pub passes: usize,
+    /// The presorted shape of the input that replaced the radix passes, if any.
+    pub input_order: Option<InputOrder>,
     /// Groups of rows with tied truncated keys that were ordered by full comparison.
     pub tie_groups: usize,
     /// Columns moved in every pass (direct strategy).

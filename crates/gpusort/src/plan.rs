@@ -49,6 +49,31 @@ pub enum Algorithm {
     Msd,
 }
 
+/// The order a sort found its input in, when that let it skip the radix passes (see
+/// `cpu::presorted`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum InputOrder {
+    /// Already in key order: the rows stay where they are.
+    Sorted,
+    /// In reverse key order: groups of equal keys are reversed, each kept in input order.
+    Reversed,
+    /// This many ascending runs, merged.
+    Runs(usize),
+    /// This many distinct keys, counted.
+    FewDistinct(usize),
+}
+
+impl fmt::Display for InputOrder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Sorted => write!(f, "sorted"),
+            Self::Reversed => write!(f, "reversed"),
+            Self::Runs(k) => write!(f, "{k} sorted runs"),
+            Self::FewDistinct(k) => write!(f, "{k} distinct keys"),
+        }
+    }
+}
+
 /// How payload moves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RecordMove {

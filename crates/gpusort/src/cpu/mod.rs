@@ -17,6 +17,7 @@
 //! `limit` positions are sorted.
 
 pub mod gather;
+pub(crate) mod presorted;
 pub(crate) mod radix;
 
 use std::sync::Arc;
@@ -29,9 +30,10 @@ use rayon::prelude::*;
 use crate::backend::{SortBackend, SortOutput, SortRequest, SortStats};
 use crate::error::{GpusortError, Result};
 use crate::keys::{EncodedKeys, KeyEncoder, KeyLayout};
-use crate::plan::{RadixPass, RecordMove, varying_bits};
+use crate::plan::{InputOrder, RadixPass, RecordMove, varying_bits};
 use crate::ties::resolve_ties;
 use gather::{fixed_array, fixed_values, fixed_width, gather_bytes, gather_column};
+use presorted::Presorted;
 use radix::radix_sort;
 
 /// The multi-threaded CPU radix sort backend.
@@ -91,54 +93,35 @@ impl CpuBackend {
 
         let start = Instant::now();
         let limit = request.limit.unwrap_or(n).min(n);
-        let keep_words = !layout.is_exact();
         let mut stats = SortStats {
             strategy: Some(strategy),
             rows: n,
             key_bits: layout.total_bits(),
             ..Default::default()
         };
-        // A small LIMIT sorts only the rows that can reach the first `limit` positions.
+        // A small LIMIT sorts only the rows that can reach the first `limit` positions;
+        // presorted keys skip the radix passes.
         let candidates = (limit < n / 8).then(|| top_candidates(&keys, layout, limit)).flatten();
         let (perm, direct) = match candidates {
             Some(rows) => {
-                let words: Vec<Vec<u32>> = keys
-                    .words
-                    .iter()
-                    .map(|w| rows.par_iter().map(|&r| w[r as usize]).collect())
-                    .collect();
-                let sorted = radix_sort(rows.len(), words, keep_words, self.digit_bits, vec![]);
-                stats.passes = sorted.digits;
-                let mut perm: Vec<u32> = sorted.perm().par_iter().map(|&i| rows[i as usize]).collect();
-                if keep_words {
-                    let words: Vec<&[u32]> = sorted.words.iter().map(|b| b.typed_data()).collect();
-                    stats.tie_groups = resolve_ties(layout, encoder.sort_columns(), &words, &mut perm)?.len();
-                }
+                let perm = self.sort_rows(&keys, &rows, &encoder, &mut stats)?;
                 (perm, DirectColumns::default())
             }
-            None => {
-                let mut direct = match strategy.record_move {
-                    RecordMove::Direct => DirectColumns::new(batch),
-                    RecordMove::Indirect => DirectColumns::default(),
-                };
-                let payload = std::mem::take(&mut direct.lanes);
-                let sorted = radix_sort(n, keys.words, keep_words, self.digit_bits, payload);
-                stats.passes = sorted.digits;
-                let mut perm = sorted.perm().to_vec();
-                direct.sorted = sorted.payload;
-                if keep_words {
-                    let words: Vec<&[u32]> = sorted.words.iter().map(|b| b.typed_data()).collect();
-                    let ties = resolve_ties(layout, encoder.sort_columns(), &words, &mut perm)?;
-                    stats.tie_groups = ties.len();
-                    direct.reorder(batch, &perm, &ties);
+            None => match presorted::sort_presorted(&keys.words, n) {
+                Some(sorted) => {
+                    stats.input_order = Some(sorted.order);
+                    let perm = finish_presorted(sorted, keys.words, &encoder, &mut stats)?;
+                    (perm, DirectColumns::default())
                 }
-                (perm, direct)
-            }
+                None => self.sort_all(batch, keys, &encoder, strategy.record_move, &mut stats)?,
+            },
         };
         stats.sort_time = start.elapsed();
 
         let start = Instant::now();
         let head = &perm[..limit];
+        // Input already in order comes back as it is, without a copy.
+        let in_place = stats.input_order == Some(InputOrder::Sorted) && is_identity(head);
         stats.moved_columns = direct.columns.len();
         stats.gathered_columns = batch.num_columns() - direct.columns.len();
         stats.host_gathered_columns = stats.gathered_columns;
@@ -149,6 +132,7 @@ impl CpuBackend {
             .zip(columns)
             .map(|(col, moved)| match moved {
                 Some(sorted) => Ok(sorted.slice(0, limit)),
+                None if in_place => Ok(col.slice(0, limit)),
                 None => gather_column(col, head),
             })
             .collect::<Result<Vec<ArrayRef>>>()?;
@@ -167,6 +151,92 @@ impl CpuBackend {
             stats,
         })
     }
+}
+
+impl CpuBackend {
+    /// Sorts only `rows` (the candidates of a small LIMIT); returns the permutation.
+    fn sort_rows(
+        &self,
+        keys: &EncodedKeys,
+        rows: &[u32],
+        encoder: &KeyEncoder,
+        stats: &mut SortStats,
+    ) -> Result<Vec<u32>> {
+        let layout = encoder.layout();
+        let keep_words = !layout.is_exact();
+        let words: Vec<Vec<u32>> = keys
+            .words
+            .iter()
+            .map(|w| rows.par_iter().map(|&r| w[r as usize]).collect())
+            .collect();
+        let sorted = radix_sort(rows.len(), words, keep_words, self.digit_bits, vec![]);
+        stats.passes = sorted.digits;
+        let mut perm: Vec<u32> = sorted.perm().par_iter().map(|&i| rows[i as usize]).collect();
+        if keep_words {
+            let words: Vec<&[u32]> = sorted.words.iter().map(|b| b.typed_data()).collect();
+            stats.tie_groups = resolve_ties(layout, encoder.sort_columns(), &words, &mut perm)?.len();
+        }
+        Ok(perm)
+    }
+
+    /// Radix sorts every row, moving the columns of `record_move`; returns the permutation
+    /// and the moved columns.
+    fn sort_all(
+        &self,
+        batch: &RecordBatch,
+        keys: EncodedKeys,
+        encoder: &KeyEncoder,
+        record_move: RecordMove,
+        stats: &mut SortStats,
+    ) -> Result<(Vec<u32>, DirectColumns)> {
+        let layout = encoder.layout();
+        let keep_words = !layout.is_exact();
+        let mut direct = match record_move {
+            RecordMove::Direct => DirectColumns::new(batch),
+            RecordMove::Indirect => DirectColumns::default(),
+        };
+        let payload = std::mem::take(&mut direct.lanes);
+        let sorted = radix_sort(batch.num_rows(), keys.words, keep_words, self.digit_bits, payload);
+        stats.passes = sorted.digits;
+        let mut perm = sorted.perm().to_vec();
+        direct.sorted = sorted.payload;
+        if keep_words {
+            let words: Vec<&[u32]> = sorted.words.iter().map(|b| b.typed_data()).collect();
+            let ties = resolve_ties(layout, encoder.sort_columns(), &words, &mut perm)?;
+            stats.tie_groups = ties.len();
+            direct.reorder(batch, &perm, &ties);
+        }
+        Ok((perm, direct))
+    }
+}
+
+/// The permutation of presorted keys, with rows whose truncated string prefixes tie ordered
+/// by their full values.
+fn finish_presorted(
+    sorted: Presorted,
+    words: Vec<Vec<u32>>,
+    encoder: &KeyEncoder,
+    stats: &mut SortStats,
+) -> Result<Vec<u32>> {
+    let mut perm = sorted.perm;
+    let layout = encoder.layout();
+    if !layout.is_exact() {
+        let words: Vec<Vec<u32>> = match sorted.order {
+            InputOrder::Sorted => words,
+            _ => words
+                .iter()
+                .map(|w| perm.par_iter().map(|&i| w[i as usize]).collect())
+                .collect(),
+        };
+        let words: Vec<&[u32]> = words.iter().map(Vec::as_slice).collect();
+        stats.tie_groups = resolve_ties(layout, encoder.sort_columns(), &words, &mut perm)?.len();
+    }
+    Ok(perm)
+}
+
+/// Whether `perm` is `0, 1, ..., n - 1`.
+fn is_identity(perm: &[u32]) -> bool {
+    perm.par_iter().enumerate().all(|(i, &p)| p as usize == i)
 }
 
 impl SortBackend for CpuBackend {

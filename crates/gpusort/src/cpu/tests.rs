@@ -170,7 +170,10 @@ fn dedicated_pool_and_digit_width_errors() {
 fn stats_report_the_work() {
     let n = 10_000u32;
     let b = batch(vec![
-        Arc::new(UInt32Array::from_iter_values((0..n).map(|i| i % 256))),
+        // 512 keys in no order: neither presorted nor few distinct.
+        Arc::new(UInt32Array::from_iter_values(
+            (0..n).map(|i| i.wrapping_mul(2654435761) % 512),
+        )),
         Arc::new(StringArray::from_iter_values((0..n).map(|i| i.to_string()))),
         Arc::new(Int64Array::from_iter_values((0..n).map(i64::from))),
     ]);
@@ -178,13 +181,80 @@ fn stats_report_the_work() {
     let out = CpuBackend::new()
         .sort(&SortRequest::new(&b, &spec).with_strategy(Some(Strategy::SRTS_DIRECT)))
         .unwrap();
-    assert_eq!(out.stats.key_bits, 8);
-    assert_eq!(out.stats.passes, 1);
+    assert_eq!(out.stats.key_bits, 9);
+    assert_eq!(out.stats.passes, 2);
+    assert_eq!(out.stats.input_order, None);
     assert_eq!((out.stats.moved_columns, out.stats.gathered_columns), (2, 1));
     let out = CpuBackend::new()
         .sort(&SortRequest::new(&b, &spec).with_strategy(Some(Strategy::SRTS_INDIRECT)))
         .unwrap();
     assert_eq!((out.stats.moved_columns, out.stats.gathered_columns), (0, 3));
+}
+
+/// Presorted shapes of real columns (nulls, truncated strings, several keys, DESC) give the
+/// reference order in every strategy and with every limit, and say which shape they took.
+#[test]
+fn presorted_inputs_match_the_reference() {
+    use crate::plan::InputOrder;
+    let n = 150_000usize;
+    // Sorted by (a, s) with nulls first; `s` shares a prefix longer than the key keeps.
+    let a = Int64Array::from_iter((0..n).map(|i| (i >= 100).then_some((i / 7) as i64)));
+    let s = StringArray::from_iter_values((0..n).map(|i| format!("shared-prefix-{:06}", i.max(100) % 7)));
+    let sorted = batch(vec![Arc::new(a), Arc::new(s)]);
+    let spec = SortSpec::new([SortKey::new(0, false, true), SortKey::sql(1, false)]);
+    // Reversed with ties: DESC order read ascending, and ascending read with DESC.
+    let d = Int32Array::from_iter_values((0..n as i32).map(|i| (n as i32 - i) / 3));
+    let reversed = batch(vec![
+        Arc::new(d),
+        Arc::new(UInt8Array::from_iter_values((0..n).map(|i| i as u8))),
+    ]);
+    // Three sorted partitions appended; and few distinct keys in no order.
+    let runs = Int32Array::from_iter_values((0..n).map(|i| ((i % 50_000) / 4) as i32));
+    let few = UInt16Array::from_iter((0..n).map(|i| (i % 9 != 0).then_some((i * 7919 % 31) as u16)));
+    let mixed = batch(vec![Arc::new(runs), Arc::new(few)]);
+    let cases = [
+        (&sorted, spec.clone(), Some(InputOrder::Sorted)),
+        (
+            &reversed,
+            SortSpec::new([SortKey::sql(0, false)]),
+            Some(InputOrder::Reversed),
+        ),
+        (
+            &reversed,
+            SortSpec::new([SortKey::sql(0, true)]),
+            Some(InputOrder::Sorted),
+        ),
+        (
+            &mixed,
+            SortSpec::new([SortKey::sql(0, false)]),
+            Some(InputOrder::Runs(3)),
+        ),
+        (
+            &mixed,
+            SortSpec::new([SortKey::sql(1, true)]),
+            Some(InputOrder::FewDistinct(32)),
+        ),
+    ];
+    for (b, spec, order) in cases {
+        check_all_strategies(b, &spec, &CpuBackend::new());
+        for max_prefix_bytes in [4, 32] {
+            let out = sort_with(b, &spec, Strategy::SRTS_DIRECT, max_prefix_bytes);
+            assert_eq!(out.stats.input_order, order, "{spec:?}");
+            assert_eq!(out.stats.passes, 0);
+        }
+    }
+    // Sorted input comes back without a copy.
+    let out = sort_with(&sorted, &spec, Strategy::SRTS_DIRECT, 4);
+    assert!(out.batch.column(0).to_data().ptr_eq(&sorted.column(0).to_data()));
+    // Reversed strings whose 4-byte prefixes tie in groups of 1,000: ordered in full.
+    let tail = StringArray::from_iter_values((0..n).rev().map(|i| format!("k{:03}-{:08}", i / 1000, i % 1000)));
+    let tail = batch(vec![Arc::new(tail)]);
+    let spec = SortSpec::new([SortKey::sql(0, false)]);
+    check_all_strategies(&tail, &spec, &CpuBackend::new());
+    let out = sort_with(&tail, &spec, Strategy::SRTS_INDIRECT, 4);
+    assert_eq!(out.indices.values(), &reference(&tail, &spec)[..]);
+    assert_eq!(out.stats.input_order, Some(InputOrder::Reversed));
+    assert!(out.stats.tie_groups > 0);
 }
 
 /// Nested keys sort by Arrow's row format bytes, which carry the key's direction: rows whose
