@@ -10,7 +10,7 @@
 #
 # One RawModule of crates/gpusort-cuda/kernels/common.cuh + grs.cu (only for the engine's three-kernel scan of long
 # SRTS spines) + srts.cu + onesweep.cu, compiled by NVRTC. Lane tables are built as the engine
-# builds them (engine.rs: per lane u64 src, u64 dst, u64 flags << 32 | width). Sorts are 4
+# builds them (lsd.rs: per lane u64 src, u64 dst, u64 flags << 32 | width). Sorts are 4
 # passes of 8 bits over u32 keys; buffers ping-pong, so results are in the "B" buffers.
 #
 # The cases run in child processes of this script: a CUDA error in a kernel is sticky (the
@@ -196,7 +196,7 @@ class Sort:
         self.dyn_smem = TILE * 4 + TILE * 4  # slots' positions + staging (every lane is 4 bytes)
         self.os_tiles = (n + OS_TILE - 1) // OS_TILE
         self.os_smem = OS_TILE * 4 + OS_TILE * 4
-        # SRTS geometry, as engine.rs srts_grid.
+        # SRTS geometry, as srts.rs srts_grid.
         per_sm = occupancy(K["srts_downsweep_b8"], self.dyn_smem, 3)
         want = SMS * per_sm
         self.tpb = -(-self.num_tiles // max(1, min(want, self.num_tiles)))
@@ -228,7 +228,7 @@ class Sort:
             src, (lanes, nl) = self.digit_src[p], self.tables[p]
             steps.append(("srts_upsweep", lambda src=src, p=p: K["srts_upsweep_b8"](
                 (self.grid,), (BLOCK,), (n, src, U(8 * p), U(255), U(self.tpb), U(self.num_tiles), self.counts))))
-            if self.spine_len <= 16 * 1024:  # engine.rs SINGLE_BLOCK_SPINE
+            if self.spine_len <= 16 * 1024:  # srts.rs SINGLE_BLOCK_SPINE
                 steps.append(("srts_spine", lambda: K["srts_spine"]((1,), (BLOCK,), (self.counts, U(self.spine_len)))))
             else:
                 def spine():

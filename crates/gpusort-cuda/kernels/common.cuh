@@ -39,7 +39,7 @@ struct Lane {
 // The lane is the key word the pass's digit comes from: it is staged once, with the digits.
 #define LANE_DIGIT 2u
 // The lane and the next are plain 4-byte columns that the scatter moves as a pair when its
-// staging has 8 bytes a row (stage_lane_pair); the host sets it (engine.rs `mark_lane_pairs`).
+// staging has 8 bytes a row (stage_lane_pair); the host sets it (lanes.rs `mark_lane_pairs`).
 #define LANE_PAIR 8u
 
 // Row-major records moved with the keys (the Hybrid layout): `bytes` per record.
@@ -470,7 +470,7 @@ __device__ __forceinline__ u32 dynamic_smem_bytes() {
 // `stage_bytes` (at least TILE * the widest lane up to 8 bytes, at least 4) of staging, whose
 // first TILE u32 hold the digit word of every slot on entry (TILE = THREADS * ITEMS). A lane
 // the host marked LANE_PAIR moves with the next one as a pair (stage_lane_pair) when the staging
-// has 8 bytes a row; engine.rs marks pairs and gives the staging 8 bytes a row only while its
+// has 8 bytes a row; lanes.rs marks pairs (lsd.rs) and gives the staging 8 bytes a row only while its
 // pairing knob is on. When the digit word is all that
 // moves (a keys-only pass), the slots' positions are not stored and the scatter ends without a
 // barrier, returning false: the caller must then put one between it and its next write to

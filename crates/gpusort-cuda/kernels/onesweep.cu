@@ -17,7 +17,7 @@
 // Look-back state: one 32-bit word per (tile, digit), the value in the low 30 bits and the flag
 // in the top 2: 0 = not yet published, AGGREGATE = the tile's own count of the digit, INCLUSIVE
 // = the digit's global position after this tile (its rows included). A value is at most n, so
-// n must be below 2^30 rows (the host checks, engine.rs `onesweep_plan`, and runs SRTS's three
+// n must be below 2^30 rows (the host checks, onesweep.rs `onesweep_plan`, and runs SRTS's three
 // kernels otherwise, as it does for digits of up to 4 bits: only a 256-bin pass is compiled).
 
 #define ONESWEEP_AGGREGATE 0x40000000u
@@ -147,13 +147,13 @@ __device__ __forceinline__ u32 onesweep_look_back(const u32* lookback, u32 tile,
 // Rows per thread of a one-sweep tile (a tile is ONESWEEP_BLOCK * ONESWEEP_IPT rows), apart from
 // IPT (SRTS, GRS, MSD): 20 by default, since a larger tile shares the pass's fixed costs
 // (barriers, scans, look-back) among more rows (H100, with ONESWEEP_KEEP_WORDS 2: 100M u32 keys
-// 2.31 ms against 2.48 at 16; kernels/NOTES.md). The host may define another (engine.rs:
+// 2.31 ms against 2.48 at 16; NOTES.md). The host may define another (kernels.rs:
 // GPUSORT_ONESWEEP_IPT; kernels.rs DEFAULT_ONESWEEP_IPT is this default).
 #ifndef ONESWEEP_IPT
 #define ONESWEEP_IPT 20
 #endif
 // Threads of a one-sweep block: by default BLOCK, as every other kernel; 384 or 512 makes a bigger
-// tile without more registers a thread (engine.rs: GPUSORT_ONESWEEP_BLOCK).
+// tile without more registers a thread (kernels.rs: GPUSORT_ONESWEEP_BLOCK).
 #ifndef ONESWEEP_BLOCK
 #define ONESWEEP_BLOCK BLOCK
 #endif
@@ -161,7 +161,7 @@ static_assert(ONESWEEP_BLOCK % 32 == 0 && ONESWEEP_BLOCK >= 256 && ONESWEEP_BLOC
               "whole warps, at least one thread per digit");
 // Blocks per SM the pass kernel is compiled for: by default 768 threads' worth (3 blocks of 256,
 // like the downsweep; 2 of 384, 1 of 512), so that larger blocks do not squeeze registers into
-// spills (engine.rs: GPUSORT_ONESWEEP_MIN_BLOCKS).
+// spills (kernels.rs: GPUSORT_ONESWEEP_MIN_BLOCKS).
 #ifndef ONESWEEP_MIN_BLOCKS
 #define ONESWEEP_MIN_BLOCKS (768 / ONESWEEP_BLOCK)
 #endif

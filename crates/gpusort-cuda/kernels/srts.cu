@@ -21,7 +21,7 @@
 // the tiles before it rather than from an upsweep and a spine, and the digit counts of every
 // pass from one histogram read of each key word. At 100M u32 keys on the H100 the upsweep and
 // the spine cost ~0.19 ms of each ~1.03 ms pass (the upsweep reads the key word a second time);
-// the one-sweep pass measured 0.88 ms (scripts/proto_onesweep.py, kernels/NOTES.md "v8").
+// the one-sweep pass measured 0.88 ms (scripts/prototypes/proto_onesweep.py, NOTES.md "v8").
 // Digits of up to 4 bits (16 bins) and n >= 2^30 (the look-back words hold 30-bit values) keep
 // the three-kernel pass.
 
