@@ -56,13 +56,15 @@ struct Keys<'a> {
 
 impl Keys<'_> {
     fn cmp(&self, a: usize, b: usize) -> Ordering {
-        for w in self.words {
-            match w[a].cmp(&w[b]) {
-                Ordering::Equal => continue,
-                other => return other,
-            }
+        match self.words {
+            [w] => w[a].cmp(&w[b]),
+            [hi, lo] => (hi[a], lo[a]).cmp(&(hi[b], lo[b])),
+            words => words
+                .iter()
+                .map(|w| w[a].cmp(&w[b]))
+                .find(|o| o.is_ne())
+                .unwrap_or(Ordering::Equal),
         }
-        Ordering::Equal
     }
 
     /// The key of `row` as one integer; only for keys of at most two words.
@@ -248,6 +250,9 @@ fn lower_bound(keys: Keys<'_>, run: Range<usize>, s: usize) -> usize {
 /// Merges the ascending `runs` (in input order) into `out` with a binary heap of run heads;
 /// equal keys are taken from the earlier run first.
 fn merge_part(keys: Keys<'_>, mut runs: Vec<Range<usize>>, out: &mut [u32]) {
+    if keys.words.len() <= 2 {
+        return merge_part64(keys, runs, out);
+    }
     // Heap of run numbers, the smallest head on top.
     let less = |runs: &[Range<usize>], a: usize, b: usize| match keys.cmp(runs[a].start, runs[b].start) {
         Ordering::Equal => a < b,
@@ -266,6 +271,27 @@ fn merge_part(keys: Keys<'_>, mut runs: Vec<Range<usize>>, out: &mut [u32]) {
         }
         if !heap.is_empty() {
             sift_down(&mut heap, 0, |a, b| less(&runs, a, b));
+        }
+    }
+}
+
+/// [`merge_part`] for keys of at most 64 bits: the heap holds each run's head key.
+fn merge_part64(keys: Keys<'_>, mut runs: Vec<Range<usize>>, out: &mut [u32]) {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    let mut heap: BinaryHeap<Reverse<(u64, usize)>> = (0..runs.len())
+        .filter(|&r| !runs[r].is_empty())
+        .map(|r| Reverse((keys.key64(runs[r].start), r)))
+        .collect();
+    for slot in out.iter_mut() {
+        let mut top = heap.peek_mut().expect("the runs hold as many rows as the output");
+        let r = top.0.1;
+        *slot = runs[r].start as u32;
+        runs[r].start += 1;
+        if runs[r].is_empty() {
+            std::collections::binary_heap::PeekMut::pop(top);
+        } else {
+            top.0.0 = keys.key64(runs[r].start);
         }
     }
 }

@@ -1,0 +1,168 @@
+//! The CPU backend on presorted input: sorted, reversed, a few sorted runs, few distinct keys,
+//! and for contrast random, zipf and nearly sorted (0.1% of rows swapped, which is many short
+//! runs and takes the radix passes). Each row: the sort's median time, its ratio to the random
+//! keys' time and to a parallel copy of the same columns (the floor a one-pass shortcut can
+//! approach), and the shape the sort recognised.
+//!
+//! ```text
+//! cargo bench -p gpusort --bench presorted                   # 10M rows, 5 runs
+//! GPUSORT_BENCH_ROWS=1000000 GPUSORT_BENCH_RUNS=3 cargo bench -p gpusort --bench presorted
+//! ```
+//!
+//! The table is a u64 key and two u32 payload columns (16 bytes a row).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow::array::{ArrayRef, RecordBatch, UInt32Array, UInt64Array};
+use arrow::datatypes::{DataType, Field, Schema};
+use gpusort::{CpuBackend, SortBackend, SortKey, SortRequest, SortSpec};
+use rayon::prelude::*;
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// A small fast generator (the bench must not depend on rand's version of a stream).
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0 ^ (self.0 >> 29)
+    }
+}
+
+/// Keys of `n` rows in the named distribution.
+fn keys(name: &str, n: usize) -> Vec<u64> {
+    let mut rng = Lcg(42);
+    let random: Vec<u64> = (0..n).map(|_| rng.next()).collect();
+    let sorted = || {
+        let mut k = random.clone();
+        k.par_sort_unstable();
+        k
+    };
+    match name {
+        "random" => random,
+        "sorted" => sorted(),
+        "reversed" => sorted().into_iter().rev().collect(),
+        "8 sorted runs" => {
+            let mut k = random.clone();
+            k.par_chunks_mut(n.div_ceil(8)).for_each(|c| c.sort_unstable());
+            k
+        }
+        "16 distinct" => random.iter().map(|k| k % 16 * 0x9e37_79b9_7f4a_7c15).collect(),
+        "zipf 1.1 over 1M" => zipf(&mut rng, n, 1_000_000, 1.1),
+        "nearly sorted" => {
+            let mut k = sorted();
+            for _ in 0..n / 1000 {
+                let (a, b) = (rng.next() as usize % n, rng.next() as usize % n);
+                k.swap(a, b);
+            }
+            k
+        }
+        _ => unreachable!("{name}"),
+    }
+}
+
+/// `n` draws of ranks `1..=values` with probability proportional to `rank^-s`, each rank
+/// mapped to a scattered key.
+fn zipf(rng: &mut Lcg, n: usize, values: usize, s: f64) -> Vec<u64> {
+    let mut cdf: Vec<f64> = (1..=values).map(|r| (r as f64).powf(-s)).collect();
+    for i in 1..values {
+        cdf[i] += cdf[i - 1];
+    }
+    let total = cdf[values - 1];
+    (0..n)
+        .map(|_| {
+            let u = (rng.next() >> 11) as f64 / (1u64 << 53) as f64 * total;
+            let rank = cdf.partition_point(|&c| c < u) as u64;
+            rank.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        })
+        .collect()
+}
+
+/// The median of `runs` timings of `f`, after one warm-up call; and its last result.
+fn time<T>(runs: usize, mut f: impl FnMut() -> T) -> (Duration, T) {
+    let mut out = f();
+    let mut times: Vec<Duration> = (0..runs)
+        .map(|_| {
+            let start = Instant::now();
+            out = f();
+            start.elapsed()
+        })
+        .collect();
+    times.sort();
+    (times[runs / 2], out)
+}
+
+fn main() {
+    let n = env_usize("GPUSORT_BENCH_ROWS", 10_000_000);
+    let runs = env_usize("GPUSORT_BENCH_RUNS", 5).max(1);
+    let threads = rayon::current_num_threads();
+    println!("gpusort CPU backend on presorted input: {n} rows (u64 key + 2 u32), {threads} threads, median of {runs}");
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::UInt64, false),
+        Field::new("a", DataType::UInt32, false),
+        Field::new("b", DataType::UInt32, false),
+    ]));
+    let spec = SortSpec::new([SortKey::sql(0, false)]);
+    let backend = CpuBackend::new();
+    let a: ArrayRef = Arc::new(UInt32Array::from_iter_values(0..n as u32));
+    let b: ArrayRef = Arc::new(UInt32Array::from_iter_values((0..n as u32).rev()));
+    let mut random_time = None;
+    println!(
+        "| keys | gpusort cpu (ms) | / random | / copy | copy (ms) | encode + sort + gather (ms) | recognised as |\n| --- | ---: | ---: | ---: | ---: | --- | --- |"
+    );
+    let names = [
+        "random",
+        "sorted",
+        "reversed",
+        "8 sorted runs",
+        "16 distinct",
+        "zipf 1.1 over 1M",
+        "nearly sorted",
+    ];
+    for name in names {
+        let k: ArrayRef = Arc::new(UInt64Array::from(keys(name, n)));
+        let batch = RecordBatch::try_new(schema.clone(), vec![k, a.clone(), b.clone()]).unwrap();
+        let (sort, order) = time(runs, || {
+            let out = backend.sort(&SortRequest::new(&batch, &spec)).unwrap();
+            assert_eq!(out.batch.num_rows(), n);
+            (out.stats.input_order, out.stats)
+        });
+        let (order, stats) = order;
+        // The floor: every column's bytes copied once, on all threads.
+        let (copy, _) = time(runs, || {
+            batch
+                .columns()
+                .iter()
+                .map(|c| {
+                    let data = c.to_data();
+                    let bytes = data.buffers()[0].as_slice();
+                    let mut out = vec![0u8; bytes.len()];
+                    out.par_chunks_mut(1 << 20)
+                        .zip(bytes.par_chunks(1 << 20))
+                        .for_each(|(o, i)| o.copy_from_slice(i));
+                    out.len()
+                })
+                .sum::<usize>()
+        });
+        let random = *random_time.get_or_insert(sort);
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        println!(
+            "| {name} | {:.1} | {:.2} | {:.2} | {:.1} | {:.1} + {:.1} + {:.1} | {} |",
+            ms(sort),
+            ms(sort) / ms(random),
+            ms(sort) / ms(copy),
+            ms(copy),
+            ms(stats.encode_time),
+            ms(stats.sort_time),
+            ms(stats.gather_time),
+            order.map_or("(radix passes)".to_string(), |o| o.to_string())
+        );
+    }
+}
