@@ -127,6 +127,9 @@ pub struct GpuSortMetrics {
     /// Merges of some runs into one spilled run, when there were more runs than the merge
     /// could read at once.
     pub intermediate_merges: Count,
+    /// Levels of intermediate merges (each merges groups of runs into fewer, longer runs; see
+    /// the multi-level merge's bound on the spill volume).
+    pub merge_levels: Count,
     /// Steps of the final merge by key ranges (each a sort of one key range of all runs); 0
     /// when the row-by-row heap merge ran instead (too little memory for a step).
     pub range_merge_steps: Count,
@@ -177,6 +180,7 @@ impl GpuSortMetrics {
             runs: summary().counter("runs", partition),
             budget_runs: dev().counter("budget_runs", partition),
             intermediate_merges: dev().counter("intermediate_merges", partition),
+            merge_levels: dev().counter("merge_levels", partition),
             range_merge_steps: dev().counter("range_merge_steps", partition),
             spill_time: dev().subset_time("spill_time", partition),
             merge_time: summary().subset_time("merge_time", partition),

@@ -22,7 +22,9 @@ use futures::StreamExt;
 
 #[path = "support/external.rs"]
 mod external;
-use external::{QUERIES, ROWS, batches, disk_in, files_under, metric, render, run, schema, session, sort_metrics};
+use external::{
+    QUERIES, ROWS, batch, batches, disk_in, files_under, metric, render, run, schema, session, sort_metrics,
+};
 
 #[tokio::test]
 async fn spilling_sorts_match_stock_and_keep_input_order_of_ties() {
@@ -107,6 +109,57 @@ async fn more_runs_than_the_fan_in_merge_in_levels() {
         assert_eq!(ours.runtime_env().memory_pool.reserved(), 0);
         assert_eq!(files_under(tmp.path()), 0);
     }
+}
+
+/// Bytes of the test table written as Arrow IPC in `batch_rows`-row batches, as a spill
+/// writes its rows (uncompressed).
+fn ipc_bytes(batch_rows: usize) -> usize {
+    let mut writer = arrow::ipc::writer::StreamWriter::try_new(Vec::new(), &schema()).unwrap();
+    for start in (0..ROWS).step_by(batch_rows) {
+        writer.write(&batch(start..(start + batch_rows).min(ROWS))).unwrap();
+    }
+    writer.into_inner().unwrap().len()
+}
+
+/// The multi-level merge's bound (see its module docs): with `R` runs merged at most `F` at a
+/// time, each row is written at most `ceil(log_F(R))` times, so the bytes spilled are at most
+/// that many times the table's.
+#[tokio::test]
+async fn many_runs_spill_within_the_merge_bound() {
+    const FAN_IN: usize = 3;
+    let tmp = tempfile::tempdir().unwrap();
+    let stock = session(false, None, disk_in(tmp.path()), &[]);
+    let ours = session(
+        true,
+        Some(3 << 20),
+        disk_in(tmp.path()).with_max_spill_merge_fan_in(FAN_IN),
+        &[("gpusort.device", "cpu"), ("gpusort.max_run_rows", "4000")],
+    );
+    let (q, stable) = QUERIES[0];
+    let (expected, _) = run(&stock, stable).await.unwrap();
+    let (actual, m) = run(&ours, q).await.unwrap();
+    assert_eq!(render(&actual), render(&expected), "{q}");
+    let runs = metric(&m, "runs");
+    assert!(runs >= 40, "{runs} runs: {m}");
+    // ceil(log_3(runs)) passes over the rows: 4 for 28 to 81 runs.
+    let passes = (1..).find(|&l| FAN_IN.pow(l) >= runs).unwrap() as usize;
+    let levels = metric(&m, "merge_levels");
+    assert!(
+        (1..passes).contains(&levels),
+        "{levels} merge levels for {runs} runs: {m}"
+    );
+    let (rows, bytes) = (metric(&m, "spilled_rows"), metric(&m, "spilled_bytes"));
+    assert!(
+        rows <= passes * ROWS,
+        "{rows} rows spilled, bound {passes} x {ROWS}: {m}"
+    );
+    // The spilled batches are the session's (1000 rows); files add a header each.
+    let bound = passes * ipc_bytes(1000) + metric(&m, "spill_count") * 1024;
+    assert!(bytes <= bound, "{bytes} bytes spilled, bound {bound}: {m}");
+    // Merging the leading runs into one, over and over, wrote ~12 times the table.
+    assert!(rows > ROWS, "the runs were merged in levels: {m}");
+    assert_eq!(ours.runtime_env().memory_pool.reserved(), 0, "the pool is back to 0");
+    assert_eq!(files_under(tmp.path()), 0, "spill files removed");
 }
 
 #[tokio::test]
