@@ -48,6 +48,9 @@ pub struct PlanMetrics {
     pub spilled_rows: u64,
     /// Merges of some runs into one spilled run (more runs than one merge could read).
     pub intermediate_merges: u64,
+    /// Levels of those merges (each row is written at most once per level, besides once with
+    /// its run).
+    pub merge_levels: u64,
     /// Time merging spilled runs, nanoseconds (gpusort's external sort reports it).
     pub merge_ns: u64,
 }
@@ -110,6 +113,7 @@ impl PlanMetrics {
                 "spilled_bytes" => self.spilled_bytes += n,
                 "spilled_rows" => self.spilled_rows += n,
                 "intermediate_merges" => self.intermediate_merges += n,
+                "merge_levels" => self.merge_levels += n,
                 "merge_time" => self.merge_ns += n,
                 _ => {}
             }
@@ -298,7 +302,7 @@ impl SortReport {
         }
         if m.spill_count > 0 {
             // How many times each row went to disk on average: once with its run, and again
-            // with every intermediate merge that took it.
+            // with every intermediate merge that took it (at most once per level).
             let writes = m.spilled_rows as f64 / self.rows.max(1) as f64;
             let _ = writeln!(
                 s,
@@ -307,10 +311,11 @@ impl SortReport {
                 m.spill_count,
                 if m.spill_count == 1 { "" } else { "s" },
                 if (writes - 1.0).abs() < 0.05 { "" } else { "s" },
-                match m.intermediate_merges {
-                    0 => String::new(),
-                    1 => ", 1 intermediate merge".into(),
-                    n => format!(", {n} intermediate merges"),
+                match (m.intermediate_merges, m.merge_levels) {
+                    (0, _) => String::new(),
+                    (1, _) => ", 1 intermediate merge".into(),
+                    (n, 0 | 1) => format!(", {n} intermediate merges"),
+                    (n, levels) => format!(", {n} intermediate merges in {levels} levels"),
                 },
                 if m.merge_ns > 0 {
                     format!("; merging {}", seconds(Duration::from_nanos(m.merge_ns)))
