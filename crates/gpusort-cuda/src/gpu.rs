@@ -20,6 +20,7 @@ use crate::error::{CudaSortError, Result};
 use crate::kernels::{
     BLOCK, CacheOutcome, KernelCache, KernelTuning, Kernels, LoadingKernels, MSD_LOCAL_CAP, MSD_MAX_DIGIT_BITS,
 };
+use crate::options::GpuOptions;
 
 /// `n` as the row count kernels take (a u32): one sort holds at most 2^32 - 1 rows.
 pub(crate) fn rows_u32(n: usize) -> Result<u32> {
@@ -52,18 +53,26 @@ pub struct Gpu {
     /// The device's stream-ordered memory pool (`CUmemoryPool` as an address), which keeps
     /// freed memory for the next allocation; `None` when the driver has none.
     mem_pool: Option<usize>,
+    /// What it was opened with (the atomics above start from it).
+    options: GpuOptions,
 }
 
 impl Gpu {
     /// Opens device `ordinal`: a context, a stream, and the kernels (from `cache`, or
-    /// compiled by NVRTC and stored there).
+    /// compiled by NVRTC and stored there), with the options the `GPUSORT_*` variables set
+    /// ([`GpuOptions::from_env`], read now and only now).
     pub fn open(ordinal: usize, cache: &KernelCache) -> Result<Self> {
+        Self::open_with(ordinal, cache, GpuOptions::from_env()?)
+    }
+
+    /// As [`Self::open`], with `options`.
+    pub fn open_with(ordinal: usize, cache: &KernelCache, options: GpuOptions) -> Result<Self> {
         let (ctx, info) = device::open(ordinal)?;
         // Sorts order their work on their own stream; cudarc's per-buffer events are not needed.
         // SAFETY: every buffer of this context is used on `stream` or synchronized explicitly.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream()?;
-        let tuning = KernelTuning::from_env()?;
+        let tuning = options.tuning.clone();
         let kernels = LoadingKernels::start(
             Arc::clone(&ctx),
             cache.clone(),
@@ -71,16 +80,6 @@ impl Gpu {
             info.arch(),
             info.nvrtc_version,
         );
-        let msd_max_bits = match std::env::var("GPUSORT_MSD_BITS") {
-            Ok(v) => v
-                .parse::<u32>()
-                .ok()
-                .filter(|b| (1..=MSD_MAX_DIGIT_BITS).contains(b))
-                .ok_or_else(|| {
-                    CudaSortError::Unsupported(format!("GPUSORT_MSD_BITS={v} (1 to {MSD_MAX_DIGIT_BITS} bits)"))
-                })?,
-            Err(_) => MSD_MAX_DIGIT_BITS,
-        };
         // Freed device memory stays in the stream-ordered pool instead of going back to the
         // driver at every synchronization: an allocation that grows the pool maps memory, and
         // the 1.6 GB a packed 20-column gather of 10M rows allocates cost ~1.5 ms a sort on
@@ -110,9 +109,10 @@ impl Gpu {
             onesweep_tile: tuning.onesweep_tile(),
             tuning,
             msd_local_rows: AtomicUsize::new(MSD_LOCAL_CAP),
-            msd_max_bits: AtomicU32::new(msd_max_bits),
-            onesweep: AtomicBool::new(std::env::var("GPUSORT_ONESWEEP").as_deref() != Ok("0")),
-            pair_lanes: AtomicBool::new(std::env::var("GPUSORT_PAIR_LANES").as_deref() != Ok("0")),
+            msd_max_bits: AtomicU32::new(options.msd_max_bits),
+            onesweep: AtomicBool::new(options.onesweep),
+            pair_lanes: AtomicBool::new(options.pair_lanes),
+            options,
             mem_pool,
         })
     }
@@ -183,6 +183,11 @@ impl Gpu {
     /// Rows per tile of the one-sweep pass.
     pub fn onesweep_tile(&self) -> usize {
         self.onesweep_tile
+    }
+
+    /// The options it was opened with.
+    pub fn options(&self) -> &GpuOptions {
+        &self.options
     }
 
     /// The kernels' compile-time settings (from the `GPUSORT_*` variables when opened).

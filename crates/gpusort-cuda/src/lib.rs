@@ -21,6 +21,7 @@
 //! | [`encode`] | `keys.cu` | sort keys encoded on the device |
 //! | `sort` | — | [`Gpu::sort`]: a plan's passes, then its gathers |
 //! | `memory` | — | device memory a sort needs |
+//! | `options` | — | [`GpuOptions`]: the `GPUSORT_*` settings, read once when a device opens |
 //!
 //! Dependencies point one way: `backend` -> `session` -> `sort` -> `lsd`/`msd`/`gather` ->
 //! the families -> `lanes` -> `gpu` -> `kernels`/`device`.
@@ -41,6 +42,7 @@ mod lsd;
 mod memory;
 pub mod msd;
 pub mod onesweep;
+mod options;
 pub mod pinned;
 pub mod prebuilt;
 mod profile;
@@ -55,6 +57,7 @@ pub use device::{DeviceInfo, GpuUnavailable, probe};
 pub use error::{CudaSortError, Result};
 pub use gpu::Gpu;
 pub use kernels::{KernelCache, KernelTuning};
+pub use options::GpuOptions;
 pub use pinned::{FRESH_PIN_MAX, HostBuffer, PinnedPool, PinnedPoolStats};
 pub use session::{GPU_STRING_PREFIX_BYTES, GpuSortSession};
 pub use table::{DeviceColumn, DeviceRecords, DeviceTable, GpuSortPlan, GpuSortResult};

@@ -13,7 +13,7 @@ pub(crate) struct Profile {
 
 impl Profile {
     pub(crate) fn new(gpu: &Gpu) -> Result<Self> {
-        let on = std::env::var("GPUSORT_PROFILE").as_deref() == Ok("1");
+        let on = gpu.options().profile;
         let marks = if on {
             let e = gpu.event()?;
             e.record(&gpu.stream)?;

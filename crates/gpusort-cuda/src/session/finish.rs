@@ -613,7 +613,7 @@ impl GpuSortSession {
     /// the host encodes it: some sort column is not native or not on the device, the key
     /// could be longer than [`KEY_MAX_WORDS`], or `GPUSORT_DEVICE_KEYS=0`.
     fn device_keys(&self) -> Option<DeviceKeys> {
-        if std::env::var("GPUSORT_DEVICE_KEYS").is_ok_and(|v| v == "0") {
+        if !self.gpu.options().device_keys {
             return None;
         }
         let max_words = KeyLayout::native_max_words(&self.spec, &self.schema)?;
