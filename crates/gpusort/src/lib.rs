@@ -8,6 +8,7 @@ pub mod backend;
 pub mod cpu;
 pub mod error;
 pub mod keys;
+pub mod partition;
 pub mod plan;
 pub mod size;
 pub mod spec;
