@@ -1,0 +1,542 @@
+//! The plan nodes of the range-partitioned sort: row positions, the key sample, the range
+//! each row goes to, and the in-order concatenation of the sorted ranges.
+
+use std::fmt;
+use std::sync::{Arc, OnceLock};
+
+use arrow::array::{Array, ArrayRef, RecordBatch, UInt32Array, UInt64Array};
+use arrow::compute::{concat_batches, take};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::common::runtime::SpawnedTask;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::{EquivalenceProperties, LexOrdering, PhysicalExpr, PhysicalSortExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning, PlanProperties,
+    SendableRecordBatchStream,
+};
+use datafusion_distributed::DistributedTaskContext;
+use futures::StreamExt;
+use gpusort::partition::{Reservoir, Splitters};
+
+use crate::route::route_values;
+
+/// The column [`RowPositionExec`] adds: each row's position in the input.
+pub const POSITION_COLUMN: &str = "__gpusort_position";
+/// The column [`RangeRouteExec`] adds: the hash-partition value of each row's range.
+pub const ROUTE_COLUMN: &str = "__gpusort_route";
+
+/// Rows of one file range fit in this many bits of a position; the range's number is above.
+const ROW_BITS: u32 = 40;
+
+fn with_column(schema: &SchemaRef, name: &str) -> SchemaRef {
+    let mut fields: Vec<Arc<Field>> = schema.fields().iter().cloned().collect();
+    fields.push(Arc::new(Field::new(name, DataType::UInt64, false)));
+    Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()))
+}
+
+fn plain_properties(schema: SchemaRef, input: &Arc<dyn ExecutionPlan>, partitions: usize) -> Arc<PlanProperties> {
+    Arc::new(PlanProperties::new(
+        EquivalenceProperties::new(schema),
+        Partitioning::UnknownPartitioning(partitions),
+        input.pipeline_behavior(),
+        input.boundedness(),
+    ))
+}
+
+fn one_child(name: &str, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
+    let [child] = <[_; 1]>::try_from(children)
+        .map_err(|c| DataFusionError::Internal(format!("{name} has one child, got {}", c.len())))?;
+    Ok(child)
+}
+
+fn apply_sort_exprs(
+    exprs: &[PhysicalSortExpr],
+    f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+) -> Result<TreeNodeRecursion> {
+    for e in exprs {
+        if f(&e.expr)? == TreeNodeRecursion::Stop {
+            return Ok(TreeNodeRecursion::Stop);
+        }
+    }
+    Ok(TreeNodeRecursion::Continue)
+}
+
+fn evaluate_keys(exprs: &[PhysicalSortExpr], batch: &RecordBatch) -> Result<Vec<ArrayRef>> {
+    exprs
+        .iter()
+        .map(|e| e.expr.evaluate(batch)?.into_array(batch.num_rows()))
+        .collect()
+}
+
+fn positions_of(batch: &RecordBatch, index: usize) -> Result<&[u64]> {
+    batch
+        .column(index)
+        .as_any()
+        .downcast_ref::<UInt64Array>()
+        .map(|a| a.values().as_ref())
+        .ok_or_else(|| DataFusionError::Internal(format!("{POSITION_COLUMN} is not UInt64")))
+}
+
+/// Appends [`POSITION_COLUMN`] to its input's rows: the number of the file range the row was
+/// read from, then the row's number within it. Put right above a file scan that
+/// datafusion-distributed splits over `T` tasks, partition `p` of task `t` reads file range
+/// `p × T + t` of the whole scan (its file-scan handler deals the ranges out round-robin,
+/// ranges in file order), so positions follow the order a single-node scan reads the rows
+/// in, whichever task reads them.
+#[derive(Debug)]
+pub struct RowPositionExec {
+    input: Arc<dyn ExecutionPlan>,
+    properties: Arc<PlanProperties>,
+}
+
+impl RowPositionExec {
+    /// Numbers the rows of `input` (a file scan).
+    pub fn new(input: Arc<dyn ExecutionPlan>) -> Self {
+        let schema = with_column(&input.schema(), POSITION_COLUMN);
+        let partitions = input.output_partitioning().partition_count();
+        let properties = plain_properties(schema, &input, partitions);
+        Self { input, properties }
+    }
+}
+
+impl DisplayAs for RowPositionExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "RowPositionExec: {POSITION_COLUMN}")
+    }
+}
+
+impl ExecutionPlan for RowPositionExec {
+    fn name(&self) -> &str {
+        "RowPositionExec"
+    }
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![true]
+    }
+    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(Arc::new(Self::new(one_child(self.name(), children)?)))
+    }
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        let task = DistributedTaskContext::from_ctx(&context);
+        let range = (partition * task.task_count + task.task_index) as u64;
+        let mut next = range << ROW_BITS;
+        let schema = self.schema();
+        let out = Arc::clone(&schema);
+        let stream = self.input.execute(partition, context)?.map(move |batch| {
+            let batch = batch?;
+            let n = batch.num_rows() as u64;
+            let positions = UInt64Array::from_iter_values(next..next + n);
+            next += n;
+            let mut columns = batch.columns().to_vec();
+            columns.push(Arc::new(positions));
+            Ok(RecordBatch::try_new(Arc::clone(&out), columns)?)
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    }
+}
+
+/// Keeps a uniform sample (a seeded reservoir of `capacity` rows per partition) of its
+/// input's sort keys and positions: one batch per partition, columns `k0, k1, ...` (the values
+/// of `keys`) and [`POSITION_COLUMN`].
+#[derive(Debug)]
+pub struct SampleExec {
+    input: Arc<dyn ExecutionPlan>,
+    keys: Vec<PhysicalSortExpr>,
+    position: usize,
+    capacity: usize,
+    properties: Arc<PlanProperties>,
+}
+
+impl SampleExec {
+    /// Samples `capacity` rows of each partition of `input`: the values of `keys` and the
+    /// position in column `position`.
+    pub fn try_new(
+        input: Arc<dyn ExecutionPlan>,
+        keys: Vec<PhysicalSortExpr>,
+        position: usize,
+        capacity: usize,
+    ) -> Result<Self> {
+        let in_schema = input.schema();
+        let mut fields = keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| Ok(Field::new(format!("k{i}"), k.expr.data_type(&in_schema)?, true)))
+            .collect::<Result<Vec<_>>>()?;
+        fields.push(Field::new(POSITION_COLUMN, DataType::UInt64, false));
+        let schema = Arc::new(Schema::new(fields));
+        let partitions = input.output_partitioning().partition_count();
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(schema),
+            Partitioning::UnknownPartitioning(partitions),
+            EmissionType::Final,
+            Boundedness::Bounded,
+        ));
+        Ok(Self {
+            input,
+            keys,
+            position,
+            capacity,
+            properties,
+        })
+    }
+
+    /// The sort keys sampled.
+    pub fn keys(&self) -> &[PhysicalSortExpr] {
+        &self.keys
+    }
+    /// The input column of the positions.
+    pub fn position(&self) -> usize {
+        self.position
+    }
+    /// Rows kept per partition.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+}
+
+impl DisplayAs for SampleExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let keys: Vec<String> = self.keys.iter().map(|k| k.to_string()).collect();
+        write!(
+            f,
+            "SampleExec: keys=[{}], rows_per_partition={}",
+            keys.join(", "),
+            self.capacity
+        )
+    }
+}
+
+/// The rows a reservoir keeps, in chunks of taken rows, with the slot table into them.
+struct SampleRows {
+    chunks: Vec<RecordBatch>,
+    slots: Vec<(usize, usize)>,
+    stored: usize,
+}
+
+impl SampleRows {
+    fn live(&self, schema: &SchemaRef) -> Result<RecordBatch> {
+        let all = concat_batches(schema, &self.chunks)?;
+        let offsets: Vec<usize> = self
+            .chunks
+            .iter()
+            .scan(0, |o, c| {
+                let start = *o;
+                *o += c.num_rows();
+                Some(start)
+            })
+            .collect();
+        let idx = UInt32Array::from_iter_values(self.slots.iter().map(|(c, r)| (offsets[*c] + r) as u32));
+        let columns = all
+            .columns()
+            .iter()
+            .map(|c| take(c.as_ref(), &idx, None))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
+    }
+}
+
+impl ExecutionPlan for SampleExec {
+    fn name(&self) -> &str {
+        "SampleExec"
+    }
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        apply_sort_exprs(&self.keys, f)
+    }
+    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(Arc::new(Self::try_new(
+            one_child(self.name(), children)?,
+            self.keys.clone(),
+            self.position,
+            self.capacity,
+        )?))
+    }
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        let task = DistributedTaskContext::from_ctx(&context);
+        let seed = ((task.task_index as u64) << 32) ^ partition as u64;
+        let mut input = self.input.execute(partition, context)?;
+        let schema = self.schema();
+        let keys = self.keys.clone();
+        let (position, capacity) = (self.position, self.capacity);
+        let out = Arc::clone(&schema);
+        let stream = futures::stream::once(async move {
+            let mut reservoir = Reservoir::new(capacity, seed);
+            let mut rows = SampleRows {
+                chunks: vec![],
+                slots: vec![],
+                stored: 0,
+            };
+            while let Some(batch) = input.next().await {
+                let batch = batch?;
+                let kept = reservoir.offer(batch.num_rows());
+                if kept.is_empty() {
+                    continue;
+                }
+                // The last pick of a slot wins; take each picked row once.
+                let mut take_rows: Vec<u32> = vec![];
+                let chunk = rows.chunks.len();
+                for (row, slot) in kept {
+                    let at = take_rows.len();
+                    take_rows.push(row as u32);
+                    if slot == rows.slots.len() {
+                        rows.slots.push((chunk, at));
+                    } else {
+                        rows.slots[slot] = (chunk, at);
+                    }
+                }
+                let idx = UInt32Array::from(take_rows);
+                let mut columns = evaluate_keys(&keys, &batch)?
+                    .iter()
+                    .map(|c| take(c.as_ref(), &idx, None))
+                    .collect::<std::result::Result<Vec<_>, _>>()?;
+                columns.push(take(batch.column(position).as_ref(), &idx, None)?);
+                rows.stored += idx.len();
+                rows.chunks.push(RecordBatch::try_new(Arc::clone(&out), columns)?);
+                if rows.stored > 4 * capacity + 1024 {
+                    let live = rows.live(&out)?;
+                    rows.slots = (0..live.num_rows()).map(|r| (0, r)).collect();
+                    rows.stored = live.num_rows();
+                    rows.chunks = vec![live];
+                }
+            }
+            rows.live(&out)
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    }
+}
+
+/// Appends [`ROUTE_COLUMN`] to its input's rows: for each row, the range of `ranges` that the
+/// splitters put its `(keys, position)` in, written as the value DataFusion's hash
+/// repartitioning into `ranges` partitions sends to that partition ([`route_values`]), so a
+/// `RepartitionExec` hashing that column (under datafusion-distributed's shuffle) sends range
+/// `r` to partition `r`.
+#[derive(Debug)]
+pub struct RangeRouteExec {
+    input: Arc<dyn ExecutionPlan>,
+    keys: Vec<PhysicalSortExpr>,
+    position: usize,
+    splitters: Arc<Splitters>,
+    routes: Arc<OnceLock<Vec<u64>>>,
+    properties: Arc<PlanProperties>,
+}
+
+impl RangeRouteExec {
+    /// Routes the rows of `input` by `keys` (the sort expressions, whose options the
+    /// splitters have) and the position in column `position`.
+    pub fn new(
+        input: Arc<dyn ExecutionPlan>,
+        keys: Vec<PhysicalSortExpr>,
+        position: usize,
+        splitters: Arc<Splitters>,
+    ) -> Self {
+        let schema = with_column(&input.schema(), ROUTE_COLUMN);
+        let partitions = input.output_partitioning().partition_count();
+        let properties = plain_properties(schema, &input, partitions);
+        Self {
+            input,
+            keys,
+            position,
+            splitters,
+            routes: Arc::new(OnceLock::new()),
+            properties,
+        }
+    }
+
+    /// The sort keys.
+    pub fn keys(&self) -> &[PhysicalSortExpr] {
+        &self.keys
+    }
+    /// The input column of the positions.
+    pub fn position(&self) -> usize {
+        self.position
+    }
+    /// The splitters.
+    pub fn splitters(&self) -> &Splitters {
+        &self.splitters
+    }
+}
+
+impl DisplayAs for RangeRouteExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let keys: Vec<String> = self.keys.iter().map(|k| k.to_string()).collect();
+        write!(
+            f,
+            "RangeRouteExec: keys=[{}], ranges={}",
+            keys.join(", "),
+            self.splitters.num_ranges()
+        )
+    }
+}
+
+impl ExecutionPlan for RangeRouteExec {
+    fn name(&self) -> &str {
+        "RangeRouteExec"
+    }
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        apply_sort_exprs(&self.keys, f)
+    }
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![true]
+    }
+    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(Arc::new(Self::new(
+            one_child(self.name(), children)?,
+            self.keys.clone(),
+            self.position,
+            Arc::clone(&self.splitters),
+        )))
+    }
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        let ranges = self.splitters.num_ranges();
+        if self.routes.get().is_none() {
+            let _ = self.routes.set(route_values(ranges)?);
+        }
+        let routes = Arc::clone(&self.routes);
+        let splitters = Arc::clone(&self.splitters);
+        let keys = self.keys.clone();
+        let position = self.position;
+        let schema = self.schema();
+        let out = Arc::clone(&schema);
+        let stream = self.input.execute(partition, context)?.map(move |batch| {
+            let batch = batch?;
+            let key_columns = evaluate_keys(&keys, &batch)?;
+            let assigned = splitters
+                .assign(&key_columns, positions_of(&batch, position)?)
+                .map_err(|e| DataFusionError::External(Box::new(e)))?;
+            let routes = routes.get().expect("set before the stream");
+            let values = UInt64Array::from_iter_values(assigned.iter().map(|&r| routes[r as usize]));
+            let mut columns = batch.columns().to_vec();
+            columns.push(Arc::new(values));
+            Ok(RecordBatch::try_new(Arc::clone(&out), columns)?)
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    }
+}
+
+/// Reads its input's partitions one after the other, in partition order, as one partition:
+/// the sorted ranges of a range-partitioned sort, concatenated. Every partition starts at
+/// once (each runs ahead by a couple of batches), so the ranges sort in parallel; the output
+/// has `ordering`, which the caller vouches for.
+#[derive(Debug)]
+pub struct OrderedConcatExec {
+    input: Arc<dyn ExecutionPlan>,
+    ordering: LexOrdering,
+    properties: Arc<PlanProperties>,
+}
+
+impl OrderedConcatExec {
+    /// Concatenates the partitions of `input`, which together are in `ordering`.
+    pub fn new(input: Arc<dyn ExecutionPlan>, ordering: LexOrdering) -> Self {
+        let eq = EquivalenceProperties::new_with_orderings(input.schema(), [ordering.clone()]);
+        let properties = Arc::new(PlanProperties::new(
+            eq,
+            Partitioning::UnknownPartitioning(1),
+            EmissionType::Incremental,
+            input.boundedness(),
+        ));
+        Self {
+            input,
+            ordering,
+            properties,
+        }
+    }
+
+    /// The order of the output.
+    pub fn ordering(&self) -> &LexOrdering {
+        &self.ordering
+    }
+}
+
+impl DisplayAs for OrderedConcatExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "OrderedConcatExec: [{}]", self.ordering)
+    }
+}
+
+impl ExecutionPlan for OrderedConcatExec {
+    fn name(&self) -> &str {
+        "OrderedConcatExec"
+    }
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        apply_sort_exprs(&self.ordering, f)
+    }
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![true]
+    }
+    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(Arc::new(Self::new(
+            one_child(self.name(), children)?,
+            self.ordering.clone(),
+        )))
+    }
+    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        if partition != 0 {
+            return Err(DataFusionError::Internal(format!(
+                "OrderedConcatExec has one partition, asked for {partition}"
+            )));
+        }
+        let partitions = self.input.output_partitioning().partition_count();
+        let mut receivers = Vec::with_capacity(partitions);
+        let mut tasks = Vec::with_capacity(partitions);
+        for p in 0..partitions {
+            let mut stream = self.input.execute(p, Arc::clone(&context))?;
+            let (tx, rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(2);
+            tasks.push(SpawnedTask::spawn(async move {
+                while let Some(batch) = stream.next().await {
+                    let stop = batch.is_err();
+                    if tx.send(batch).await.is_err() || stop {
+                        break;
+                    }
+                }
+            }));
+            receivers.push(rx);
+        }
+        // The tasks live (and are aborted) with the stream.
+        let chained = futures::stream::iter(receivers).flat_map(move |rx| {
+            let _running = &tasks;
+            futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|batch| (batch, rx)) })
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema(), chained)))
+    }
+}

@@ -1,0 +1,173 @@
+//! Three workers on loopback sort a Parquet file with the range-partitioned `ORDER BY`
+//! (CPU path): the result equals the single-node result row for row, ties in file order.
+
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
+use arrow::compute::concat_batches;
+use arrow::datatypes::{DataType, Field, Schema};
+use datafusion::execution::SessionStateBuilder;
+use datafusion::physical_plan::displayable;
+use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
+use gpusort_distributed::{DistributedSortOptions, LoopbackWorkers, coordinator_session, serve_worker_on_loopback};
+use parquet::arrow::ArrowWriter;
+use parquet::file::properties::WriterProperties;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+const ROWS: usize = 24_000;
+
+/// `id` numbers the rows in file order; `same` is one value; `zipf` is skewed (value k about
+/// ROWS / (k + 1) times); `s` strings with nulls and a long common prefix; `f` floats.
+fn write_table(path: &std::path::Path) {
+    let mut rng = SmallRng::seed_from_u64(25);
+    let weights: Vec<f64> = (0..50).map(|k| 1.0 / (k as f64 + 1.0)).collect();
+    let total: f64 = weights.iter().sum();
+    let zipf: Vec<i64> = (0..ROWS)
+        .map(|_| {
+            let mut u = rng.random::<f64>() * total;
+            for (k, w) in weights.iter().enumerate() {
+                if u < *w {
+                    return k as i64;
+                }
+                u -= w;
+            }
+            49
+        })
+        .collect();
+    let s: Vec<Option<String>> = (0..ROWS)
+        .map(|_| (rng.random::<f64>() > 0.1).then(|| format!("a-shared-prefix-{:03}", rng.random_range(0..40))))
+        .collect();
+    let f: Vec<f64> = (0..ROWS).map(|_| (rng.random::<f64>() * 100.0).round()).collect();
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("same", DataType::Int64, false),
+        Field::new("zipf", DataType::Int64, false),
+        Field::new("s", DataType::Utf8, true),
+        Field::new("f", DataType::Float64, false),
+    ]));
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(Int64Array::from_iter_values(0..ROWS as i64)),
+        Arc::new(Int64Array::from(vec![7i64; ROWS])),
+        Arc::new(Int64Array::from(zipf)),
+        Arc::new(StringArray::from(s)),
+        Arc::new(Float64Array::from(f)),
+    ];
+    let batch = RecordBatch::try_new(Arc::clone(&schema), columns).unwrap();
+    let props = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(1500))
+        .build();
+    let mut writer = ArrowWriter::try_new(std::fs::File::create(path).unwrap(), schema, Some(props)).unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+}
+
+async fn collect(ctx: &SessionContext, sql: &str) -> RecordBatch {
+    let df = ctx.sql(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let schema = Arc::new(df.schema().as_arrow().clone());
+    let batches = df.collect().await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    concat_batches(&schema, &batches).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_workers_sort_like_one_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.parquet");
+    write_table(&path);
+    let path = path.to_str().unwrap();
+
+    let mut ports = vec![];
+    let mut servers = vec![];
+    for _ in 0..3 {
+        let (port, task) = serve_worker_on_loopback().await.unwrap();
+        ports.push(port);
+        servers.push(task);
+    }
+
+    let config = SessionConfig::new().with_target_partitions(4);
+    let state = coordinator_session(
+        SessionStateBuilder::new().with_default_features().with_config(config),
+        LoopbackWorkers { ports },
+        DistributedSortOptions {
+            workers: 3,
+            ranges_per_worker: 2,
+            sample_per_partition: 0,
+        },
+    );
+    let distributed = SessionContext::new_with_state(state);
+    distributed
+        .register_parquet("t", path, ParquetReadOptions::default())
+        .await
+        .unwrap();
+
+    // One node, one partition, stock DataFusion; ties broken by file order (id) explicitly.
+    let single = SessionContext::new_with_config(SessionConfig::new().with_target_partitions(1));
+    single
+        .register_parquet("t", path, ParquetReadOptions::default())
+        .await
+        .unwrap();
+
+    let queries = [
+        // (distributed ORDER BY, the same with the file order as the last key)
+        ("SELECT * FROM t ORDER BY same", "SELECT * FROM t ORDER BY same, id"),
+        ("SELECT * FROM t ORDER BY zipf", "SELECT * FROM t ORDER BY zipf, id"),
+        (
+            "SELECT * FROM t ORDER BY zipf DESC, f",
+            "SELECT * FROM t ORDER BY zipf DESC, f, id",
+        ),
+        (
+            "SELECT * FROM t ORDER BY s NULLS FIRST, f DESC",
+            "SELECT * FROM t ORDER BY s NULLS FIRST, f DESC, id",
+        ),
+        (
+            "SELECT id, s FROM t WHERE f > 20 ORDER BY f DESC, s",
+            "SELECT id, s FROM t WHERE f > 20 ORDER BY f DESC, s, id",
+        ),
+        (
+            "SELECT id + 1 AS x, zipf FROM t ORDER BY zipf % 7, s",
+            "SELECT id + 1 AS x, zipf FROM t ORDER BY zipf % 7, s, id",
+        ),
+    ];
+    for (sql, reference) in queries {
+        let plan = distributed
+            .sql(sql)
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        let shown = displayable(plan.as_ref()).indent(true).to_string();
+        for node in [
+            "OrderedConcatExec",
+            "GpuSortExec",
+            "RangeRouteExec",
+            "NetworkShuffleExec",
+        ] {
+            assert!(shown.contains(node), "{sql}: no {node} in\n{shown}");
+        }
+        // Three tasks scan a third of the file each, three sort two ranges each.
+        let stages = datafusion_distributed::display_plan_ascii(plan.as_ref(), false);
+        assert!(stages.contains("Stage 1 ── tasks=3"), "{stages}");
+        assert!(stages.contains("Stage 2 ── tasks=3, partitions=2"), "{stages}");
+        assert!(!stages.contains("reverse_row_groups"), "{stages}");
+        let got = collect(&distributed, sql).await;
+        let want = collect(&single, reference).await;
+        assert_eq!(got.num_rows(), want.num_rows(), "{sql}");
+        assert!(got.num_rows() > 1000, "{sql}");
+        for (i, (g, w)) in got.columns().iter().zip(want.columns()).enumerate() {
+            if g.to_data() != w.to_data() {
+                let row = (0..g.len()).find(|&r| g.slice(r, 1).to_data() != w.slice(r, 1).to_data());
+                panic!("{sql}: column {i} differs first at row {row:?}");
+            }
+        }
+    }
+
+    // A LIMIT is not a full sort: datafusion-distributed plans it, with the same rows.
+    let got = collect(&distributed, "SELECT id FROM t ORDER BY f, id LIMIT 5").await;
+    let want = collect(&single, "SELECT id FROM t ORDER BY f, id LIMIT 5").await;
+    assert_eq!(got.column(0).to_data(), want.column(0).to_data());
+
+    for s in servers {
+        s.abort();
+    }
+}
