@@ -64,47 +64,22 @@ const SPILL_READ_AHEAD: usize = 2;
 /// Merges sorted runs into the output stream (see the module docs).
 pub(crate) struct MultiLevelMerge {
     /// The runs, in input order.
-    runs: Vec<SortedRun>,
+    pub(crate) runs: Vec<SortedRun>,
     /// Holds the in-memory runs' bytes, and the merge buffers while a merge runs.
-    reservation: MemoryReservation,
-    metrics: GpuSortMetrics,
+    pub(crate) reservation: MemoryReservation,
+    pub(crate) metrics: GpuSortMetrics,
     /// Sorts the range merge's steps.
-    sorter: InMemorySorter,
-    spill: SpillManager,
+    pub(crate) sorter: InMemorySorter,
+    pub(crate) spill: SpillManager,
     /// Most runs one merge reads (0: no limit).
-    fan_in: usize,
+    pub(crate) fan_in: usize,
     /// Rows to produce (`None`: all).
-    fetch: Option<usize>,
+    pub(crate) fetch: Option<usize>,
     /// Most rows one sort takes (what one GPU sort holds, or `gpusort.max_run_rows`).
-    run_rows: Option<usize>,
+    pub(crate) run_rows: Option<usize>,
 }
 
 impl MultiLevelMerge {
-    /// A merge of `runs` (in input order), whose in-memory runs `reservation` holds, reading at
-    /// most `fan_in` runs at once (0: no limit), producing at most `fetch` rows.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn new(
-        runs: Vec<SortedRun>,
-        reservation: MemoryReservation,
-        metrics: GpuSortMetrics,
-        sorter: InMemorySorter,
-        spill: SpillManager,
-        fan_in: usize,
-        fetch: Option<usize>,
-        run_rows: Option<usize>,
-    ) -> Self {
-        Self {
-            runs,
-            reservation,
-            metrics,
-            sorter,
-            spill,
-            fan_in,
-            fetch,
-            run_rows,
-        }
-    }
-
     /// Merges the runs into the output stream (see the module docs).
     pub(crate) async fn stream(mut self) -> Result<SendableRecordBatchStream> {
         log::debug!(target: "gpusort::timeline", "merging {} runs", self.runs.len());

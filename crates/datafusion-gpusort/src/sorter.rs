@@ -204,19 +204,17 @@ impl GpuSorter {
         }
         let (runs, freed) = self.runs.finish().await?;
         self.reservation.shrink(freed);
-        let run_rows = self.run_rows.flatten();
-        MultiLevelMerge::new(
+        let merge = MultiLevelMerge {
             runs,
-            self.reservation,
-            self.metrics,
-            self.sorter,
-            self.spill,
-            self.fan_in,
-            self.fetch,
-            run_rows,
-        )
-        .stream()
-        .await
+            reservation: self.reservation,
+            metrics: self.metrics,
+            sorter: self.sorter,
+            spill: self.spill,
+            fan_in: self.fan_in,
+            fetch: self.fetch,
+            run_rows: self.run_rows.flatten(),
+        };
+        merge.stream().await
     }
 
     /// Streams `sorted` (which the reservation holds) in `batch_size` slices.
