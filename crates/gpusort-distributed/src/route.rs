@@ -43,39 +43,3 @@ pub fn route_values(partitions: usize) -> Result<Vec<u64>> {
     }
     Ok(values.into_iter().map(|v| v.unwrap_or_default()).collect())
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use arrow::array::RecordBatch;
-    use arrow::datatypes::{DataType, Field, Schema};
-    use datafusion::physical_expr::Partitioning;
-    use datafusion::physical_expr::expressions::col;
-    use datafusion::physical_plan::metrics::Time;
-    use datafusion::physical_plan::repartition::BatchPartitioner;
-    use std::sync::Arc;
-
-    #[test]
-    fn values_land_in_their_partitions() {
-        for partitions in [1usize, 2, 3, 7, 12, 64] {
-            let values = route_values(partitions).unwrap();
-            let schema = Arc::new(Schema::new(vec![Field::new("r", DataType::UInt64, false)]));
-            let batch =
-                RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(UInt64Array::from(values.clone()))]).unwrap();
-            let mut partitioner = BatchPartitioner::try_new(
-                Partitioning::Hash(vec![col("r", &schema).unwrap()], partitions),
-                Time::new(),
-                0,
-                1,
-            )
-            .unwrap();
-            partitioner
-                .partition(batch, |p, b| {
-                    let got = b.column(0).as_any().downcast_ref::<UInt64Array>().unwrap();
-                    assert!(got.values().iter().all(|v| *v == values[p]), "{partitions}: {p}");
-                    Ok(())
-                })
-                .unwrap();
-        }
-    }
-}

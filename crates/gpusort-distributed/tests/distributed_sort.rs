@@ -171,3 +171,153 @@ async fn three_workers_sort_like_one_node() {
         s.abort();
     }
 }
+
+/// The nodes one by one: the codec's round trips and the route values (here rather than in
+/// the library's own test binary: each test binary links DataFusion).
+mod nodes {
+    use std::sync::Arc;
+
+    use arrow::array::{Array, Int64Array, RecordBatch, StringArray, UInt64Array};
+    use arrow::compute::SortOptions;
+    use arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::common::config::ExtensionOptions;
+    use datafusion::datasource::memory::MemorySourceConfig;
+    use datafusion::datasource::source::DataSourceExec;
+    use datafusion::physical_expr::expressions::col;
+    use datafusion::physical_expr::{LexOrdering, Partitioning, PhysicalSortExpr};
+    use datafusion::physical_plan::metrics::Time;
+    use datafusion::physical_plan::repartition::BatchPartitioner;
+    use datafusion::physical_plan::{ExecutionPlan, displayable};
+    use datafusion::prelude::SessionContext;
+    use datafusion_gpusort::{GpuSortConfig, GpuSortExec};
+    use datafusion_proto::bytes::{
+        physical_plan_from_bytes_with_extension_codec, physical_plan_to_bytes_with_extension_codec,
+    };
+    use gpusort::partition::Splitters;
+    use gpusort_distributed::{
+        GpuSortCodec, OrderedConcatExec, RangeRouteExec, RowPositionExec, SampleExec, route_values,
+    };
+
+    fn roundtrip(plan: Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
+        let bytes = physical_plan_to_bytes_with_extension_codec(Arc::clone(&plan), &GpuSortCodec).unwrap();
+        let ctx = SessionContext::new();
+        let back = physical_plan_from_bytes_with_extension_codec(&bytes, &ctx.task_ctx(), &GpuSortCodec).unwrap();
+        assert_eq!(
+            displayable(plan.as_ref()).indent(true).to_string(),
+            displayable(back.as_ref()).indent(true).to_string()
+        );
+        back
+    }
+
+    fn source() -> Arc<dyn ExecutionPlan> {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("a", DataType::Int64, true),
+            Field::new("s", DataType::Utf8, true),
+        ]));
+        let batch = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![
+                Arc::new(Int64Array::from(vec![Some(3), None, Some(1)])),
+                Arc::new(StringArray::from(vec!["x", "y", "z"])),
+            ],
+        )
+        .unwrap();
+        let config = MemorySourceConfig::try_new(&[vec![batch]], schema, None).unwrap();
+        DataSourceExec::from_data_source(config)
+    }
+
+    fn sort_exprs(input: &Arc<dyn ExecutionPlan>) -> Vec<PhysicalSortExpr> {
+        let schema = input.schema();
+        vec![
+            PhysicalSortExpr::new(
+                col("a", &schema).unwrap(),
+                SortOptions {
+                    descending: true,
+                    nulls_first: false,
+                },
+            ),
+            PhysicalSortExpr::new_default(col("s", &schema).unwrap()),
+        ]
+    }
+
+    #[test]
+    fn gpu_sort_exec_travels_with_its_options() {
+        let input = source();
+        let mut options = GpuSortConfig::default();
+        options.set("device", "cpu").unwrap();
+        options.set("strategy", "grs-direct").unwrap();
+        options.set("min_rows", "7").unwrap();
+        options.set("gpu_memory_limit", "64MiB").unwrap();
+        let sort = GpuSortExec::try_new(LexOrdering::new(sort_exprs(&input)).unwrap(), input)
+            .unwrap()
+            .with_preserve_partitioning(true)
+            .unwrap()
+            .with_fetch(Some(5))
+            .with_options(options.clone());
+        let back = roundtrip(Arc::new(sort));
+        let back = back.downcast_ref::<GpuSortExec>().unwrap();
+        assert_eq!(back.fetch(), Some(5));
+        assert!(back.preserve_partitioning());
+        let entries = |c: &GpuSortConfig| -> Vec<(String, Option<String>)> {
+            c.entries().into_iter().map(|e| (e.key, e.value)).collect()
+        };
+        assert_eq!(entries(back.options()), entries(&options));
+    }
+
+    #[test]
+    fn range_sort_nodes_travel() {
+        let input: Arc<dyn ExecutionPlan> = Arc::new(RowPositionExec::new(source()));
+        let keys = sort_exprs(&input);
+        let sample = Arc::new(SampleExec::try_new(Arc::clone(&input), keys.clone(), 2, 50).unwrap());
+        let back = roundtrip(sample);
+        assert_eq!(back.downcast_ref::<SampleExec>().unwrap().capacity(), 50);
+
+        let splitters = Splitters::try_new(
+            vec![
+                Arc::new(Int64Array::from(vec![Some(5), Some(2)])),
+                Arc::new(StringArray::from(vec![Some("b"), None])),
+            ],
+            vec![9, 4],
+            keys.iter().map(|k| k.options).collect(),
+        )
+        .unwrap();
+        let route = Arc::new(RangeRouteExec::new(
+            Arc::clone(&input),
+            keys.clone(),
+            2,
+            Arc::new(splitters),
+        ));
+        let back = roundtrip(route);
+        let back = back.downcast_ref::<RangeRouteExec>().unwrap();
+        assert_eq!(back.splitters().positions(), &[9, 4]);
+        assert!(back.splitters().options()[0].descending);
+        assert_eq!(back.splitters().keys()[1].null_count(), 1);
+
+        let concat = Arc::new(OrderedConcatExec::new(input, LexOrdering::new(keys).unwrap()));
+        roundtrip(concat);
+    }
+
+    #[test]
+    fn values_land_in_their_partitions() {
+        for partitions in [1usize, 2, 3, 7, 12, 64] {
+            let values = route_values(partitions).unwrap();
+            let schema = Arc::new(Schema::new(vec![Field::new("r", DataType::UInt64, false)]));
+            let batch =
+                RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(UInt64Array::from(values.clone()))]).unwrap();
+            let mut partitioner = BatchPartitioner::try_new(
+                Partitioning::Hash(vec![col("r", &schema).unwrap()], partitions),
+                Time::new(),
+                0,
+                1,
+            )
+            .unwrap();
+            partitioner
+                .partition(batch, |p, b| {
+                    let got = b.column(0).as_any().downcast_ref::<UInt64Array>().unwrap();
+                    assert!(got.values().iter().all(|v| *v == values[p]), "{partitions}: {p}");
+                    Ok(())
+                })
+                .unwrap();
+        }
+    }
+}
