@@ -1,13 +1,16 @@
 //! The evaluation of Bandyopadhyay & Sahni (Figs. 7-14) on this GPU: 10M records of a u32 key
 //! and m u32 fields (m = 2..20), ByField and Hybrid, GRS and SRTS (and gpusort's MSD hybrid),
 //! direct and indirect, with the data already in GPU memory; and keys-only sorts of 10M and
-//! 100M u32 and u64 keys.
+//! 100M u32 and u64 keys; and 10M records of a u64 key and 2 u32 fields whose keys are random,
+//! presorted (sorted, reversed, a few sorted runs, few distinct) or neither (zipf, nearly sorted),
+//! each against a device copy of the same bytes.
 //! Prints tables (and the ratio to CUB when `--cub` names the JSON that the CUB baselines beside
 //! this file write: `cub_baseline.py --json`, CUB through CuPy, or `cub_native --json`, CUB
 //! called from CUDA C++), writes every timing as CSV and draws the record figures as an SVG.
 //!
 //! ```text
 //! paper [--rows N] [--reps R] [--bits B] [--fields 2,4,..] [--cub cub.json] [--csv out.csv] [--svg out.svg] [--pack 0|1]
+//!       [--dist-rows N] [--only records|keys|dist]
 //! ```
 //!
 //! Each timing is one call of `Gpu::sort` (device events around its kernels) after the inputs
@@ -20,6 +23,7 @@ use std::fmt::Write as _;
 use cudarc::driver::CudaSlice;
 use gpusort::plan::{Algorithm, RadixPass, RecordMove, Strategy, radix_passes, varying_bits};
 use gpusort_cuda::{DeviceColumn, DeviceRecords, DeviceTable, Gpu, GpuSortPlan, KernelCache};
+use gpusort_testing::KeyDistribution;
 use rand::prelude::*;
 use rand::rngs::SmallRng;
 
@@ -35,6 +39,8 @@ struct Args {
     only: Option<String>,
     /// Indirect gathers packed into rows (`--pack 0`: column by column).
     pack: bool,
+    /// Rows of the key-distribution table (0: none).
+    dist_rows: usize,
 }
 
 fn args() -> Args {
@@ -49,6 +55,7 @@ fn args() -> Args {
         svg: None,
         only: None,
         pack: true,
+        dist_rows: 10_000_000,
     };
     let v: Vec<String> = std::env::args().skip(1).filter(|s| s != "--bench").collect();
     let list = |s: &str| {
@@ -70,6 +77,7 @@ fn args() -> Args {
             "--svg" => a.svg = Some(val),
             "--only" => a.only = Some(val),
             "--pack" => a.pack = val != "0",
+            "--dist-rows" => a.dist_rows = val.parse().expect("--dist-rows N"),
             other => panic!("unknown argument {other}"),
         }
         i += 2;
@@ -122,6 +130,108 @@ fn time_sort(gpu: &Gpu, pristine: &DeviceTable, plan: &GpuSortPlan, reps: usize)
     }
     times.sort_by(|a, b| a.total_cmp(b));
     (times[0], times[times.len() / 2])
+}
+
+/// Minimum over `reps` of a device copy of every byte of `table` (keys, columns, records): the
+/// floor of a sort that finds its input already in order.
+fn time_copy(gpu: &Gpu, table: &DeviceTable, reps: usize) -> f64 {
+    let s = gpu.stream();
+    let mut bufs: Vec<CudaSlice<u8>> = vec![];
+    let srcs: Vec<CudaSlice<u8>> = table
+        .keys
+        .iter()
+        .map(|k| {
+            let view = unsafe { k.transmute::<u8>(k.len() * 4) }.unwrap();
+            let mut d = gpu.alloc_bytes(k.len() * 4).unwrap();
+            s.memcpy_dtod(&view, &mut d).unwrap();
+            d
+        })
+        .chain(table.columns.iter().map(|c| c.data.clone()))
+        .collect();
+    for src in &srcs {
+        bufs.push(gpu.alloc_bytes(src.len()).unwrap());
+    }
+    let (start, end) = (gpu.event().unwrap(), gpu.event().unwrap());
+    let mut best = f64::MAX;
+    for _ in 0..=reps {
+        start.record(s).unwrap();
+        for (src, dst) in srcs.iter().zip(bufs.iter_mut()) {
+            s.memcpy_dtod(src, dst).unwrap();
+        }
+        end.record(s).unwrap();
+        end.synchronize().unwrap();
+        best = best.min(start.elapsed_ms(&end).unwrap() as f64);
+    }
+    best
+}
+
+/// The key-distribution table: `--dist-rows` records of a u64 key and 2 u32 fields (ByField),
+/// sorted directly by SRTS and MSD, each distribution against random keys and a device copy.
+fn distributions(gpu: &Gpu, a: &Args, csv: &mut String) {
+    let s = gpu.stream();
+    let n = a.dist_rows;
+    let mut rng = SmallRng::seed_from_u64(2011);
+    println!("\nkey distributions: {n} rows, u64 key + 2 u32 fields (ByField, direct); minimum (median) ms");
+    println!("| keys | SRTS-direct | MSD-direct | best | device copy | best / copy | best / random |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    let fields: Vec<Vec<u8>> = (0..2)
+        .map(|_| random_words(&mut rng, n).iter().flat_map(|w| w.to_le_bytes()).collect())
+        .collect();
+    let mut random_ms = None;
+    for dist in KeyDistribution::ALL {
+        let keys = dist.keys(n, 2011);
+        let words: Vec<Vec<u32>> = vec![
+            keys.iter().map(|k| (k >> 32) as u32).collect(),
+            keys.iter().map(|&k| k as u32).collect(),
+        ];
+        let varying = varying_bits(&words);
+        let pristine = DeviceTable {
+            num_rows: n,
+            keys: words.iter().map(|w| s.clone_htod(w).unwrap()).collect(),
+            columns: fields
+                .iter()
+                .map(|f| DeviceColumn {
+                    data: s.clone_htod(f).unwrap(),
+                    width: 4,
+                })
+                .collect(),
+            records: None,
+        };
+        let passes = radix_passes(&varying, 8);
+        let cells: Vec<(f64, f64)> = [Strategy::SRTS_DIRECT, Strategy::MSD_DIRECT]
+            .into_iter()
+            .map(|strategy| {
+                let plan = GpuSortPlan {
+                    strategy,
+                    passes: passes.clone(),
+                    keep_keys: false,
+                    want_perm: false,
+                    pack_gathers: a.pack,
+                };
+                let (min, med) = time_sort(gpu, &pristine, &plan, a.reps);
+                let _ = writeln!(
+                    csv,
+                    "dist,{},2,{n},8,{},{min:.4},{med:.4}",
+                    dist.name(),
+                    label(strategy)
+                );
+                (min, med)
+            })
+            .collect();
+        let best = cells.iter().map(|c| c.0).fold(f64::MAX, f64::min);
+        let copy = time_copy(gpu, &pristine, a.reps);
+        let random = *random_ms.get_or_insert(best);
+        println!(
+            "| {} | {:.3} ({:.3}) | {:.3} ({:.3}) | {best:.3} | {copy:.3} | {:.2} | {:.2} |",
+            dist.name(),
+            cells[0].0,
+            cells[0].1,
+            cells[1].0,
+            cells[1].1,
+            best / copy,
+            best / random,
+        );
+    }
 }
 
 fn label(s: Strategy) -> String {
@@ -270,7 +380,11 @@ fn main() {
     let mut fig: Vec<(String, u32, String, usize, f64)> = vec![];
 
     // Records: u32 key + m u32 fields.
-    let n = if a.only.as_deref() == Some("keys") { 0 } else { a.rows };
+    let n = if matches!(a.only.as_deref(), Some("keys" | "dist")) {
+        0
+    } else {
+        a.rows
+    };
     let key = random_words(&mut rng, n);
     let varying = varying_bits(std::slice::from_ref(&key));
     let key_dev = s.clone_htod(&key).unwrap();
@@ -284,7 +398,7 @@ fn main() {
         d
     };
     let mut best: BTreeMap<(String, usize), (f64, String)> = BTreeMap::new();
-    let fields_list = if a.only.as_deref() == Some("keys") {
+    let fields_list = if matches!(a.only.as_deref(), Some("keys" | "dist")) {
         vec![]
     } else {
         a.fields.clone()
@@ -376,7 +490,7 @@ fn main() {
     println!("\nkeys only: minimum (median) ms");
     println!("| keys | n | bits | GRS | SRTS | MSD | CUB sort | CUB / best |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
-    let key_rows = if a.only.as_deref() == Some("records") {
+    let key_rows = if matches!(a.only.as_deref(), Some("records" | "dist")) {
         vec![]
     } else {
         a.key_rows.clone()
@@ -424,6 +538,9 @@ fn main() {
                 );
             }
         }
+    }
+    if matches!(a.only.as_deref(), None | Some("dist")) && a.dist_rows > 0 {
+        distributions(&gpu, &a, &mut csv);
     }
     // Crossovers: the smallest m from which one family or move beats the other.
     println!("\ncrossovers (minimum times, all digit widths measured):");

@@ -26,6 +26,7 @@ pub const FAMILIES: &[(&str, &str)] = &[
     ("msd.cu", include_str!("../kernels/msd.cu")),
     ("onesweep.cu", include_str!("../kernels/onesweep.cu")),
     ("keys.cu", include_str!("../kernels/keys.cu")),
+    ("presorted.cu", include_str!("../kernels/presorted.cu")),
 ];
 
 /// The family (source file of [`FAMILIES`]) that defines kernel `name`.
@@ -36,6 +37,7 @@ pub fn family_of(name: &str) -> &'static str {
         n if n.starts_with("onesweep_") => "onesweep.cu",
         n if n.starts_with("msd_") => "msd.cu",
         "key_bounds" | "encode_keys" => "keys.cu",
+        "order_scan" | "reverse_rows" | "reverse_iota" => "presorted.cu",
         _ => "gather.cu",
     }
 }
@@ -596,6 +598,12 @@ pub struct Kernels {
     pub key_bounds: CudaFunction,
     /// The key words of native sort columns, and the bits that vary.
     pub encode_keys: CudaFunction,
+    /// Descents, ascents and equal neighbours of a key.
+    pub order_scan: CudaFunction,
+    /// Rows `i` and `n - 1 - i` swapped in place.
+    pub reverse_rows: CudaFunction,
+    /// n - 1, n - 2, ..., 0.
+    pub reverse_iota: CudaFunction,
 }
 
 /// Widest partition digit of the MSD sort (`msd_*_b11`).
@@ -693,6 +701,9 @@ impl Kernels {
             msd_local: f("msd_local")?,
             key_bounds: f("key_bounds")?,
             encode_keys: f("encode_keys")?,
+            order_scan: f("order_scan")?,
+            reverse_rows: f("reverse_rows")?,
+            reverse_iota: f("reverse_iota")?,
             modules: modules.clone(),
         };
         for func in [
@@ -941,6 +952,7 @@ mod tests {
                 &["onesweep_histogram", "onesweep_scan", "onesweep_pass_b8"],
             ),
             ("keys.cu", &["key_bounds", "encode_keys"]),
+            ("presorted.cu", &["order_scan", "reverse_rows", "reverse_iota"]),
         ];
         for (family, names) in kernels {
             let (_, source) = programs.iter().find(|(n, _)| n == family).unwrap();

@@ -19,6 +19,7 @@
 //! | [`msd`] | `msd.cu` | the MSD hybrid: its schedule and its passes |
 //! | [`gather`] | `gather.cu` | the indirect strategy's gathers, validity bits, device copies |
 //! | [`encode`] | `keys.cu` | sort keys encoded on the device |
+//! | `presorted` | `presorted.cu` | input already in order or reversed, found in one read of the key |
 //! | `sort` | — | [`Gpu::sort`]: a plan's passes, then its gathers |
 //! | `memory` | — | device memory a sort needs |
 //! | `options` | — | [`GpuOptions`]: the `GPUSORT_*` settings, read once when a device opens |
@@ -45,6 +46,7 @@ pub mod onesweep;
 mod options;
 pub mod pinned;
 pub mod prebuilt;
+mod presorted;
 mod profile;
 mod session;
 mod sort;

@@ -37,6 +37,7 @@ const CUBINS: &[(&str, &str, &[u8])] = cubins![
     "sm_90" / "msd.cu",
     "sm_90" / "onesweep.cu",
     "sm_90" / "keys.cu",
+    "sm_90" / "presorted.cu",
 ];
 
 /// The hash of a program's source as built for `arch` (the options included).

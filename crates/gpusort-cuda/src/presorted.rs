@@ -19,12 +19,7 @@ impl Gpu {
     /// significant first; the others are equal in every row and may be one-word stand-ins)
     /// when it lets a sort skip its passes: sorted, or strictly decreasing (reversed).
     /// Synchronizes the stream to read three counts.
-    pub(crate) fn input_order(
-        &self,
-        keys: &[CudaSlice<u32>],
-        words: &[usize],
-        n: usize,
-    ) -> Result<Option<InputOrder>> {
+    pub(crate) fn input_order(&self, keys: &[CudaSlice<u32>], words: &[usize], n: usize) -> Result<Option<InputOrder>> {
         let n32 = rows_u32(n)?;
         if n < 2 || words.is_empty() {
             return Ok(None);

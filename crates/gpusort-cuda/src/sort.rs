@@ -2,12 +2,14 @@
 //! strategies of Bandyopadhyay & Sahni (ICPADS 2011, section IV: GRS or SRTS, direct or
 //! indirect) and gpusort's MSD hybrid. It decides what moves, runs the passes (`lsd.rs` for GRS
 //! and SRTS, `msd` for the MSD hybrid) and then the gathers of the indirect strategy
-//! (`gather.rs`, `kernels/gather.cu`); it launches no kernel of its own.
+//! (`gather.rs`, `kernels/gather.cu`); it launches no kernel of its own. Before the passes, one
+//! read of the key (`presorted.rs`) finds input already in order (nothing moves) or strictly
+//! reversed (everything is reversed in place).
 
 use std::collections::BTreeSet;
 
 use cudarc::driver::CudaSlice;
-use gpusort::plan::{Algorithm, RecordMove, Strategy};
+use gpusort::plan::{Algorithm, InputOrder, RecordMove, Strategy};
 
 use crate::error::{CudaSortError, Result};
 use crate::gpu::{Gpu, rows_u32};
@@ -23,8 +25,22 @@ impl Gpu {
         let end = self.event()?;
         start.record(&self.stream)?;
         let mut perm = None;
+        let mut input_order = None;
         if n > 1 && !plan.passes.is_empty() {
-            perm = self.run_sort(table, plan)?;
+            // The words the passes read vary; the others are equal in every row.
+            let words: Vec<usize> = plan
+                .passes
+                .iter()
+                .map(|p| p.word)
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            input_order = self.input_order(&table.keys, &words, n)?;
+            perm = match input_order {
+                Some(InputOrder::Sorted) => None,
+                Some(_) => self.reverse_table(table, plan.want_perm)?,
+                None => self.run_sort(table, plan)?,
+            };
         }
         if plan.want_perm && perm.is_none() {
             perm = Some(self.iota(n)?);
@@ -34,6 +50,7 @@ impl Gpu {
         Ok(GpuSortResult {
             perm: if plan.want_perm { perm } else { None },
             kernel_ms: start.elapsed_ms(&end)?,
+            input_order,
         })
     }
 

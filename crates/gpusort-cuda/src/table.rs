@@ -4,7 +4,7 @@
 //! Plain data: no kernel is launched here ([`Gpu::sort`](crate::Gpu::sort) is in `sort.rs`).
 
 use cudarc::driver::CudaSlice;
-use gpusort::plan::{RadixPass, Strategy};
+use gpusort::plan::{InputOrder, RadixPass, Strategy};
 
 /// A fixed-width ByField column on the device: `width` bytes (1, 2, 4, 8 or 16) per row.
 #[derive(Debug)]
@@ -60,4 +60,6 @@ pub struct GpuSortResult {
     pub perm: Option<CudaSlice<u32>>,
     /// Time between the sort's first and last kernel, from device events.
     pub kernel_ms: f32,
+    /// The order the key was found in when that replaced the passes (sorted or reversed).
+    pub input_order: Option<InputOrder>,
 }

@@ -23,7 +23,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use arrow::array::{ArrayRef, RecordBatch, UInt32Array};
 use arrow::datatypes::{DataType, Field, Schema};
 use cudarc::driver::CudaSlice;
-use gpusort::plan::{RadixPass, Strategy, radix_passes, varying_bits};
+use gpusort::plan::{InputOrder, RadixPass, Strategy, radix_passes, varying_bits};
 use gpusort::{CpuBackend, EncoderOptions, KeyEncoder, SortBackend, SortKey, SortRequest, SortSpec};
 use gpusort_cuda::{CudaBackend, DeviceColumn, DeviceRecords, DeviceTable, Gpu, GpuSortPlan};
 use gpusort_testing::{EDGE_SIZES, assert_matches_reference, random_case, rng_from_env};
@@ -58,8 +58,8 @@ fn random_bytes(rng: &mut SmallRng, len: usize) -> Vec<u8> {
 }
 
 /// Uploads, sorts with `strategy` and `bits`-bit digits, downloads, and compares with a stable
-/// sort on the host.
-fn check_engine(gpu: &Gpu, case: &Case, strategy: Strategy, bits: u32, what: &str) {
+/// sort on the host; returns the input order the sort found.
+fn check_engine(gpu: &Gpu, case: &Case, strategy: Strategy, bits: u32, what: &str) -> Option<InputOrder> {
     let n = case.keys.first().map_or(0, |w| w.len());
     let s = gpu.stream();
     let mut table = DeviceTable {
@@ -127,6 +127,7 @@ fn check_engine(gpu: &Gpu, case: &Case, strategy: Strategy, bits: u32, what: &st
             "{what}: records ({bytes} bytes) not moved with the keys"
         );
     }
+    result.input_order
 }
 
 /// A keys-only sort (no columns, no records, no permutation asked for) against the host: the key
@@ -204,6 +205,8 @@ fn keys_of(rng: &mut SmallRng, n: usize, words: usize, kind: &str) -> Vec<Vec<u3
                     "equal" => 7,
                     "sorted" => i as u32,
                     "reverse" => (n - i) as u32,
+                    "reverse_ties" => ((n - i) / 3) as u32,
+                    "runs" => (i % (n / 3 + 1)) as u32,
                     "two" => rng.random_range(0..2) * 0x8000_0000,
                     "low" => rng.random_range(0..16),
                     "top" => rng.random::<u32>() & 0xF000_0000,
@@ -283,6 +286,40 @@ fn engine_adversarial_keys() {
         check_engine(gpu, &c, Strategy::SRTS_DIRECT, bits, &format!("{bits}-bit digits"));
         check_engine(gpu, &c, Strategy::GRS_INDIRECT, bits, &format!("{bits}-bit digits"));
     }
+}
+
+/// Input already in order skips the passes and moves nothing; strictly reversed input is
+/// reversed in place; reversed input with ties and a few sorted runs take the passes. Every
+/// strategy, ByField and Hybrid, one to three key words, sizes around a tile.
+#[test]
+fn engine_presorted_input() {
+    let Some(b) = backend() else { return };
+    let gpu = b.gpu();
+    let mut rng = SmallRng::seed_from_u64(22);
+    let shortcut = [
+        ("sorted", Some(InputOrder::Sorted)),
+        ("reverse", Some(InputOrder::Reversed)),
+        ("reverse_ties", None),
+        ("runs", None),
+    ];
+    for (kind, order) in shortcut {
+        for &n in &[2usize, 3, gpu.tile() - 1, gpu.tile() + 1, 100_001] {
+            for words in 1..=3 {
+                for hybrid in [false, true] {
+                    let c = case(&mut rng, n, words, kind, hybrid);
+                    for strategy in Strategy::ALL {
+                        let what = format!("{kind} n {n} words {words} hybrid {hybrid} {strategy}");
+                        // (Two rows of "reverse_ties" and "runs" are equal: no pass, no scan.)
+                        assert_eq!(check_engine(gpu, &c, strategy, 8, &what), order, "{what}");
+                    }
+                }
+            }
+        }
+    }
+    // Keys only, no permutation asked for: the key words come back reversed.
+    let keys = keys_of(&mut rng, 70_000, 2, "reverse");
+    check_engine_keys_only(gpu, &keys, Strategy::SRTS_DIRECT, 8, "reversed keys only");
+    check_engine_keys_only(gpu, &keys, Strategy::MSD_DIRECT, 8, "reversed keys only");
 }
 
 /// Restores the MSD knobs of a `Gpu` when a test ends (or fails).
@@ -697,6 +734,12 @@ fn sanitize_every_kernel() {
     let keys = keys_of(&mut rng, n, 1, "random");
     for strategy in Strategy::ALL {
         check_engine_keys_only(gpu, &keys, strategy, 8, &format!("sanitize keys only {strategy}"));
+    }
+    // Presorted input (presorted.cu): the order scan, rows reversed in place (odd and even
+    // counts, ByField columns of every width and Hybrid records), the reversed permutation.
+    for (kind, rows, hybrid) in [("sorted", n, false), ("reverse", n, false), ("reverse", n + 1, true)] {
+        let c = case(&mut rng, rows, 2, kind, hybrid);
+        check_engine(gpu, &c, Strategy::SRTS_INDIRECT, 8, &format!("sanitize {kind} {rows}"));
     }
     // An even row count: the indirect gathers go through packed rows (pack_rows, gather_unpack).
     let c = case(&mut rng, n + 1, 2, "random", false);

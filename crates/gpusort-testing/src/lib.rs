@@ -593,3 +593,87 @@ pub fn rng_from_env(default: u64) -> (SmallRng, u64) {
         .unwrap_or(default);
     (SmallRng::seed_from_u64(seed), seed)
 }
+
+/// The key distributions of the presorted benchmarks: keys a sort may shortcut (sorted,
+/// reversed, a few sorted runs, few distinct keys) beside those it may not (random, zipf,
+/// nearly sorted with scattered swaps).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyDistribution {
+    /// Uniform 64-bit keys.
+    Random,
+    /// Uniform keys in ascending order.
+    Sorted,
+    /// Uniform keys in descending order.
+    Reversed,
+    /// This many ascending runs of uniform keys, one after another.
+    SortedRuns(usize),
+    /// This many distinct keys, spread over 64 bits, in no order.
+    Distinct(usize),
+    /// Zipf-distributed ranks (exponent 1.1 over 1M values), each spread over 64 bits.
+    Zipf,
+    /// Sorted, then one row in a thousand swapped with a random other.
+    NearlySorted,
+}
+
+impl KeyDistribution {
+    /// Every distribution, random first (the others are compared with it).
+    pub const ALL: [KeyDistribution; 7] = [
+        Self::Random,
+        Self::Sorted,
+        Self::Reversed,
+        Self::SortedRuns(8),
+        Self::Distinct(16),
+        Self::Zipf,
+        Self::NearlySorted,
+    ];
+
+    /// A short name for tables.
+    pub fn name(&self) -> String {
+        match self {
+            Self::Random => "random".into(),
+            Self::Sorted => "sorted".into(),
+            Self::Reversed => "reversed".into(),
+            Self::SortedRuns(k) => format!("{k} sorted runs"),
+            Self::Distinct(k) => format!("{k} distinct"),
+            Self::Zipf => "zipf 1.1 over 1M".into(),
+            Self::NearlySorted => "nearly sorted (0.1% swapped)".into(),
+        }
+    }
+
+    /// `n` keys drawn with `seed`.
+    pub fn keys(&self, n: usize, seed: u64) -> Vec<u64> {
+        /// Spreads a small rank over 64 bits, keeping distinct ranks distinct.
+        fn spread(rank: u64) -> u64 {
+            rank.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        }
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let mut keys: Vec<u64> = (0..n).map(|_| rng.random()).collect();
+        match *self {
+            Self::Random => {}
+            Self::Sorted => keys.sort_unstable(),
+            Self::Reversed => keys.sort_unstable_by(|a, b| b.cmp(a)),
+            Self::SortedRuns(k) => keys.chunks_mut(n.div_ceil(k.max(1)).max(1)).for_each(|c| c.sort_unstable()),
+            Self::Distinct(k) => keys.iter_mut().for_each(|x| *x = spread(*x % k as u64)),
+            Self::Zipf => {
+                let values = 1_000_000usize;
+                let mut cdf: Vec<f64> = (1..=values).map(|r| (r as f64).powf(-1.1)).collect();
+                for i in 1..values {
+                    cdf[i] += cdf[i - 1];
+                }
+                let total = cdf[values - 1];
+                keys.iter_mut().for_each(|x| {
+                    let u = (*x >> 11) as f64 / (1u64 << 53) as f64 * total;
+                    *x = spread(cdf.partition_point(|&c| c < u) as u64);
+                });
+            }
+            Self::NearlySorted => {
+                keys.sort_unstable();
+                for _ in 0..n / 1000 {
+                    let (a, b) = (rng.random_range(0..n), rng.random_range(0..n));
+                    keys.swap(a, b);
+                }
+            }
+        }
+        keys
+    }
+}

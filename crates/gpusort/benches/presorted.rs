@@ -1,6 +1,6 @@
 //! The CPU backend on presorted input: sorted, reversed, a few sorted runs, few distinct keys,
 //! and for contrast random, zipf and nearly sorted (0.1% of rows swapped, which is many short
-//! runs and takes the radix passes). Each row: the sort's median time, its ratio to the random
+//! runs and takes the radix passes) — `gpusort_testing::KeyDistribution`. Each row: the sort's median time, its ratio to the random
 //! keys' time and to a parallel copy of the same columns (the floor a one-pass shortcut can
 //! approach), and the shape the sort recognised.
 //!
@@ -17,72 +17,11 @@ use std::time::{Duration, Instant};
 use arrow::array::{ArrayRef, RecordBatch, UInt32Array, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema};
 use gpusort::{CpuBackend, SortBackend, SortKey, SortRequest, SortSpec};
+use gpusort_testing::KeyDistribution;
 use rayon::prelude::*;
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-/// A small fast generator (the bench must not depend on rand's version of a stream).
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        self.0 ^ (self.0 >> 29)
-    }
-}
-
-/// Keys of `n` rows in the named distribution.
-fn keys(name: &str, n: usize) -> Vec<u64> {
-    let mut rng = Lcg(42);
-    let random: Vec<u64> = (0..n).map(|_| rng.next()).collect();
-    let sorted = || {
-        let mut k = random.clone();
-        k.par_sort_unstable();
-        k
-    };
-    match name {
-        "random" => random,
-        "sorted" => sorted(),
-        "reversed" => sorted().into_iter().rev().collect(),
-        "8 sorted runs" => {
-            let mut k = random.clone();
-            k.par_chunks_mut(n.div_ceil(8)).for_each(|c| c.sort_unstable());
-            k
-        }
-        "16 distinct" => random.iter().map(|k| k % 16 * 0x9e37_79b9_7f4a_7c15).collect(),
-        "zipf 1.1 over 1M" => zipf(&mut rng, n, 1_000_000, 1.1),
-        "nearly sorted" => {
-            let mut k = sorted();
-            for _ in 0..n / 1000 {
-                let (a, b) = (rng.next() as usize % n, rng.next() as usize % n);
-                k.swap(a, b);
-            }
-            k
-        }
-        _ => unreachable!("{name}"),
-    }
-}
-
-/// `n` draws of ranks `1..=values` with probability proportional to `rank^-s`, each rank
-/// mapped to a scattered key.
-fn zipf(rng: &mut Lcg, n: usize, values: usize, s: f64) -> Vec<u64> {
-    let mut cdf: Vec<f64> = (1..=values).map(|r| (r as f64).powf(-s)).collect();
-    for i in 1..values {
-        cdf[i] += cdf[i - 1];
-    }
-    let total = cdf[values - 1];
-    (0..n)
-        .map(|_| {
-            let u = (rng.next() >> 11) as f64 / (1u64 << 53) as f64 * total;
-            let rank = cdf.partition_point(|&c| c < u) as u64;
-            rank.wrapping_mul(0x9e37_79b9_7f4a_7c15)
-        })
-        .collect()
 }
 
 /// The median of `runs` timings of `f`, after one warm-up call; and its last result.

@@ -345,6 +345,7 @@ impl GpuSortSession {
             pack_gathers: plan.pack_gathers,
         };
         let result = gpu.sort(&mut table, &sort_plan)?;
+        stats.input_order = result.input_order;
         marks.log_sorted(result.kernel_ms)?;
         let perm_dev = result.perm.expect("asked for the permutation");
         let mut perm = PinnedPool::global().transfer_buffer(4 * n);

@@ -1,0 +1,75 @@
+// presorted.cu — presorted input found in one read of the key, and finished without the radix
+// passes (issue 22: ORDER BY over clustered tables meets keys already in order or in reverse
+// order; a sort that notices it does one read instead of a pass per digit).
+//
+// Bandyopadhyay & Sahni's record sorts (004, sections V and VI) run every radix pass whatever the
+// input's order. Before them, gpusort reads the key once:
+//
+// * order_scan: for every row i > 0, key(i - 1) against key(i), word by word (ByField, word 0
+//   most significant), counting the rows whose key is smaller than the previous row's
+//   (descents), greater (ascents) and equal. No descents: the input is sorted and stays where it
+//   is. No ascents and no equal neighbours: it is strictly decreasing, and the sorted order is
+//   the rows reversed (stable, as no two keys are equal).
+// * reverse_rows: rows i and n - 1 - i swapped in place for i < n / 2 (key words, columns and
+//   Hybrid records alike, `width` bytes a row);
+// * reverse_iota: the permutation of reversed rows, n - 1 - i.
+//
+// Each thread walks rows with a grid stride; order_scan's warps combine their counts with
+// shuffles and one lane per warp adds them to the totals.
+
+// counts[0] += descents, counts[1] += ascents, counts[2] += equal neighbours (the host zeroes
+// them first). words[w] is key word w of every row.
+extern "C" __global__ void order_scan(u32 n, const u32* const* words, u32 nwords, u64* counts) {
+    u64 desc = 0, asc = 0, eq = 0;
+    for (size_t i = 1 + (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        int c = 0;
+        for (u32 w = 0; w < nwords && c == 0; w++) {
+            const u32 a = words[w][i - 1], b = words[w][i];
+            c = (a > b) - (a < b);
+        }
+        desc += c > 0;
+        asc += c < 0;
+        eq += c == 0;
+    }
+    for (int d = 16; d > 0; d /= 2) {
+        desc += __shfl_xor_sync(FULL_MASK, desc, d);
+        asc += __shfl_xor_sync(FULL_MASK, asc, d);
+        eq += __shfl_xor_sync(FULL_MASK, eq, d);
+    }
+    if ((threadIdx.x & 31) == 0) {
+        if (desc) atomicAdd(&counts[0], desc);
+        if (asc) atomicAdd(&counts[1], asc);
+        if (eq) atomicAdd(&counts[2], eq);
+    }
+}
+
+// Rows i and n - 1 - i of `data` swapped for every i < n / 2; rows of `width` bytes, moved as
+// words when `width` is a multiple of 4 (the buffers are allocation-aligned).
+extern "C" __global__ void reverse_rows(u8* data, u32 n, u32 width) {
+    const size_t half = n / 2;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < half; i += (size_t)gridDim.x * blockDim.x) {
+        u8* a = data + i * width;
+        u8* b = data + (n - 1 - i) * (size_t)width;
+        if (width % 4 == 0) {
+            u32* wa = reinterpret_cast<u32*>(a);
+            u32* wb = reinterpret_cast<u32*>(b);
+            for (u32 k = 0; k < width / 4; k++) {
+                const u32 t = wa[k];
+                wa[k] = wb[k];
+                wb[k] = t;
+            }
+        } else {
+            for (u32 k = 0; k < width; k++) {
+                const u8 t = a[k];
+                a[k] = b[k];
+                b[k] = t;
+            }
+        }
+    }
+}
+
+extern "C" __global__ void reverse_iota(u32 n, u32* out) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        out[i] = n - 1 - (u32)i;
+    }
+}
