@@ -148,15 +148,15 @@ async fn many_runs_spill_within_the_merge_bound() {
         (1..passes).contains(&levels),
         "{levels} merge levels for {runs} runs: {m}"
     );
-    let (rows, bytes) = (metric(&m, "spilled_rows"), metric(&m, "spilled_bytes"));
+    let (rows, bytes) = (metric(&m, "spilled_rows"), m.spilled_bytes().unwrap_or(0));
     assert!(
         rows <= passes * ROWS,
         "{rows} rows spilled, bound {passes} x {ROWS}: {m}"
     );
     // The spilled batches are the session's (1000 rows); files add a header each.
     let bound = passes * ipc_bytes(1000) + metric(&m, "spill_count") * 1024;
-    assert!(bytes <= bound, "{bytes} bytes spilled, bound {bound}: {m}");
-    // Merging the leading runs into one, over and over, wrote ~12 times the table.
+    assert!(bytes > 0 && bytes <= bound, "{bytes} bytes spilled, bound {bound}: {m}");
+    // (Merging the leading runs into one, over and over, wrote ~16 times the table here.)
     assert!(rows > ROWS, "the runs were merged in levels: {m}");
     assert_eq!(ours.runtime_env().memory_pool.reserved(), 0, "the pool is back to 0");
     assert_eq!(files_under(tmp.path()), 0, "spill files removed");
