@@ -17,6 +17,11 @@
 #   tune      per engine variant in $TUNE_VARIANTS (comma-separated GPUSORT_* settings, kernels.rs
 #             KernelTuning, or "default"): the one-sweep GPU test, then the paper bench's goal rows
 #             (keys only, 8-bit digits; ByField m = 2 and 20)
+#   dist      the paper bench's key-distribution table (presorted keys against random keys and a
+#             device copy), then the CPU backend's (`presorted` bench)
+#   ab        before/after of a restructuring: .gpu/paper_before and .gpu/paper (and .gpu/sql_before
+#             and .gpu/sql when both are there) run alternately, $AB_ROUNDS times each (default 2),
+#             with $AB_PAPER_ARGS (default: the issue goal rows) and $AB_SQL_ENV
 set -u
 . "$(dirname "$0")/device-unpack.sh"
 export GPUSORT_REQUIRE_GPU=1 PYTHONUNBUFFERED=1
@@ -61,6 +66,25 @@ for step in $STEPS; do
         env $settings timeout 150 .gpu/paper --only keys --bits 8 --reps 7 > "$OUT/tune_$f.txt" 2>&1
         env $settings timeout 150 .gpu/paper --only records --fields 2,20 --bits 8 --reps 7 >> "$OUT/tune_$f.txt" 2>&1
         grep -E "^\| (u32|u64|ByField|Hybrid) |panicked|error" "$OUT/tune_$f.txt"
+      done ;;
+    dist)
+      timeout "${BENCH_TIMEOUT:-300}" .gpu/paper --only dist --reps "${DIST_REPS:-7}" 2>&1 | tee "$OUT/dist.txt" | tail -12
+      [ -x .gpu/presorted ] && timeout 300 .gpu/presorted 2>&1 | tee "$OUT/presorted_cpu.txt" | tail -10 ;;
+    ab)
+      pargs=${AB_PAPER_ARGS:-"--fields 2,20 --bits 8 --reps 7"}
+      for r in $(seq "${AB_ROUNDS:-2}"); do
+        for v in before after; do
+          b=.gpu/paper; [ $v = before ] && b=.gpu/paper_before
+          [ -x $b ] || continue
+          echo "== paper $v, round $r" | tee -a "$OUT/ab_paper.txt"
+          timeout 300 $b $pargs 2>&1 | grep -E "^\| (u32|u64|ByField|Hybrid) " | tee -a "$OUT/ab_paper.txt"
+        done
+        for v in before after; do
+          b=.gpu/sql; [ $v = before ] && b=.gpu/sql_before
+          [ -x $b ] || continue
+          echo "== sql $v, round $r" | tee -a "$OUT/ab_sql.txt"
+          env ${AB_SQL_ENV:-} timeout 300 $b 2>&1 | tee -a "$OUT/ab_sql.txt" | grep -E "^\| " | head -20
+        done
       done ;;
   esac
 done
