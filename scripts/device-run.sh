@@ -77,7 +77,9 @@ for step in $STEPS; do
           b=.gpu/paper; [ $v = before ] && b=.gpu/paper_before
           [ -x $b ] || continue
           echo "== paper $v, round $r" | tee -a "$OUT/ab_paper.txt"
-          timeout 300 $b $pargs 2>&1 | grep -E "^\| (u32|u64|ByField|Hybrid) " | tee -a "$OUT/ab_paper.txt"
+          for only in records keys; do
+            timeout 300 $b --only $only $pargs 2>&1 | grep -E "^\| (u32|u64|ByField|Hybrid) " | tee -a "$OUT/ab_paper.txt"
+          done
         done
         for v in before after; do
           b=.gpu/sql; [ $v = before ] && b=.gpu/sql_before
