@@ -207,6 +207,7 @@ fn distributions(gpu: &Gpu, a: &Args, csv: &mut String) {
                     keep_keys: false,
                     want_perm: false,
                     pack_gathers: a.pack,
+                    switches: gpu.sort_switches(),
                 };
                 let (min, med) = time_sort(gpu, &pristine, &plan, a.reps);
                 let _ = writeln!(
@@ -452,6 +453,7 @@ fn main() {
                         keep_keys: false,
                         want_perm: false,
                         pack_gathers: a.pack,
+                        switches: gpu.sort_switches(),
                     };
                     let (min, med) = time_sort(&gpu, &pristine, &plan, a.reps);
                     let _ = writeln!(
@@ -518,6 +520,7 @@ fn main() {
                         keep_keys: true,
                         want_perm: false,
                         pack_gathers: a.pack,
+                        switches: gpu.sort_switches(),
                     };
                     let (min, med) = time_sort(&gpu, &pristine, &plan, a.reps);
                     let _ = writeln!(csv, "keys,{ty},0,{kn},{bits},{},{min:.4},{med:.4}", label(strategy));

@@ -8,7 +8,6 @@
 //! Finding a device and saying why there is none is [`crate::device`].
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaSlice, CudaStream, LaunchConfig,
@@ -17,10 +16,9 @@ use cudarc::driver::{
 
 use crate::device::{self, DeviceInfo};
 use crate::error::{CudaSortError, Result};
-use crate::kernels::{
-    BLOCK, CacheOutcome, KernelCache, KernelTuning, Kernels, LoadingKernels, MSD_LOCAL_CAP, MSD_MAX_DIGIT_BITS,
-};
+use crate::kernels::{BLOCK, CacheOutcome, KernelCache, KernelTuning, Kernels, LoadingKernels};
 use crate::options::GpuOptions;
+use crate::table::SortSwitches;
 
 /// `n` as the row count kernels take (a u32): one sort holds at most 2^32 - 1 rows.
 pub(crate) fn rows_u32(n: usize) -> Result<u32> {
@@ -42,18 +40,10 @@ pub struct Gpu {
     pub(crate) onesweep_block: u32,
     /// Rows of a one-sweep tile (`ONESWEEP_BLOCK` threads x `ONESWEEP_IPT` rows).
     pub(crate) onesweep_tile: usize,
-    /// Segments of at most this many rows go to the MSD sort's block-local sort.
-    msd_local_rows: AtomicUsize,
-    /// Widest MSD partition digit.
-    msd_max_bits: AtomicU32,
-    /// Run SRTS's passes as one sweep where they can be ([`onesweep_plan`]).
-    onesweep: AtomicBool,
-    /// Move plain 4-byte lanes in pairs in the scatters (8-byte staging where a table has them).
-    pair_lanes: AtomicBool,
     /// The device's stream-ordered memory pool (`CUmemoryPool` as an address), which keeps
     /// freed memory for the next allocation; `None` when the driver has none.
     mem_pool: Option<usize>,
-    /// What it was opened with (the atomics above start from it).
+    /// What it was opened with (each sort's [`SortSwitches`] start from it).
     options: GpuOptions,
 }
 
@@ -108,71 +98,15 @@ impl Gpu {
             onesweep_block: tuning.onesweep_block(),
             onesweep_tile: tuning.onesweep_tile(),
             tuning,
-            msd_local_rows: AtomicUsize::new(MSD_LOCAL_CAP),
-            msd_max_bits: AtomicU32::new(options.msd_max_bits),
-            onesweep: AtomicBool::new(options.onesweep),
-            pair_lanes: AtomicBool::new(options.pair_lanes),
             options,
             mem_pool,
         })
     }
 
-    /// Segments of at most this many rows are sorted by the MSD sort's block-local sort
-    /// (default and most: [`MSD_LOCAL_CAP`]).
-    pub fn msd_local_rows(&self) -> usize {
-        self.msd_local_rows.load(Ordering::Relaxed)
-    }
-
-    /// Sets [`Self::msd_local_rows`] (1 to [`MSD_LOCAL_CAP`]): smaller values make more
-    /// partition passes (a knob for tests and tuning).
-    pub fn set_msd_local_rows(&self, rows: usize) -> Result<()> {
-        if !(1..=MSD_LOCAL_CAP).contains(&rows) {
-            return Err(CudaSortError::Unsupported(format!(
-                "MSD block-local sorts of {rows} rows (1 to {MSD_LOCAL_CAP})"
-            )));
-        }
-        self.msd_local_rows.store(rows, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// The widest MSD partition digit (default [`MSD_MAX_DIGIT_BITS`]; `GPUSORT_MSD_BITS`).
-    pub fn msd_max_bits(&self) -> u32 {
-        self.msd_max_bits.load(Ordering::Relaxed)
-    }
-
-    /// Sets [`Self::msd_max_bits`] (1 to [`MSD_MAX_DIGIT_BITS`]).
-    pub fn set_msd_max_bits(&self, bits: u32) -> Result<()> {
-        if !(1..=MSD_MAX_DIGIT_BITS).contains(&bits) {
-            return Err(CudaSortError::Unsupported(format!(
-                "MSD partition digits of {bits} bits (1 to {MSD_MAX_DIGIT_BITS})"
-            )));
-        }
-        self.msd_max_bits.store(bits, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Whether SRTS's passes run as one sweep where they can ([`onesweep_plan`]; default on,
-    /// off with `GPUSORT_ONESWEEP=0`).
-    pub fn srts_onesweep(&self) -> bool {
-        self.onesweep.load(Ordering::Relaxed)
-    }
-
-    /// Sets [`Self::srts_onesweep`] (off: every SRTS pass runs the three kernels, a knob for
-    /// tests and comparisons).
-    pub fn set_srts_onesweep(&self, on: bool) {
-        self.onesweep.store(on, Ordering::Relaxed);
-    }
-
-    /// Whether the GRS, SRTS and one-sweep scatters move plain 4-byte lanes (u32 columns, the row
-    /// index after the first pass, key words other than the digit's) two at a time, with 8 bytes
-    /// a row of staging (default on, off with `GPUSORT_PAIR_LANES=0`).
-    pub fn pair_lanes(&self) -> bool {
-        self.pair_lanes.load(Ordering::Relaxed)
-    }
-
-    /// Sets [`Self::pair_lanes`] (a knob for tests and comparisons).
-    pub fn set_pair_lanes(&self, on: bool) {
-        self.pair_lanes.store(on, Ordering::Relaxed);
+    /// The per-sort settings a [`GpuSortPlan`](crate::GpuSortPlan) takes by default: those of
+    /// the options it was opened with ([`SortSwitches::new`]).
+    pub fn sort_switches(&self) -> SortSwitches {
+        SortSwitches::new(&self.options)
     }
 
     /// Rows per tile of the sort kernels.

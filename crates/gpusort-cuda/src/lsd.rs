@@ -54,7 +54,7 @@ impl Gpu {
             .map(|l| l.ptr(0, s))
             .collect();
         let mut pt = self.plan_passes(&mut set.lanes, n, plan, direct, needs_index)?;
-        let stage_width = self.stage_width(&mut pt.tables, pt.max_width);
+        let stage_width = stage_width(&mut pt.tables, pt.max_width, plan.switches.pair_lanes);
         let (lane_buf, offsets) = self.upload_lane_tables(&pt.tables)?;
         let inputs = PassInputs {
             n,
@@ -70,7 +70,7 @@ impl Gpu {
         };
         match plan.strategy.algorithm {
             Algorithm::Grs => self.grs(&inputs)?,
-            Algorithm::Srts | Algorithm::Msd => self.srts(&inputs)?,
+            Algorithm::Srts | Algorithm::Msd => self.srts(&inputs, plan.switches.onesweep)?,
         }
         let perm = set.restore(table, |l| l.cur);
         // The lane tables must outlive the kernels that read them.
@@ -144,17 +144,6 @@ impl Gpu {
         Ok(out)
     }
 
-    /// Bytes a staged value takes in the scatters' shared memory: 16-byte rows are staged as
-    /// two 8-byte halves, and 4-byte lanes moved in pairs ([`Gpu::pair_lanes`]) need 8 bytes
-    /// too; else the widest lane's, at least 4.
-    fn stage_width(&self, tables: &mut [Vec<Lane>], max_width: usize) -> usize {
-        if self.pair_lanes() && mark_lane_pairs(tables) {
-            8
-        } else {
-            max_width.clamp(4, 8)
-        }
-    }
-
     /// Every pass's lane table in one upload: the buffer and each table's byte offset in it.
     fn upload_lane_tables(&self, tables: &[Vec<Lane>]) -> Result<(CudaSlice<u64>, Vec<usize>)> {
         let mut flat: Vec<u64> = vec![];
@@ -166,5 +155,17 @@ impl Gpu {
             }
         }
         Ok((self.stream.clone_htod(&flat)?, offsets))
+    }
+}
+
+/// Bytes a staged value takes in the scatters' shared memory: 16-byte rows are staged as two
+/// 8-byte halves, and 4-byte lanes moved in pairs (`pair_lanes`, the plan's
+/// [`SortSwitches::pair_lanes`](crate::SortSwitches::pair_lanes)) need 8 bytes too; else the
+/// widest lane's, at least 4.
+fn stage_width(tables: &mut [Vec<Lane>], max_width: usize, pair_lanes: bool) -> usize {
+    if pair_lanes && mark_lane_pairs(tables) {
+        8
+    } else {
+        max_width.clamp(4, 8)
     }
 }

@@ -54,11 +54,12 @@ impl Gpu {
         })
     }
 
-    /// Refuses what the kernels do not take: more than 2^32 - 1 rows, digits wider than 8 bits
-    /// or of words the table lacks, records not a multiple of 4 bytes, columns of widths no
+    /// Refuses what the kernels do not take: more than 2^32 - 1 rows, MSD sizes out of range
+    /// ([`SortSwitches`](crate::SortSwitches)), digits wider than 8 bits or of words the table lacks, records not a multiple of 4 bytes, columns of widths no
     /// gather has.
     fn check_sort(&self, table: &DeviceTable, plan: &GpuSortPlan) -> Result<()> {
         rows_u32(table.num_rows)?;
+        plan.switches.check()?;
         if let Some(p) = plan
             .passes
             .iter()

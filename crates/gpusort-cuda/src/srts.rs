@@ -38,15 +38,12 @@ impl Gpu {
         Ok((grid as u32, tiles_per_block as u32))
     }
 
-    /// SRTS: each pass whose digit [`onesweep_plan`] allows (with [`Self::srts_onesweep`] on)
+    /// SRTS: each pass whose digit [`onesweep_plan`] allows (with `onesweep`, the plan's
+    /// [`SortSwitches::onesweep`](crate::SortSwitches::onesweep))
     /// as one sweep, the others (digits of up to 4 bits, or every pass at 2^30 rows or more)
     /// as the paper's three kernels: block digit counts, the top-level scan, the downsweep.
-    pub(crate) fn srts(&self, x: &PassInputs<'_>) -> Result<()> {
-        let plan = if self.srts_onesweep() {
-            onesweep_plan(x.n, x.passes)
-        } else {
-            None
-        };
+    pub(crate) fn srts(&self, x: &PassInputs<'_>, onesweep: bool) -> Result<()> {
+        let plan = if onesweep { onesweep_plan(x.n, x.passes) } else { None };
         let prof = Profile::new(self)?;
         let mut one = match &plan {
             Some(plan) => Some(self.onesweep_prepare(x, plan, &prof)?),

@@ -6,6 +6,10 @@
 use cudarc::driver::CudaSlice;
 use gpusort::plan::{InputOrder, RadixPass, Strategy};
 
+use crate::error::{CudaSortError, Result};
+use crate::kernels::{MSD_LOCAL_CAP, MSD_MAX_DIGIT_BITS};
+use crate::options::GpuOptions;
+
 /// A fixed-width ByField column on the device: `width` bytes (1, 2, 4, 8 or 16) per row.
 #[derive(Debug)]
 pub struct DeviceColumn {
@@ -51,6 +55,57 @@ pub struct GpuSortPlan {
     /// Indirect: gather groups of columns packed into rows ([`Gpu::gather_columns`]), which
     /// holds more device memory ([`gather_bytes_per_row`]).
     pub pack_gathers: bool,
+    /// How the passes run: one sweep, lane pairs, MSD segment sizes ([`Gpu::sort_switches`](crate::Gpu::sort_switches)
+    /// gives the device's defaults).
+    pub switches: SortSwitches,
+}
+
+/// Per-sort settings of how the passes run, not what they compute: every choice sorts the same.
+/// They belong to one sort, so two sorts at once on one [`Gpu`](crate::Gpu) each keep theirs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SortSwitches {
+    /// SRTS's passes run as one sweep where they can (`onesweep_plan`;
+    /// off: every SRTS pass runs the three kernels).
+    pub onesweep: bool,
+    /// The GRS, SRTS and one-sweep scatters move plain 4-byte lanes (u32 columns, the row index
+    /// after the first pass, key words other than the digit's) two at a time, with 8 bytes a row
+    /// of staging.
+    pub pair_lanes: bool,
+    /// Segments of at most this many rows go to the MSD sort's block-local sort (1 to
+    /// [`MSD_LOCAL_CAP`]): smaller values make more partition passes.
+    pub msd_local_rows: usize,
+    /// The widest MSD partition digit (1 to [`MSD_MAX_DIGIT_BITS`]).
+    pub msd_max_bits: u32,
+}
+
+impl SortSwitches {
+    /// The settings `options` give a sort (`GPUSORT_ONESWEEP`, `GPUSORT_PAIR_LANES`,
+    /// `GPUSORT_MSD_BITS`), block-local MSD sorts of up to [`MSD_LOCAL_CAP`] rows.
+    pub fn new(options: &GpuOptions) -> Self {
+        Self {
+            onesweep: options.onesweep,
+            pair_lanes: options.pair_lanes,
+            msd_local_rows: MSD_LOCAL_CAP,
+            msd_max_bits: options.msd_max_bits,
+        }
+    }
+
+    /// Refuses MSD sizes the kernels do not take.
+    pub(crate) fn check(&self) -> Result<()> {
+        if !(1..=MSD_LOCAL_CAP).contains(&self.msd_local_rows) {
+            return Err(CudaSortError::Unsupported(format!(
+                "MSD block-local sorts of {} rows (1 to {MSD_LOCAL_CAP})",
+                self.msd_local_rows
+            )));
+        }
+        if !(1..=MSD_MAX_DIGIT_BITS).contains(&self.msd_max_bits) {
+            return Err(CudaSortError::Unsupported(format!(
+                "MSD partition digits of {} bits (1 to {MSD_MAX_DIGIT_BITS})",
+                self.msd_max_bits
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// What a sort returns.
@@ -62,4 +117,38 @@ pub struct GpuSortResult {
     pub kernel_ms: f32,
     /// The order the key was found in when that replaced the passes (sorted or reversed).
     pub input_order: Option<InputOrder>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sort_switches_come_from_the_options_and_are_checked() {
+        let options = GpuOptions {
+            onesweep: false,
+            msd_max_bits: 5,
+            ..GpuOptions::default()
+        };
+        let s = SortSwitches::new(&options);
+        assert_eq!(
+            s,
+            SortSwitches {
+                onesweep: false,
+                pair_lanes: true,
+                msd_local_rows: MSD_LOCAL_CAP,
+                msd_max_bits: 5,
+            }
+        );
+        s.check().unwrap();
+        for (rows, bits) in [(0, 5), (MSD_LOCAL_CAP + 1, 5), (1, 0), (1, MSD_MAX_DIGIT_BITS + 1)] {
+            let bad = SortSwitches {
+                msd_local_rows: rows,
+                msd_max_bits: bits,
+                ..s
+            };
+            let err = bad.check().unwrap_err();
+            assert!(err.to_string().contains("MSD"), "{err}");
+        }
+    }
 }

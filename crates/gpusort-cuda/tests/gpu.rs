@@ -25,7 +25,7 @@ use arrow::datatypes::{DataType, Field, Schema};
 use cudarc::driver::CudaSlice;
 use gpusort::plan::{InputOrder, RadixPass, Strategy, radix_passes, varying_bits};
 use gpusort::{CpuBackend, EncoderOptions, KeyEncoder, SortBackend, SortKey, SortRequest, SortSpec};
-use gpusort_cuda::{CudaBackend, DeviceColumn, DeviceRecords, DeviceTable, Gpu, GpuSortPlan};
+use gpusort_cuda::{CudaBackend, DeviceColumn, DeviceRecords, DeviceTable, Gpu, GpuSortPlan, SortSwitches};
 use gpusort_testing::{EDGE_SIZES, assert_matches_reference, random_case, rng_from_env};
 use rand::prelude::*;
 use rand::rngs::SmallRng;
@@ -60,6 +60,18 @@ fn random_bytes(rng: &mut SmallRng, len: usize) -> Vec<u8> {
 /// Uploads, sorts with `strategy` and `bits`-bit digits, downloads, and compares with a stable
 /// sort on the host; returns the input order the sort found.
 fn check_engine(gpu: &Gpu, case: &Case, strategy: Strategy, bits: u32, what: &str) -> Option<InputOrder> {
+    check_engine_with(gpu, case, strategy, bits, gpu.sort_switches(), what)
+}
+
+/// As [`check_engine`], with the plan's `switches`.
+fn check_engine_with(
+    gpu: &Gpu,
+    case: &Case,
+    strategy: Strategy,
+    bits: u32,
+    switches: SortSwitches,
+    what: &str,
+) -> Option<InputOrder> {
     let n = case.keys.first().map_or(0, |w| w.len());
     let s = gpu.stream();
     let mut table = DeviceTable {
@@ -87,6 +99,7 @@ fn check_engine(gpu: &Gpu, case: &Case, strategy: Strategy, bits: u32, what: &st
         want_perm: true,
         // Both ways of gathering (indirect): packed groups and column by column.
         pack_gathers: n.is_multiple_of(2),
+        switches,
     };
     let result = gpu.sort(&mut table, &plan).unwrap_or_else(|e| panic!("{what}: {e}"));
     let want = reference_order(&case.keys, n);
@@ -149,6 +162,7 @@ fn check_engine_keys_only(gpu: &Gpu, keys: &[Vec<u32>], strategy: Strategy, bits
         keep_keys: true,
         want_perm: false,
         pack_gathers: false,
+        switches: gpu.sort_switches(),
     };
     let result = gpu.sort(&mut table, &plan).unwrap_or_else(|e| panic!("{what}: {e}"));
     assert!(result.perm.is_none(), "{what}: a permutation nobody asked for");
@@ -322,16 +336,6 @@ fn engine_presorted_input() {
     check_engine_keys_only(gpu, &keys, Strategy::MSD_DIRECT, 8, "reversed keys only");
 }
 
-/// Restores the MSD knobs of a `Gpu` when a test ends (or fails).
-struct MsdKnobs<'a>(&'a Gpu);
-
-impl Drop for MsdKnobs<'_> {
-    fn drop(&mut self) {
-        self.0.set_msd_local_rows(gpusort_cuda::kernels::MSD_LOCAL_CAP).unwrap();
-        self.0.set_msd_max_bits(gpusort_cuda::msd::MSD_MAX_DIGIT_BITS).unwrap();
-    }
-}
-
 /// The MSD sort with small block-local sorts and narrow partition digits: many partition
 /// levels, batches of many segments, keys used up before the segments are small (equal keys),
 /// finals in both buffers.
@@ -339,11 +343,13 @@ impl Drop for MsdKnobs<'_> {
 fn engine_msd_partition_depths() {
     let Some(b) = backend() else { return };
     let gpu = b.gpu();
-    let _restore = MsdKnobs(gpu);
     let mut rng = SmallRng::seed_from_u64(16);
     for (local, max_bits) in [(1, 11), (3, 1), (40, 4), (700, 8), (3000, 11), (8192, 2)] {
-        gpu.set_msd_local_rows(local).unwrap();
-        gpu.set_msd_max_bits(max_bits).unwrap();
+        let switches = SortSwitches {
+            msd_local_rows: local,
+            msd_max_bits: max_bits,
+            ..gpu.sort_switches()
+        };
         for kind in ["random", "equal", "two", "low", "dups", "sorted"] {
             for &n in &[2usize, 100, 5_000, 60_000] {
                 let words = 1 + n % 3;
@@ -353,7 +359,7 @@ fn engine_msd_partition_depths() {
                         let what = format!(
                             "local {local} max {max_bits}: {kind} n {n} words {words} {strategy} {bits}-bit digits"
                         );
-                        check_engine(gpu, &c, strategy, bits, &what);
+                        check_engine_with(gpu, &c, strategy, bits, switches, &what);
                     }
                 }
             }
@@ -399,15 +405,6 @@ fn engine_keys_only() {
     eprintln!("keys only: {cases} sorts equal to the host");
 }
 
-/// Restores `Gpu::set_pair_lanes` when a test ends (or fails).
-struct PairKnob<'a>(&'a Gpu);
-
-impl Drop for PairKnob<'_> {
-    fn drop(&mut self) {
-        self.0.set_pair_lanes(true);
-    }
-}
-
 /// Rows of `keys` with ByField columns of the given widths.
 fn case_with_columns(rng: &mut SmallRng, keys: Vec<Vec<u32>>, widths: &[usize]) -> Case {
     let n = keys.first().map_or(0, |w| w.len());
@@ -427,7 +424,6 @@ fn case_with_columns(rng: &mut SmallRng, keys: Vec<Vec<u32>>, widths: &[usize]) 
 fn engine_four_byte_lanes_in_pairs() {
     let Some(b) = backend() else { return };
     let gpu = b.gpu();
-    let _restore = PairKnob(gpu);
     let mut rng = SmallRng::seed_from_u64(23);
     let (tile, os_tile) = (gpu.tile(), gpu.onesweep_tile());
     let layouts: [&[usize]; 4] = [&[4, 4], &[4, 4, 4], &[4, 8, 4, 4, 2, 4, 4, 4, 4, 1], &[4]];
@@ -437,23 +433,17 @@ fn engine_four_byte_lanes_in_pairs() {
                 let keys = keys_of(&mut rng, n, words, "random");
                 let c = case_with_columns(&mut rng, keys, widths);
                 for pair in [true, false] {
-                    gpu.set_pair_lanes(pair);
+                    let switches = SortSwitches {
+                        pair_lanes: pair,
+                        ..gpu.sort_switches()
+                    };
                     for strategy in Strategy::ALL {
                         let what = format!("pairs {pair}: n {n} words {words} widths {widths:?} {strategy}");
-                        check_engine(gpu, &c, strategy, 8, &what);
+                        check_engine_with(gpu, &c, strategy, 8, switches, &what);
                     }
                 }
             }
         }
-    }
-}
-
-/// Restores `Gpu::set_srts_onesweep` when a test ends (or fails).
-struct OnesweepKnob<'a>(&'a Gpu);
-
-impl Drop for OnesweepKnob<'_> {
-    fn drop(&mut self) {
-        self.0.set_srts_onesweep(true);
     }
 }
 
@@ -468,7 +458,6 @@ impl Drop for OnesweepKnob<'_> {
 fn engine_srts_one_sweep_and_three_kernels() {
     let Some(b) = backend() else { return };
     let gpu = b.gpu();
-    let _restore = OnesweepKnob(gpu);
     let mut rng = SmallRng::seed_from_u64(17);
     // The one-sweep pass has a tile size of its own (GPUSORT_ONESWEEP_IPT); the three kernels'
     // tile gets its edge cases too.
@@ -495,10 +484,13 @@ fn engine_srts_one_sweep_and_three_kernels() {
     for (n, words, kind, bits) in cases {
         let c = case(&mut rng, n, words, kind, n % 2 == 1 && words == 2);
         for onesweep in [true, false] {
-            gpu.set_srts_onesweep(onesweep);
+            let switches = SortSwitches {
+                onesweep,
+                ..gpu.sort_switches()
+            };
             for strategy in [Strategy::SRTS_DIRECT, Strategy::SRTS_INDIRECT] {
                 let what = format!("one sweep {onesweep}: {kind} n {n} words {words} {strategy} {bits}-bit digits");
-                check_engine(gpu, &c, strategy, bits, &what);
+                check_engine_with(gpu, &c, strategy, bits, switches, &what);
             }
         }
     }
@@ -745,19 +737,21 @@ fn sanitize_every_kernel() {
     let c = case(&mut rng, n + 1, 2, "random", false);
     check_engine(gpu, &c, Strategy::GRS_INDIRECT, 8, "sanitize packed gathers");
     // SRTS's 8-bit passes as the three kernels (with one sweep, above, they run onesweep.cu).
-    let restore = OnesweepKnob(gpu);
-    gpu.set_srts_onesweep(false);
-    check_engine(gpu, &c, Strategy::SRTS_DIRECT, 8, "sanitize srts three kernels");
-    drop(restore);
+    let three = SortSwitches {
+        onesweep: false,
+        ..gpu.sort_switches()
+    };
+    check_engine_with(gpu, &c, Strategy::SRTS_DIRECT, 8, three, "sanitize srts three kernels");
     // MSD with three partition depths and multi-segment batches.
-    let _restore = MsdKnobs(gpu);
-    gpu.set_msd_local_rows(50).unwrap();
-    gpu.set_msd_max_bits(3).unwrap();
+    let deep = SortSwitches {
+        msd_local_rows: 50,
+        msd_max_bits: 3,
+        ..gpu.sort_switches()
+    };
     let c = case(&mut rng, 3000, 2, "dups", false);
     for strategy in [Strategy::MSD_DIRECT, Strategy::MSD_INDIRECT] {
-        check_engine(gpu, &c, strategy, 8, &format!("sanitize {strategy} deep"));
+        check_engine_with(gpu, &c, strategy, 8, deep, &format!("sanitize {strategy} deep"));
     }
-    drop(_restore);
     // Validity packing and unpacking, bitmap gathers: through the backend.
     let n = 5000;
     let v: ArrayRef = std::sync::Arc::new(UInt32Array::from_iter(

@@ -89,9 +89,9 @@ impl Gpu {
                 key.words()
             )));
         }
-        let local_rows = self.msd_local_rows();
+        let local_rows = plan.switches.msd_local_rows;
         let mut run = MsdRun::start(self, table, plan, direct, needs_index, n > local_rows)?;
-        let sched = schedule(n, &plan.passes, local_rows, self.msd_max_bits(), |level| {
+        let sched = schedule(n, &plan.passes, local_rows, plan.switches.msd_max_bits, |level| {
             run.partition(level)
         })?;
         run.local_sorts(&sched, local_rows, plan.keep_keys)?;

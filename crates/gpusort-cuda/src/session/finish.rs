@@ -343,6 +343,7 @@ impl GpuSortSession {
             keep_keys: plan.inexact,
             want_perm: true,
             pack_gathers: plan.pack_gathers,
+            switches: gpu.sort_switches(),
         };
         let result = gpu.sort(&mut table, &sort_plan)?;
         stats.input_order = result.input_order;
