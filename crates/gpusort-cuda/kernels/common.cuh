@@ -19,28 +19,28 @@ typedef unsigned short u16;
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
-#define FULL_MASK 0xffffffffu
-#define BLOCK 256
-#define WARPS (BLOCK / 32)
-#ifndef IPT
-#define IPT 16  // rows per thread of a tile; the host may define another before this file
+// BLOCK (threads of a sort block), IPT (rows per thread of a tile) and the LANE_* flags below
+// are shared with the host, which defines them before this file.
+#if !defined(BLOCK) || !defined(IPT) || !defined(LANE_IOTA) || !defined(LANE_DIGIT) || !defined(LANE_PAIR)
+#error "defined by the host before the sources (kernels.rs SHARED_CONSTANTS, KernelTuning::defines)"
 #endif
+
+#define FULL_MASK 0xffffffffu
+#define WARPS (BLOCK / 32)
 #define TILE (BLOCK * IPT)
 
 // A column moved by a radix pass, or gathered: `width` bytes per row (1, 2, 4, 8 or 16).
-// With LANE_IOTA the source is the row index itself (a u32 lane that starts as 0, 1, 2...).
+// Its flags: with LANE_IOTA the source is the row index itself (a u32 lane that starts as 0, 1,
+// 2...); LANE_DIGIT: the lane is the key word the pass's digit comes from, staged once, with the
+// digits; LANE_PAIR: the lane and the next are plain 4-byte columns that the scatter moves as a
+// pair when its staging has 8 bytes a row (stage_lane_pair; the host sets it, lanes.rs
+// `mark_lane_pairs`).
 struct Lane {
     const u8* src;
     u8* dst;
     u32 width;
     u32 flags;
 };
-#define LANE_IOTA 1u
-// The lane is the key word the pass's digit comes from: it is staged once, with the digits.
-#define LANE_DIGIT 2u
-// The lane and the next are plain 4-byte columns that the scatter moves as a pair when its
-// staging has 8 bytes a row (stage_lane_pair); the host sets it (lanes.rs `mark_lane_pairs`).
-#define LANE_PAIR 8u
 
 // Row-major records moved with the keys (the Hybrid layout): `bytes` per record.
 struct Records {

@@ -14,9 +14,12 @@
 //   * copy_ranges: many device-to-device copies in one launch (the columns assembled from the
 //     segments the input was uploaded in).
 
-// Rows each thread gathers at once: their index loads, then their (random) row loads, are all
-// in flight together before the first store.
-constexpr u32 GATHER_ROWS = 8;
+// Rows each thread gathers at once (GATHER_ROWS, from the host): their index loads, then their
+// (random) row loads, are all in flight together before the first store. PACK_ROWS (from the
+// host): rows of a pack_rows / gather_unpack block's tile, one per thread.
+#if !defined(GATHER_ROWS) || !defined(PACK_ROWS)
+#error "defined by the host before the sources (kernels.rs SHARED_CONSTANTS, KernelTuning::defines)"
+#endif
 
 // The permutation and the output stream through once (evict-first loads and stores), so that
 // the source column, read at random, keeps the L2 cache: a 4-byte column of 10M rows (40 MB)
@@ -104,7 +107,6 @@ struct PackColumn {
     u32 offset;
 };
 
-#define PACK_ROWS 256  // rows of a block's tile: one per thread
 // Columns whose values a pack_rows thread loads before it stores the first into the tile.
 #define PACK_INFLIGHT 8
 

@@ -16,10 +16,12 @@
 // Each thread walks rows with a grid stride and folds what it saw; warps then combine with
 // shuffles and one lane per warp updates the totals with atomics.
 
-// How raw bits map to their ordinal (gpusort::keys::OrdinalKind).
-#define KIND_UNSIGNED 0u
-#define KIND_SIGNED 1u
-#define KIND_FLOAT 2u
+// From the host: how raw bits map to their ordinal (KIND_UNSIGNED, KIND_SIGNED, KIND_FLOAT:
+// gpusort::keys::OrdinalKind) and the most key words encode_keys writes (KEY_MAX_WORDS; the host
+// encodes longer keys itself).
+#if !defined(KIND_UNSIGNED) || !defined(KIND_SIGNED) || !defined(KIND_FLOAT) || !defined(KEY_MAX_WORDS)
+#error "defined by the host before the sources (kernels.rs SHARED_CONSTANTS, KernelTuning::defines)"
+#endif
 
 __device__ __forceinline__ u64 load_raw(const u8* values, u32 width, size_t i) {
     switch (width) {
@@ -86,9 +88,6 @@ struct KeyFieldDesc {
     u32 descending;
     u32 unused;
 };
-
-// Most key words encode_keys writes (the host encodes longer keys itself).
-#define KEY_MAX_WORDS 16
 
 // words[w][i] for every row i and key word w < nwords; varying[2w] |= OR and varying[2w + 1] &= AND
 // of word w over all rows (the host sets them to 0 and ~0 first).

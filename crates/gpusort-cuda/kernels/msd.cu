@@ -26,9 +26,15 @@
 
 // ---- partition passes ----
 
+#if !defined(MSD_BINS_B8) || !defined(MSD_BINS_B11) || !defined(MSD_RANK_SMEM_B8) || !defined(MSD_RANK_SMEM_B11) || \
+    !defined(LOCAL_BLOCK) || !defined(LOCAL_CAP) || !defined(LOCAL_MAX_WORDS) || !defined(LOCAL_MAX_SEGS) ||     \
+    !defined(LANE_SKIP)
+#error "defined by the host before the sources (kernels.rs SHARED_CONSTANTS, KernelTuning::defines)"
+#endif
+
 // The host sizes dynamic shared memory by these (MSD_RANK_SMEM in kernels.rs).
-static_assert(sizeof(RankSmem<256, u32>) == 8 * 257 * 4 + 3 * 256 * 4 + 32 * 4, "RankSmem<256> as the host counts it");
-static_assert(sizeof(RankSmem<2048, u16>) == 8 * 2049 * 2 + 3 * 2048 * 4 + 32 * 4, "RankSmem<2048> as the host counts it");
+static_assert(sizeof(RankSmem<MSD_BINS_B8, u32>) == MSD_RANK_SMEM_B8, "RankSmem<256> as the host counts it");
+static_assert(sizeof(RankSmem<MSD_BINS_B11, u16>) == MSD_RANK_SMEM_B11, "RankSmem<2048> as the host counts it");
 
 // A chunk of rows of one segment: what one block counts and scatters in a partition pass.
 struct MsdChunk {
@@ -93,24 +99,24 @@ __device__ __forceinline__ void msd_scatter_impl(const MsdChunk* chunks, const u
 
 extern "C" __global__ void __launch_bounds__(BLOCK) msd_count_b8(const MsdChunk* chunks, const u32* digit_word,
                                                                  u32 shift, u32 mask, u32* hist) {
-    msd_count_impl<256>(chunks, digit_word, shift, mask, hist);
+    msd_count_impl<MSD_BINS_B8>(chunks, digit_word, shift, mask, hist);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK) msd_count_b11(const MsdChunk* chunks, const u32* digit_word,
                                                                   u32 shift, u32 mask, u32* hist) {
-    msd_count_impl<2048>(chunks, digit_word, shift, mask, hist);
+    msd_count_impl<MSD_BINS_B11>(chunks, digit_word, shift, mask, hist);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK, 2)
     msd_scatter_b8(const MsdChunk* chunks, const u32* digit_word, u32 shift, u32 mask, const u32* offsets,
                    const Lane* lanes, u32 num_lanes) {
-    msd_scatter_impl<256, u32>(chunks, digit_word, shift, mask, offsets, lanes, num_lanes);
+    msd_scatter_impl<MSD_BINS_B8, u32>(chunks, digit_word, shift, mask, offsets, lanes, num_lanes);
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK, 2)
     msd_scatter_b11(const MsdChunk* chunks, const u32* digit_word, u32 shift, u32 mask, const u32* offsets,
                     const Lane* lanes, u32 num_lanes) {
-    msd_scatter_impl<2048, u16>(chunks, digit_word, shift, mask, offsets, lanes, num_lanes);
+    msd_scatter_impl<MSD_BINS_B11, u16>(chunks, digit_word, shift, mask, offsets, lanes, num_lanes);
 }
 
 // A partitioned segment: its first chunk's `hist`, its chunk count (`stride`) and `bias`.
@@ -133,15 +139,10 @@ extern "C" __global__ void msd_subsegments(const MsdSeg* segs, u32 num_segs, u32
 
 // ---- block-local sorts ----
 
-#define LOCAL_BLOCK 512
-#ifndef LOCAL_CAP
-#define LOCAL_CAP 8192  // most rows of one batch (the host reads this value from the program)
-#endif
+// From the host: LOCAL_BLOCK threads a block, batches of at most LOCAL_CAP rows, LOCAL_MAX_WORDS
+// key words and LOCAL_MAX_SEGS segments; LANE_SKIP marks a lane the block-local sort leaves
+// unwritten (a key word nobody reads afterwards).
 #define LOCAL_IPT (LOCAL_CAP / LOCAL_BLOCK)
-#define LOCAL_MAX_WORDS 4
-#define LOCAL_MAX_SEGS 256
-// A lane the block-local sort leaves unwritten (a key word nobody reads afterwards).
-#define LANE_SKIP 4u
 
 // The remaining digits of segments finalized at one partition depth: the key words to load
 // (lane indices) and `num_digits` digits at digit_table[digits..], least significant first,

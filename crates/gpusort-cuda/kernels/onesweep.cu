@@ -20,12 +20,16 @@
 // n must be below 2^30 rows (the host checks, onesweep.rs `onesweep_plan`, and runs SRTS's three
 // kernels otherwise, as it does for digits of up to 4 bits: only a 256-bin pass is compiled).
 
+// From the host: ONESWEEP_VALUE (2^30 - 1, the value bits), ONESWEEP_MAX_DIGITS (digit
+// positions one histogram launch counts), ONESWEEP_HIST_IPT (keys per thread loaded before they
+// are counted), ONESWEEP_IPT and ONESWEEP_BLOCK (below).
+#if !defined(ONESWEEP_VALUE) || !defined(ONESWEEP_MAX_DIGITS) || !defined(ONESWEEP_HIST_IPT) || \
+    !defined(ONESWEEP_IPT) || !defined(ONESWEEP_BLOCK)
+#error "defined by the host before the sources (kernels.rs SHARED_CONSTANTS, KernelTuning::defines)"
+#endif
 #define ONESWEEP_AGGREGATE 0x40000000u
 #define ONESWEEP_INCLUSIVE 0x80000000u
 #define ONESWEEP_FLAGS 0xc0000000u
-#define ONESWEEP_VALUE 0x3fffffffu
-#define ONESWEEP_MAX_DIGITS 4  // digit positions one histogram launch counts
-#define ONESWEEP_HIST_IPT 16   // keys per thread loaded before they are counted
 
 // ---- 1. the digit counts of every pass in one read ----
 
@@ -147,16 +151,10 @@ __device__ __forceinline__ u32 onesweep_look_back(const u32* lookback, u32 tile,
 // Rows per thread of a one-sweep tile (a tile is ONESWEEP_BLOCK * ONESWEEP_IPT rows), apart from
 // IPT (SRTS, GRS, MSD): 20 by default, since a larger tile shares the pass's fixed costs
 // (barriers, scans, look-back) among more rows (H100, with ONESWEEP_KEEP_WORDS 2: 100M u32 keys
-// 2.31 ms against 2.48 at 16; NOTES.md). The host may define another (kernels.rs:
-// GPUSORT_ONESWEEP_IPT; kernels.rs DEFAULT_ONESWEEP_IPT is this default).
-#ifndef ONESWEEP_IPT
-#define ONESWEEP_IPT 20
-#endif
-// Threads of a one-sweep block: by default BLOCK, as every other kernel; 384 or 512 makes a bigger
-// tile without more registers a thread (kernels.rs: GPUSORT_ONESWEEP_BLOCK).
-#ifndef ONESWEEP_BLOCK
-#define ONESWEEP_BLOCK BLOCK
-#endif
+// 2.31 ms against 2.48 at 16; NOTES.md). The host defines it (kernels.rs DEFAULT_ONESWEEP_IPT,
+// or GPUSORT_ONESWEEP_IPT).
+// Threads of a one-sweep block (ONESWEEP_BLOCK): by default BLOCK, as every other kernel; 384 or
+// 512 makes a bigger tile without more registers a thread (kernels.rs: GPUSORT_ONESWEEP_BLOCK).
 static_assert(ONESWEEP_BLOCK % 32 == 0 && ONESWEEP_BLOCK >= 256 && ONESWEEP_BLOCK <= 512,
               "whole warps, at least one thread per digit");
 // Blocks per SM the pass kernel is compiled for: by default 768 threads' worth (3 blocks of 256,

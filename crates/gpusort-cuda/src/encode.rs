@@ -21,8 +21,8 @@ use gpusort::keys::{FieldEncoding, KeyLayout, NativeColumnStats, OrdinalKind};
 use crate::error::{CudaSortError, Result};
 use crate::gpu::{Gpu, rows_u32};
 
-/// Most key words [`Gpu::encode_native_keys`] writes (`KEY_MAX_WORDS` in kernels/keys.cu).
-pub const KEY_MAX_WORDS: usize = 16;
+pub use crate::kernels::KEY_MAX_WORDS;
+use crate::kernels::{KIND_FLOAT, KIND_SIGNED, KIND_UNSIGNED};
 
 /// A sort column on the device: its values and, when it has nulls, its validity bits (row 0
 /// at bit 0).
@@ -39,9 +39,9 @@ pub struct DeviceKeyColumn<'a> {
 /// keys.cu's kind codes and the value width of a native kind.
 fn kind_code(kind: OrdinalKind) -> Result<(u32, u32)> {
     match kind {
-        OrdinalKind::Unsigned(w) => Ok((0, w as u32)),
-        OrdinalKind::Signed(w) => Ok((1, w as u32)),
-        OrdinalKind::Float(w) => Ok((2, w as u32)),
+        OrdinalKind::Unsigned(w) => Ok((KIND_UNSIGNED, w as u32)),
+        OrdinalKind::Signed(w) => Ok((KIND_SIGNED, w as u32)),
+        OrdinalKind::Float(w) => Ok((KIND_FLOAT, w as u32)),
         other => Err(CudaSortError::Unsupported(format!(
             "device key encoding of {other:?} values"
         ))),

@@ -8,15 +8,10 @@ use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 
 use crate::error::{CudaSortError, Result};
 use crate::gpu::{Gpu, rows_u32};
+use crate::kernels::{GATHER_ROWS, PACK_ROWS};
 use crate::lanes::record_piece;
 use crate::profile::Profile;
 use crate::table::{DeviceColumn, DeviceTable};
-
-/// Rows each thread of the gather kernels moves at once (`GATHER_ROWS` in gather.cu).
-const GATHER_ROWS: usize = 8;
-
-/// Rows of a `pack_rows` / `gather_unpack` tile (`PACK_ROWS` in gather.cu): one per thread.
-const PACK_ROWS: u32 = 256;
 
 /// The widest row of a packed gather group. On the H100 (10M rows of u32 columns, a random
 /// permutation) one column gathered alone costs 0.16 ms; 20 columns gathered as 80-byte rows

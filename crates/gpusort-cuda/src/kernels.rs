@@ -54,8 +54,8 @@ pub fn family_source(family: &str, text: &str) -> String {
 }
 
 /// The kernels' compile-time settings the host may choose: each is a `#define` put before the
-/// sources, so it is part of the source hash and the cache key. `None` keeps the default that
-/// the sources define.
+/// sources, so it is part of the source hash and the cache key. `None` keeps the default: the
+/// host's for the tile sizes ([`DEFAULT_ONESWEEP_IPT`], [`BLOCK`]), the sources' for the others.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KernelTuning {
     /// Rows per thread of a GRS / SRTS / MSD tile (`IPT`; `GPUSORT_IPT`).
@@ -82,15 +82,67 @@ pub struct KernelTuning {
     pub rank_fold: Option<u32>,
 }
 
-/// Rows per thread of a tile by default (`IPT` in `kernels/common.cuh`).
+/// Rows per thread of a tile by default (`IPT`).
 pub const DEFAULT_IPT: usize = 16;
 
-/// Rows per thread of a one-sweep tile by default (`ONESWEEP_IPT` in `kernels/onesweep.cu`).
+/// Rows per thread of a one-sweep tile by default (`ONESWEEP_IPT`).
 pub const DEFAULT_ONESWEEP_IPT: usize = 20;
 
-/// Threads per block of every sort kernel (`BLOCK` in `kernels/common.cuh`), and of the one-sweep
-/// pass unless [`KernelTuning::onesweep_block`] says otherwise.
+/// Threads per block of every sort kernel (`BLOCK` in the kernels), and of the one-sweep pass
+/// unless [`KernelTuning::onesweep_block`] says otherwise.
 pub const BLOCK: u32 = 256;
+
+/// A lane's values are the row indices themselves, no source (`LANE_IOTA`).
+pub(crate) const LANE_IOTA: u32 = 1;
+/// A lane is the key word of the pass's digit (`LANE_DIGIT`).
+pub(crate) const LANE_DIGIT: u32 = 2;
+/// A lane the MSD block-local sort leaves unwritten (`LANE_SKIP`).
+pub(crate) const LANE_SKIP: u32 = 4;
+/// A lane and the next move as a pair (`LANE_PAIR`; lanes.rs `mark_lane_pairs`).
+pub(crate) const LANE_PAIR: u32 = 8;
+
+/// Rows each thread of the gather kernels moves at once (`GATHER_ROWS`).
+pub(crate) const GATHER_ROWS: usize = 8;
+/// Rows of a `pack_rows` / `gather_unpack` tile (`PACK_ROWS`): one per thread.
+pub(crate) const PACK_ROWS: u32 = 256;
+
+/// Most key words `encode_keys` writes (`KEY_MAX_WORDS`; the host encodes longer keys itself).
+pub const KEY_MAX_WORDS: usize = 16;
+/// keys.cu's code of an unsigned ordinal (`KIND_UNSIGNED`; `gpusort::keys::OrdinalKind`).
+pub(crate) const KIND_UNSIGNED: u32 = 0;
+/// keys.cu's code of a signed ordinal (`KIND_SIGNED`).
+pub(crate) const KIND_SIGNED: u32 = 1;
+/// keys.cu's code of a floating-point ordinal (`KIND_FLOAT`).
+pub(crate) const KIND_FLOAT: u32 = 2;
+
+/// Constants the host and the kernels share, by the kernels' names, each with whether the
+/// kernels use it as an unsigned literal (`1u`): [`KernelTuning::defines`] puts them before every
+/// program, so no source defines them (each checks with `#error` that they are there) and the
+/// two sides cannot differ. The tile sizes ([`KernelTuning`]) are emitted beside them.
+pub const SHARED_CONSTANTS: &[(&str, u64, bool)] = &[
+    ("BLOCK", BLOCK as u64, false),
+    ("LANE_IOTA", LANE_IOTA as u64, true),
+    ("LANE_DIGIT", LANE_DIGIT as u64, true),
+    ("LANE_SKIP", LANE_SKIP as u64, true),
+    ("LANE_PAIR", LANE_PAIR as u64, true),
+    ("GATHER_ROWS", GATHER_ROWS as u64, true),
+    ("PACK_ROWS", PACK_ROWS as u64, false),
+    ("KEY_MAX_WORDS", KEY_MAX_WORDS as u64, false),
+    ("KIND_UNSIGNED", KIND_UNSIGNED as u64, true),
+    ("KIND_SIGNED", KIND_SIGNED as u64, true),
+    ("KIND_FLOAT", KIND_FLOAT as u64, true),
+    ("MSD_BINS_B8", MSD_BINS[0] as u64, false),
+    ("MSD_BINS_B11", MSD_BINS[1] as u64, false),
+    ("MSD_RANK_SMEM_B8", MSD_RANK_SMEM[0] as u64, false),
+    ("MSD_RANK_SMEM_B11", MSD_RANK_SMEM[1] as u64, false),
+    ("LOCAL_BLOCK", MSD_LOCAL_BLOCK as u64, false),
+    ("LOCAL_CAP", MSD_LOCAL_CAP as u64, false),
+    ("LOCAL_MAX_WORDS", MSD_LOCAL_MAX_WORDS as u64, false),
+    ("LOCAL_MAX_SEGS", MSD_LOCAL_MAX_SEGS as u64, false),
+    ("ONESWEEP_MAX_DIGITS", ONESWEEP_MAX_DIGITS as u64, false),
+    ("ONESWEEP_HIST_IPT", ONESWEEP_HIST_IPT as u64, false),
+    ("ONESWEEP_VALUE", ONESWEEP_MAX_ROWS as u64, true),
+];
 
 impl Default for KernelTuning {
     fn default() -> Self {
@@ -180,12 +232,20 @@ impl KernelTuning {
         self.onesweep_block() as usize * self.onesweep_ipt()
     }
 
-    /// The `#define`s put before every program.
+    /// The `#define`s put before every program: the [`SHARED_CONSTANTS`], the tile sizes, then
+    /// the settings chosen (the others keep the sources' defaults).
     pub fn defines(&self) -> String {
-        let mut s = format!("#define IPT {}\n", self.ipt);
+        let mut s = String::new();
+        for (name, value, unsigned) in SHARED_CONSTANTS {
+            s.push_str(&format!("#define {name} {value}{}\n", if *unsigned { "u" } else { "" }));
+        }
+        s.push_str(&format!(
+            "#define IPT {}\n#define ONESWEEP_IPT {}\n#define ONESWEEP_BLOCK {}\n",
+            self.ipt,
+            self.onesweep_ipt(),
+            self.onesweep_block()
+        ));
         for (name, value) in [
-            ("ONESWEEP_IPT", self.onesweep_ipt.map(|v| v as u64)),
-            ("ONESWEEP_BLOCK", self.onesweep_block.map(u64::from)),
             ("ONESWEEP_MIN_BLOCKS", self.onesweep_min_blocks.map(u64::from)),
             ("ONESWEEP_KEEP_WORDS", self.onesweep_keep_words.map(u64::from)),
             ("ONESWEEP_LOOKBACK_WINDOW", self.onesweep_lookback_window.map(u64::from)),
@@ -614,11 +674,13 @@ pub const MSD_BINS: [usize; 2] = [256, 2048];
 
 /// Bytes of `RankSmem<BINS, C>` (kernels/common.cuh) of the MSD scatters: per-warp counters
 /// (u32 for 256 bins, u16 for 2048), three u32 arrays of the bins and 32 scan words; msd.cu
-/// checks these figures with static_assert.
+/// checks these figures (`MSD_RANK_SMEM_B8`, `MSD_RANK_SMEM_B11`) with static_assert.
 pub const MSD_RANK_SMEM: [usize; 2] = [8 * 257 * 4 + 3 * 256 * 4 + 32 * 4, 8 * 2049 * 2 + 3 * 2048 * 4 + 32 * 4];
 
 /// Most rows of one block-local sort (`LOCAL_CAP` in kernels/msd.cu).
 pub const MSD_LOCAL_CAP: usize = 8192;
+/// Threads of a block-local sort (`LOCAL_BLOCK`).
+pub(crate) const MSD_LOCAL_BLOCK: u32 = 512;
 /// Most key words one block-local sort holds in shared memory (`LOCAL_MAX_WORDS`).
 pub const MSD_LOCAL_MAX_WORDS: usize = 4;
 /// Most segments of one block-local batch (`LOCAL_MAX_SEGS`).
@@ -759,17 +821,19 @@ mod tests {
             onesweep_min_blocks: Some(4),
             ..KernelTuning::default()
         };
+        let shared = KernelTuning::default().defines();
+        let shared = &shared[..shared.find("#define IPT ").unwrap()];
         for (name, source) in t.programs() {
+            let tuned =
+                "#define IPT 12\n#define ONESWEEP_IPT 20\n#define ONESWEEP_BLOCK 256\n#define ONESWEEP_MIN_BLOCKS 4\n";
             assert!(
-                source.starts_with("#define IPT 12\n#define ONESWEEP_MIN_BLOCKS 4\n// ---- common.cuh"),
+                source.starts_with(&format!("{shared}{tuned}// ---- common.cuh")),
                 "{name}"
             );
         }
-        assert!(
-            KernelTuning::default().programs()[0]
-                .1
-                .starts_with("#define IPT 16\n// ---- common.cuh")
-        );
+        assert!(KernelTuning::default().programs()[0].1.starts_with(&format!(
+            "{shared}#define IPT 16\n#define ONESWEEP_IPT 20\n#define ONESWEEP_BLOCK 256\n// ---- common.cuh"
+        )));
         let all = KernelTuning {
             ipt: 16,
             onesweep_ipt: Some(24),
@@ -781,8 +845,10 @@ mod tests {
         };
         assert_eq!(
             all.defines(),
-            "#define IPT 16\n#define ONESWEEP_IPT 24\n#define ONESWEEP_BLOCK 384\n#define ONESWEEP_MIN_BLOCKS 2\n\
-             #define ONESWEEP_KEEP_WORDS 1\n#define ONESWEEP_LOOKBACK_WINDOW 4\n#define RANK_FOLD 0\n"
+            format!(
+                "{shared}#define IPT 16\n#define ONESWEEP_IPT 24\n#define ONESWEEP_BLOCK 384\n#define ONESWEEP_MIN_BLOCKS 2\n\
+                 #define ONESWEEP_KEEP_WORDS 1\n#define ONESWEEP_LOOKBACK_WINDOW 4\n#define RANK_FOLD 0\n"
+            )
         );
         assert_eq!(
             (all.onesweep_ipt(), all.onesweep_block(), all.onesweep_tile()),
@@ -799,6 +865,79 @@ mod tests {
             "tiles of 256 x 16; one sweep 256 x 20, min blocks/SM default, keep words default, \
              look-back window default, rank fold default"
         );
+    }
+
+    /// The constants both sides use come from the host: the defines hold every one with the
+    /// host's value, each name a source checks for (`#if !defined(NAME) ...` before an `#error`)
+    /// is among the defines, and no source defines one itself.
+    #[test]
+    fn the_defines_hold_every_constant_shared_with_the_kernels() {
+        let defines = KernelTuning::default().defines();
+        let has = |name: &str, value: String| defines.lines().any(|l| l == format!("#define {name} {value}"));
+        for (name, value) in [
+            ("BLOCK", BLOCK.to_string()),
+            ("IPT", DEFAULT_IPT.to_string()),
+            ("ONESWEEP_IPT", DEFAULT_ONESWEEP_IPT.to_string()),
+            ("ONESWEEP_BLOCK", BLOCK.to_string()),
+            ("LANE_IOTA", format!("{LANE_IOTA}u")),
+            ("LANE_DIGIT", format!("{LANE_DIGIT}u")),
+            ("LANE_SKIP", format!("{LANE_SKIP}u")),
+            ("LANE_PAIR", format!("{LANE_PAIR}u")),
+            ("GATHER_ROWS", format!("{GATHER_ROWS}u")),
+            ("PACK_ROWS", PACK_ROWS.to_string()),
+            ("KEY_MAX_WORDS", KEY_MAX_WORDS.to_string()),
+            ("KIND_UNSIGNED", format!("{KIND_UNSIGNED}u")),
+            ("KIND_SIGNED", format!("{KIND_SIGNED}u")),
+            ("KIND_FLOAT", format!("{KIND_FLOAT}u")),
+            ("MSD_BINS_B8", MSD_BINS[0].to_string()),
+            ("MSD_BINS_B11", MSD_BINS[1].to_string()),
+            ("MSD_RANK_SMEM_B8", MSD_RANK_SMEM[0].to_string()),
+            ("MSD_RANK_SMEM_B11", MSD_RANK_SMEM[1].to_string()),
+            ("LOCAL_BLOCK", MSD_LOCAL_BLOCK.to_string()),
+            ("LOCAL_CAP", MSD_LOCAL_CAP.to_string()),
+            ("LOCAL_MAX_WORDS", MSD_LOCAL_MAX_WORDS.to_string()),
+            ("LOCAL_MAX_SEGS", MSD_LOCAL_MAX_SEGS.to_string()),
+            ("ONESWEEP_MAX_DIGITS", ONESWEEP_MAX_DIGITS.to_string()),
+            ("ONESWEEP_HIST_IPT", ONESWEEP_HIST_IPT.to_string()),
+            ("ONESWEEP_VALUE", format!("{ONESWEEP_MAX_ROWS}u")),
+        ] {
+            assert!(
+                has(name, value.clone()),
+                "#define {name} {value} missing from:\n{defines}"
+            );
+        }
+        assert_eq!(ONESWEEP_MAX_ROWS, 0x3fff_ffff, "the look-back words' 30 value bits");
+        let sources = std::iter::once(&COMMON).chain(FAMILIES);
+        let mut checked = 0;
+        for (file, text) in sources {
+            let mut lines = text.lines().peekable();
+            while let Some(line) = lines.next() {
+                if line.starts_with("#if !defined(") {
+                    // The condition may go on over lines ending in a backslash.
+                    let mut cond = line.to_string();
+                    while cond.ends_with('\\') {
+                        cond.push_str(lines.next().unwrap());
+                    }
+                    assert!(lines.peek().unwrap().starts_with("#error"), "{file}: {cond}");
+                    for name in cond.split("defined(").skip(1).map(|s| &s[..s.find(')').unwrap()]) {
+                        assert!(
+                            defines.contains(&format!("#define {name} ")),
+                            "{file} expects {name} from the host"
+                        );
+                        checked += 1;
+                    }
+                }
+                if let Some(rest) = line.trim_start().strip_prefix("#define ") {
+                    let name = rest.split_whitespace().next().unwrap();
+                    assert!(
+                        !defines.contains(&format!("#define {name} ")),
+                        "{file} defines {name}, which the host defines"
+                    );
+                }
+            }
+        }
+        // Every shared constant and tile size is checked for by a source.
+        assert_eq!(checked, SHARED_CONSTANTS.len() + 3);
     }
 
     #[test]

@@ -54,12 +54,7 @@ pub(crate) fn mark_lane_pairs(tables: &mut [Vec<Lane>]) -> bool {
     any
 }
 
-/// The lane's values are the row indices themselves (no source).
-pub(crate) const LANE_IOTA: u32 = 1;
-/// The lane is the key word of the pass's digit.
-pub(crate) const LANE_DIGIT: u32 = 2;
-/// The lane and the next move as a pair ([`mark_lane_pairs`]).
-pub(crate) const LANE_PAIR: u32 = 8;
+pub(crate) use crate::kernels::{LANE_DIGIT, LANE_IOTA, LANE_PAIR};
 
 impl Lane {
     /// The lane as the six u32 words of the CUDA struct.

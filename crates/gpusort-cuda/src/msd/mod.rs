@@ -28,10 +28,7 @@ use crate::profile::Profile;
 use crate::table::{DeviceTable, GpuSortPlan};
 
 pub use crate::kernels::MSD_MAX_DIGIT_BITS;
-/// Threads of a block-local sort (`LOCAL_BLOCK` in kernels/msd.cu).
-const LOCAL_BLOCK: u32 = 512;
-/// A lane the block-local sort leaves unwritten (`LANE_SKIP` in kernels/msd.cu).
-const LANE_SKIP: u32 = 4;
+use crate::kernels::{LANE_SKIP, MSD_LOCAL_BLOCK as LOCAL_BLOCK};
 
 /// Rows per chunk of a partition pass over `rows` rows on a GPU of `sms` multiprocessors:
 /// about four chunks per multiprocessor, whole tiles.
