@@ -88,6 +88,9 @@ pub struct GpuSortMetrics {
     pub cpu_fallback: Arc<TextMetric>,
     /// Time the GPU spent in sort and gather kernels.
     pub kernel_time: Time,
+    /// Time GPU sorts waited for device memory other sorts of the process held (the device
+    /// memory budget) and for the device (one sort's device phase at a time).
+    pub device_wait: Time,
     /// Time spent taking input batches in (reserving memory, handing them to the GPU session).
     pub input_time: Time,
     /// Time spent copying input into pinned staging memory (GPU path; overlaps the input).
@@ -163,6 +166,7 @@ impl GpuSortMetrics {
             path: text("path"),
             cpu_fallback: text("cpu_fallback"),
             kernel_time: summary().subset_time("gpu_kernel_time", partition),
+            device_wait: summary().subset_time("gpu_wait_time", partition),
             input_time: dev().subset_time("input_time", partition),
             stage_time: dev().subset_time("stage_time", partition),
             upload_time: dev().subset_time("upload_time", partition),
@@ -219,6 +223,7 @@ impl GpuSortMetrics {
         if let Some(t) = stats.device_time {
             self.kernel_time.add_duration(t);
         }
+        self.device_wait.add_duration(stats.device_wait);
         self.stage_time.add_duration(stats.stage_time);
         self.upload_time.add_duration(stats.upload_time);
         self.concat_time.add_duration(stats.concat_time);

@@ -19,6 +19,17 @@
 //! Every sort is a [`GpuSortSession`]: [`CudaBackend::begin_sort`] starts one that takes the
 //! input batch by batch and moves it to the device while it arrives;
 //! [`SortBackend::sort`] and [`CudaBackend::sort_within`] push their one batch through one.
+//!
+//! # Sorts at once
+//!
+//! One backend serves every sort of the process on its device (one context, one kernel cache):
+//! sorts stage and upload their input at the same time, each on a copy stream of its own, so
+//! one sort's uploads overlap another's kernels; their device phases (sort, gathers, downloads)
+//! take turns on the device's sort stream. Every byte a sort holds on the device is reserved
+//! first from the process's [`DeviceBudget`] for the device: a sort waits for memory another
+//! one will release, and is refused (the caller sorts on the CPU, with the reason) only when
+//! it needs more than the budget or every other holder waits too. The pinned host memory
+//! comes from the process's [`PinnedPool`], bounded across sorts.
 
 use std::sync::{Arc, Mutex};
 
@@ -29,7 +40,7 @@ use gpusort::{KeyEncoder, KeyLayout, SortBackend, SortOutput, SortRequest, SortS
 use crate::error::{CudaSortError, Result};
 use crate::gpu::Gpu;
 use crate::kernels::KernelCache;
-use crate::memory::device_bytes_needed;
+use crate::memory::{DeviceBudget, device_bytes_needed};
 use crate::pinned::PinnedPool;
 use crate::session::GpuSortSession;
 
@@ -43,6 +54,8 @@ pub struct CudaBackend {
     digit_bits: u32,
     /// Held by a sort while it uses the device's sort stream.
     device: Arc<Mutex<()>>,
+    /// The device memory every sort of the process reserves from.
+    budget: Arc<DeviceBudget>,
 }
 
 impl CudaBackend {
@@ -57,10 +70,12 @@ impl CudaBackend {
     pub fn with_cache(ordinal: usize, cache: &KernelCache) -> Result<Self> {
         let gpu = Gpu::open(ordinal, cache)?;
         PinnedPool::global().attach(gpu.context());
+        let budget = DeviceBudget::for_device(ordinal, || gpu.free_memory().unwrap_or(0));
         Ok(Self {
             gpu: Arc::new(gpu),
             digit_bits: MAX_DIGIT_BITS,
             device: Arc::new(Mutex::new(())),
+            budget,
         })
     }
 
@@ -78,12 +93,18 @@ impl CudaBackend {
         &self.gpu
     }
 
+    /// The device memory budget every sort of the process on this device reserves from.
+    pub fn memory_budget(&self) -> &Arc<DeviceBudget> {
+        &self.budget
+    }
+
     /// Starts a sort of batches of `schema` by `spec`, fed with [`GpuSortSession::push`] and
     /// ended by [`GpuSortSession::finish`].
     pub fn begin_sort(&self, schema: SchemaRef, spec: SortSpec) -> Result<GpuSortSession> {
         GpuSortSession::new(
             Arc::clone(&self.gpu),
             Arc::clone(&self.device),
+            Arc::clone(&self.budget),
             self.digit_bits,
             schema,
             spec,
@@ -92,7 +113,8 @@ impl CudaBackend {
 
     /// Sorts like [`SortBackend::sort`], but fails with [`CudaSortError::OutOfMemory`] before
     /// the sort starts when it would need more than `memory_limit` bytes of device memory (or
-    /// more than the device has free).
+    /// more than the process's budget), and with [`CudaSortError::Busy`] when other sorts hold
+    /// the memory it needs and wait themselves.
     pub fn sort_within(&self, request: &SortRequest<'_>, memory_limit: Option<usize>) -> Result<SortOutput> {
         request.check_rows()?;
         let mut session = self
@@ -106,8 +128,9 @@ impl CudaBackend {
     }
 
     /// The most rows of batches like `request.batch` (same columns, same sort) that one sort
-    /// can take within `memory_limit` bytes of device memory (or the memory the device has
-    /// free): what an external sort sizes its runs by.
+    /// can take within `memory_limit` bytes of device memory (or the process's budget, or less
+    /// when another process holds device memory): what an external sort sizes its runs by.
+    /// Sorts running at once do not shrink it: a run that fits waits for its share.
     ///
     /// The estimate is conservative: it counts every key word of the sample's layout plus one
     /// more per sort key (other batches may span wider ranges), or every word a key encoded on
@@ -133,8 +156,7 @@ impl CudaBackend {
         const SAMPLE: usize = 1 << 20;
         let fixed = bytes(0);
         let per_row = (bytes(SAMPLE) - fixed).div_ceil(SAMPLE).max(1);
-        let free = self.gpu.free_memory()?;
-        let available = memory_limit.map_or(free, |l| l.min(free));
+        let available = self.budget.per_sort(self.gpu.free_memory()?, memory_limit);
         Ok(available.saturating_sub(fixed) / per_row)
     }
 }

@@ -21,6 +21,10 @@ pub enum CudaSortError {
         /// Bytes available under the budget.
         available: usize,
     },
+    /// Other sorts of the process hold the device memory the sort needs and wait for memory
+    /// themselves, or it needs more than the process's budget ([`crate::DeviceBudget`]).
+    #[error("device memory budget: {0}")]
+    Busy(crate::memory::BudgetRefusal),
     /// Compiling the kernels failed.
     #[error("compiling the CUDA kernels failed: {0}")]
     Compile(String),

@@ -125,6 +125,9 @@ pub struct SortStats {
     pub download_time: Duration,
     /// Time spent building the output columns (host gathers included).
     pub gather_time: Duration,
+    /// Time a device backend's sort waited for device memory other sorts of the process held
+    /// and for the device itself (one sort's device phase at a time).
+    pub device_wait: Duration,
     /// Time the device spent in sort kernels (device backends), from device events.
     pub device_time: Option<Duration>,
     /// Bytes copied from host to device.

@@ -22,7 +22,7 @@ use super::{GpuColumn, GpuSortSession};
 use crate::encode::{DeviceKeyColumn, KEY_MAX_WORDS};
 use crate::error::{CudaSortError, Result};
 use crate::gpu::Gpu;
-use crate::memory::device_bytes_needed;
+use crate::memory::{DeviceReservation, device_bytes_needed};
 use crate::pinned::{HostBuffer, PinnedPool};
 use crate::table::{DeviceColumn, DeviceTable, GpuSortPlan};
 use crate::transfer::Transfers;
@@ -66,8 +66,10 @@ impl HostSide {
 }
 
 /// How the device sorts: the record move (indirect when tied string prefixes are ordered on
-/// the host), its columns, which of them have nulls, whether gathers are packed.
+/// the host), its columns, which of them have nulls, whether gathers are packed, and the
+/// device memory it holds of the budget.
 struct DevicePlan {
+    reservation: DeviceReservation,
     strategy: Strategy,
     direct: bool,
     /// Whether the key is inexact (truncated string prefixes): ties are ordered on the host.
@@ -163,11 +165,18 @@ impl GpuSortSession {
         }
         let host = self.host_side(&mut stats)?;
         let start = Instant::now();
-        let uploaded = self.join_uploads(&mut stats)?;
-        let plan = self.plan_device(&host.keys, &uploaded, strategy, &mut stats)?;
+        let mut uploaded = self.join_uploads(&mut stats)?;
+        let plan = self.plan_device(&host.keys, &mut uploaded, strategy, &mut stats)?;
+        log::debug!(
+            target: "gpusort::timeline",
+            "session: {} bytes of the device budget held",
+            plan.reservation.bytes()
+        );
 
         // The device phase: one sort at a time on the sort stream.
+        let waiting = Instant::now();
         let _device = self.device_lock.lock().unwrap_or_else(|p| p.into_inner());
+        stats.device_wait += waiting.elapsed();
         let mut copies = Transfers::new(self.gpu.stream());
         let mut sorted = self.sort_on_device(&host.keys, uploaded.segments, &plan, &mut copies, &mut stats)?;
         self.order_ties(&host.keys, &mut sorted, &mut copies, &mut stats)?;
@@ -183,10 +192,19 @@ impl GpuSortSession {
         stats.bytes_to_device += copies.to_device;
         stats.bytes_from_device = copies.from_device;
         let kept = if self.want_permutation { limit } else { 0 };
-        let mut perm = sorted.perm;
+        let Sorted {
+            mut perm,
+            table,
+            values,
+            bitmaps,
+            perm_dev,
+            ..
+        } = sorted;
         perm.truncate(4 * kept);
         let indices = UInt32Array::new(ScalarBuffer::new(perm.into_buffer(), 0, kept), None);
-        drop((copies, _device));
+        // The device memory is freed (in stream order) before its reservation is released.
+        drop((table, values, bitmaps, perm_dev, copies, _device));
+        drop(plan);
         // The input's batches (and their concatenated columns) are released on another core:
         // thousands of arrays whose reference counts other threads last touched.
         let input = (std::mem::take(&mut self.batches), host.concatenated);
@@ -235,16 +253,19 @@ impl GpuSortSession {
         log::debug!(target: "gpusort::timeline", "session: uploads done");
         stats.stage_time = uploaded.stage_time;
         stats.upload_time = uploaded.upload_time;
+        stats.device_wait = uploaded.budget_wait;
         stats.bytes_to_device = uploaded.to_device;
         Ok(uploaded)
     }
 
-    /// The record move, the device's columns, and whether the sort fits the device memory
-    /// (with packed gathers where they fit too); fails with [`CudaSortError::OutOfMemory`].
+    /// The record move, the device's columns, and the device memory of the sort reserved
+    /// from the budget (with packed gathers where they fit now, else without: waiting for
+    /// memory other sorts hold); fails with [`CudaSortError::OutOfMemory`] when the sort needs
+    /// more than its limit or the budget, with [`CudaSortError::Busy`] when the budget refuses.
     fn plan_device(
         &self,
         keys: &KeySource,
-        uploaded: &Uploaded,
+        uploaded: &mut Uploaded,
         strategy: Strategy,
         stats: &mut SortStats,
     ) -> Result<DevicePlan> {
@@ -276,13 +297,16 @@ impl GpuSortSession {
         };
         let widths: Vec<usize> = columns.iter().map(|c| c.width).collect();
         let needed = |pack| device_bytes_needed(n, key_words, &widths, nullable.len(), direct, pack);
-        let free = self.gpu.free_memory()? + uploaded.device_bytes;
-        let available = self.memory_limit.map_or(free, |l| l.min(free));
-        // Packed gathers where the memory allows.
-        let pack_gathers = needed(true) <= available;
-        let needed = needed(false);
+        let available = self.budget.per_sort(self.gpu.free_memory()?, self.memory_limit);
+        let (packed, needed) = (needed(true), needed(false));
         if needed > available {
             return Err(CudaSortError::OutOfMemory { needed, available });
+        }
+        let mut reservation = uploaded.reservation.take().unwrap_or_else(|| self.budget.reservation());
+        // Packed gathers where the memory allows without waiting.
+        let pack_gathers = packed <= available && reservation.try_grow_to(packed);
+        if !pack_gathers {
+            stats.device_wait += reservation.grow_to(needed).map_err(CudaSortError::Busy)?;
         }
         let strategy = Strategy::new(strategy.algorithm, record_move);
         stats.strategy = Some(strategy);
@@ -290,6 +314,7 @@ impl GpuSortSession {
         stats.gathered_columns = self.schema.fields().len() - stats.moved_columns;
         stats.host_gathered_columns = self.schema.fields().len() - columns.len();
         Ok(DevicePlan {
+            reservation,
             strategy,
             direct,
             inexact,

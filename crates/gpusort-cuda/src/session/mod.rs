@@ -43,6 +43,17 @@
 //!
 //! The result is the same stable order as the CPU backend's. A session that is dropped
 //! instead (the caller sorts elsewhere) frees its device and pinned memory.
+//!
+//! # Device memory
+//!
+//! Every byte a session holds on the device is reserved first from the process's
+//! [`DeviceBudget`]: the uploader reserves each segment before it allocates it, and
+//! [`GpuSortSession::finish`] reserves the sort's whole footprint before the device phase,
+//! waiting for memory other sorts hold (see [`DeviceBudget`] for when it is refused instead:
+//! [`CudaSortError::Busy`]). A sort that needs more than its own limit
+//! ([`GpuSortSession::with_memory_limit`]) or the budget fails with
+//! [`CudaSortError::OutOfMemory`] before it allocates. The reservation is released when the
+//! sort's device memory is freed.
 
 use std::sync::{Arc, Mutex};
 
@@ -56,6 +67,7 @@ use gpusort::{EncoderOptions, SortSpec};
 
 use crate::error::{CudaSortError, Result};
 use crate::gpu::Gpu;
+use crate::memory::DeviceBudget;
 
 mod finish;
 mod upload;
@@ -91,6 +103,7 @@ struct GpuColumn {
 pub struct GpuSortSession {
     gpu: Arc<Gpu>,
     device_lock: Arc<Mutex<()>>,
+    budget: Arc<DeviceBudget>,
     digit_bits: u32,
     schema: SchemaRef,
     spec: SortSpec,
@@ -130,6 +143,7 @@ impl GpuSortSession {
     pub(crate) fn new(
         gpu: Arc<Gpu>,
         device_lock: Arc<Mutex<()>>,
+        budget: Arc<DeviceBudget>,
         digit_bits: u32,
         schema: SchemaRef,
         spec: SortSpec,
@@ -145,6 +159,7 @@ impl GpuSortSession {
         Ok(Self {
             gpu,
             device_lock,
+            budget,
             digit_bits,
             schema,
             spec,
@@ -182,7 +197,7 @@ impl GpuSortSession {
 
     /// Fails with [`CudaSortError::OutOfMemory`] — while the input arrives, or at the latest
     /// before the sort starts — when the sort would need more than `limit` bytes of device
-    /// memory (or more than the device has free).
+    /// memory (or more than the process's device memory budget, see the module docs).
     pub fn with_memory_limit(mut self, limit: Option<usize>) -> Self {
         self.memory_limit = limit;
         self
@@ -267,12 +282,18 @@ impl GpuSortSession {
             return Ok(());
         }
         if self.uploader.is_none() {
-            let free = self.gpu.free_memory()?;
-            let available = self.memory_limit.map_or(free, |l| l.min(free));
+            let available = self.budget.per_sort(self.gpu.free_memory()?, self.memory_limit);
             let stream = self.gpu.context().new_stream()?;
             let layout = self.layout.clone().expect("a layout with the first rows");
             self.copy_stream = Some(Arc::clone(&stream));
-            self.uploader = Some(Uploader::start(Arc::clone(&self.gpu), stream, layout, available)?);
+            let reservation = self.budget.reservation();
+            self.uploader = Some(Uploader::start(
+                Arc::clone(&self.gpu),
+                stream,
+                layout,
+                available,
+                reservation,
+            )?);
         }
         let job = SegmentJob {
             first_row: self.sent_rows,

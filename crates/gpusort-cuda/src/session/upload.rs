@@ -16,6 +16,7 @@ use rayon::prelude::*;
 use super::{SEGMENT_ALIGN, SEGMENT_BYTES, STAGE_TASK_BYTES, STAGING_DEPTH};
 use crate::error::{CudaSortError, Result};
 use crate::gpu::Gpu;
+use crate::memory::DeviceReservation;
 use crate::pinned::{HostBuffer, PinnedPool};
 use crate::transfer::Transfers;
 
@@ -176,6 +177,10 @@ pub(super) struct SegmentJob {
 pub(super) struct Uploaded {
     pub(super) segments: Vec<DeviceSegment>,
     pub(super) device_bytes: usize,
+    /// The budget's bytes the segments hold.
+    pub(super) reservation: Option<DeviceReservation>,
+    /// Time spent waiting for the budget.
+    pub(super) budget_wait: Duration,
     pub(super) to_device: u64,
     pub(super) stage_time: Duration,
     pub(super) upload_time: Duration,
@@ -193,11 +198,12 @@ impl Uploader {
         stream: Arc<CudaStream>,
         layout: SegmentLayout,
         available: usize,
+        reservation: DeviceReservation,
     ) -> Result<Self> {
         let (tx, rx) = mpsc::channel::<SegmentJob>();
         let thread = std::thread::Builder::new()
             .name("gpusort-upload".into())
-            .spawn(move || upload_segments(&gpu, &stream, &layout, available, rx))
+            .spawn(move || upload_segments(&gpu, &stream, &layout, available, reservation, rx))
             .map_err(|e| CudaSortError::Unsupported(format!("cannot start the upload thread: {e}")))?;
         Ok(Self {
             jobs: Some(tx),
@@ -229,12 +235,14 @@ impl Drop for Uploader {
     }
 }
 
-/// The uploader's loop: stage each segment in the next staging buffer and start its copies.
+/// The uploader's loop: reserve each segment's device memory (within `available`, waiting
+/// for the budget), stage it in the next staging buffer and start its copies.
 fn upload_segments(
     gpu: &Gpu,
     stream: &Arc<CudaStream>,
     layout: &SegmentLayout,
     available: usize,
+    mut reservation: DeviceReservation,
     jobs: mpsc::Receiver<SegmentJob>,
 ) -> Result<Uploaded> {
     gpu.context().bind_to_thread()?;
@@ -258,6 +266,14 @@ fn upload_segments(
             let start = Instant::now();
             let nullable = stage(layout, &job.parts, buf.as_mut_slice());
             let staged = start.elapsed();
+            let device_bytes = out.device_bytes + segment_device_bytes(layout, job.rows, &nullable);
+            if device_bytes > available {
+                return Err(CudaSortError::OutOfMemory {
+                    needed: device_bytes,
+                    available,
+                });
+            }
+            out.budget_wait += reservation.grow_to(device_bytes).map_err(CudaSortError::Busy)?;
             out.stage_time += staged;
             log::debug!(
                 target: "gpusort::timeline",
@@ -293,12 +309,7 @@ fn upload_segments(
             free.as_ref().unwrap().record(stream)?;
             timings.push((begin, end));
             out.segments.push(segment);
-            if out.device_bytes > available {
-                return Err(CudaSortError::OutOfMemory {
-                    needed: out.device_bytes,
-                    available,
-                });
-            }
+            debug_assert_eq!(out.device_bytes, device_bytes);
         }
         Ok(())
     })();
@@ -310,7 +321,15 @@ fn upload_segments(
         out.upload_time += Duration::from_secs_f64(b.elapsed_ms(e)? as f64 / 1e3);
     }
     out.to_device = copies.to_device;
+    out.reservation = Some(reservation);
     Ok(out)
+}
+
+/// Device bytes of a segment of `rows` rows: each column's values, and the validity bits of
+/// those with nulls in it.
+fn segment_device_bytes(layout: &SegmentLayout, rows: usize, nullable: &[bool]) -> usize {
+    let values: usize = layout.columns.iter().map(|&(_, w)| rows * w).sum();
+    values + nullable.iter().filter(|n| **n).count() * rows.div_ceil(8)
 }
 
 /// Starts copying `bytes` to new device memory allocated on `stream`.
