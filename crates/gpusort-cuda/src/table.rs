@@ -52,8 +52,9 @@ pub struct GpuSortPlan {
     pub keep_keys: bool,
     /// Return the permutation (sorted position -> input row).
     pub want_perm: bool,
-    /// Indirect: gather groups of columns packed into rows ([`Gpu::gather_columns`]), which
-    /// holds more device memory ([`gather_bytes_per_row`]).
+    /// Indirect: gather groups of columns packed into rows
+    /// ([`Gpu::gather_columns`](crate::Gpu::gather_columns)), which holds more device memory
+    /// ([`gather_bytes_per_row`](crate::gather::gather_bytes_per_row)).
     pub pack_gathers: bool,
     /// How the passes run: one sweep, lane pairs, MSD segment sizes ([`Gpu::sort_switches`](crate::Gpu::sort_switches)
     /// gives the device's defaults).
