@@ -56,17 +56,9 @@ fn main() {
     println!(
         "| keys | gpusort cpu (ms) | / random | / copy | copy (ms) | encode + sort + gather (ms) | recognised as |\n| --- | ---: | ---: | ---: | ---: | --- | --- |"
     );
-    let names = [
-        "random",
-        "sorted",
-        "reversed",
-        "8 sorted runs",
-        "16 distinct",
-        "zipf 1.1 over 1M",
-        "nearly sorted",
-    ];
-    for name in names {
-        let k: ArrayRef = Arc::new(UInt64Array::from(keys(name, n)));
+    for dist in KeyDistribution::ALL {
+        let name = dist.name();
+        let k: ArrayRef = Arc::new(UInt64Array::from(dist.keys(n, 42)));
         let batch = RecordBatch::try_new(schema.clone(), vec![k, a.clone(), b.clone()]).unwrap();
         let (sort, order) = time(runs, || {
             let out = backend.sort(&SortRequest::new(&batch, &spec)).unwrap();
