@@ -8,7 +8,9 @@ use arrow::array::{Array, ArrayRef, RecordBatch, UInt32Array, UInt64Array};
 use arrow::compute::{concat_batches, take};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::runtime::SpawnedTask;
-use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::datasource::physical_plan::FileScanConfig;
+use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::{EquivalenceProperties, LexOrdering, PhysicalExpr, PhysicalSortExpr};
@@ -148,6 +150,38 @@ impl ExecutionPlan for RowPositionExec {
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
     }
+}
+
+/// `plan` with every file scan below a [`RowPositionExec`] reading its files in the order
+/// of its file groups (`preserve_order`): DataFusion otherwise lets a scan partition steal
+/// files from its siblings (`enable_file_stream_work_stealing`), and positions would follow
+/// who read a file rather than where it lies. For the coordinator's plan and, through
+/// [`crate::worker`]'s plan rewrite, for the plans workers decode (the flag does not travel
+/// in DataFusion's plan serialization).
+pub fn keep_file_order(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+    plan.transform_down(|node| {
+        if !node.is::<RowPositionExec>() {
+            return Ok(Transformed::no(node));
+        }
+        let kept = Arc::clone(&node).transform_up(|n| {
+            let Some(config) = n
+                .downcast_ref::<DataSourceExec>()
+                .and_then(|d| d.data_source().downcast_ref::<FileScanConfig>())
+            else {
+                return Ok(Transformed::no(n));
+            };
+            if config.preserve_order {
+                return Ok(Transformed::no(n));
+            }
+            let mut config = config.clone();
+            config.preserve_order = true;
+            Ok(Transformed::yes(
+                DataSourceExec::from_data_source(config) as Arc<dyn ExecutionPlan>
+            ))
+        })?;
+        Ok(Transformed::new(kept.data, kept.transformed, TreeNodeRecursion::Jump))
+    })
+    .map(|t| t.data)
 }
 
 /// Keeps a uniform sample (a seeded reservoir of `capacity` rows per partition) of its

@@ -40,10 +40,13 @@ use std::sync::Arc;
 
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::context::SessionState;
-use datafusion_distributed::{DistributedExt, SessionStateBuilderExt, Worker, WorkerQueryContext, WorkerResolver};
+use datafusion_distributed::{
+    DistributedExt, SessionStateBuilderExt, Worker, WorkerPlanRewriteEvent, WorkerPlanRewriteEventResponse,
+    WorkerQueryContext, WorkerResolver,
+};
 
 pub use codec::GpuSortCodec;
-pub use exec::{OrderedConcatExec, POSITION_COLUMN, RangeRouteExec, RowPositionExec, SampleExec};
+pub use exec::{OrderedConcatExec, POSITION_COLUMN, RangeRouteExec, RowPositionExec, SampleExec, keep_file_order};
 pub use planner::{DistributedSortOptions, RangeSortPlanner};
 pub use route::route_values;
 
@@ -65,12 +68,16 @@ pub fn coordinator_session(
 }
 
 /// A worker that runs plans with gpusort's nodes: datafusion-distributed's [`Worker`] with
-/// [`GpuSortCodec`] in its sessions. Serve it with
+/// [`GpuSortCodec`] in its sessions, and a plan rewrite that makes the file scans under a
+/// [`RowPositionExec`] read their files in order ([`keep_file_order`]). Serve it with
 /// `tonic::transport::Server::builder().add_service(worker().into_worker_server())`.
 pub fn worker() -> Worker {
     Worker::from_session_builder(|ctx: WorkerQueryContext| async move {
         Ok(datafusion_gpusort::register(ctx.builder)
             .with_distributed_user_codec(GpuSortCodec)
+            .with_distributed_worker_plan_rewrite_handler(|ev: WorkerPlanRewriteEvent<'_>| {
+                Ok(WorkerPlanRewriteEventResponse::new(keep_file_order(ev.plan)?))
+            })
             .build())
     })
 }

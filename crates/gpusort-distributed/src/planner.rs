@@ -11,7 +11,8 @@ use arrow::compute::{SortOptions, concat_batches};
 use async_trait::async_trait;
 use datafusion::catalog::Session;
 use datafusion::common::{DFSchema, DFSchemaRef};
-use datafusion::datasource::physical_plan::FileScanConfig;
+use datafusion::datasource::listing::PartitionedFile;
+use datafusion::datasource::physical_plan::{FileGroup, FileScanConfig};
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::context::{QueryPlanner, SessionState};
@@ -128,10 +129,15 @@ fn find_sort(plan: &Arc<dyn ExecutionPlan>) -> Option<FoundSort> {
 /// coalescing that only spread rows) over one file scan.
 fn with_positions(plan: &Arc<dyn ExecutionPlan>) -> Result<Option<Arc<dyn ExecutionPlan>>> {
     if let Some(dse) = plan.downcast_ref::<DataSourceExec>() {
-        if dse.data_source().downcast_ref::<FileScanConfig>().is_none() {
+        let Some(config) = dse.data_source().downcast_ref::<FileScanConfig>() else {
+            return Ok(None);
+        };
+        // datafusion-distributed splits a scan it can cut into byte ranges in the order of
+        // its files; one declared sorted or partitioned it deals out otherwise.
+        if !config.output_ordering.is_empty() || config.output_partitioning.is_some() {
             return Ok(None);
         }
-        return Ok(Some(Arc::new(RowPositionExec::new(Arc::clone(plan)))));
+        return Ok(Some(Arc::new(RowPositionExec::new(in_file_order(config)))));
     }
     if let Some(r) = plan.downcast_ref::<RepartitionExec>() {
         if !matches!(r.partitioning(), Partitioning::RoundRobinBatch(_)) {
@@ -164,6 +170,20 @@ fn with_positions(plan: &Arc<dyn ExecutionPlan>) -> Result<Option<Arc<dyn Execut
         return Ok(Some(Arc::new(FilterExec::try_new(Arc::clone(f.predicate()), input)?)));
     }
     Ok(None)
+}
+
+/// The scan with its files (and byte ranges of files) in path and byte order, dealt into as
+/// many groups as it had, contiguously: the order the scan lists its files in (which its
+/// statistics collection may shuffle) must not decide positions.
+fn in_file_order(config: &FileScanConfig) -> Arc<dyn ExecutionPlan> {
+    let mut files: Vec<PartitionedFile> = config.file_groups.iter().flat_map(|g| g.iter().cloned()).collect();
+    files.sort_by(|a, b| a.path().cmp(b.path()).then(a.range().0.cmp(&b.range().0)));
+    let per_group = files.len().div_ceil(config.file_groups.len().max(1)).max(1);
+    let mut config = config.clone();
+    config.file_groups = files.chunks(per_group).map(|c| FileGroup::new(c.to_vec())).collect();
+    // Each partition reads its own groups, in order (see `keep_file_order`).
+    config.preserve_order = true;
+    DataSourceExec::from_data_source(config)
 }
 
 /// A projection of `input` onto all its columns but the last (the one this planner added).

@@ -69,6 +69,27 @@ async fn collect(ctx: &SessionContext, sql: &str) -> RecordBatch {
     concat_batches(&schema, &batches).unwrap()
 }
 
+/// `got` and `want` hold the same rows in the same order; else the first row that differs.
+fn assert_same(sql: &str, got: &RecordBatch, want: &RecordBatch) {
+    assert_eq!(got.num_rows(), want.num_rows(), "{sql}");
+    for (i, (g, w)) in got.columns().iter().zip(want.columns()).enumerate() {
+        if g.to_data() != w.to_data() {
+            let row = (0..g.len())
+                .find(|&r| g.slice(r, 1).to_data() != w.slice(r, 1).to_data())
+                .unwrap_or_default();
+            let show = |b: &RecordBatch| {
+                let from = row.saturating_sub(2);
+                arrow::util::pretty::pretty_format_batches(&[b.slice(from, 5.min(b.num_rows() - from))]).unwrap()
+            };
+            panic!(
+                "{sql}: column {i} differs first at row {row}\ngot:\n{}\nwant:\n{}",
+                show(got),
+                show(want)
+            );
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_workers_sort_like_one_node() {
     let dir = tempfile::tempdir().unwrap();
@@ -154,12 +175,67 @@ async fn three_workers_sort_like_one_node() {
         let want = collect(&single, reference).await;
         assert_eq!(got.num_rows(), want.num_rows(), "{sql}");
         assert!(got.num_rows() > 1000, "{sql}");
-        for (i, (g, w)) in got.columns().iter().zip(want.columns()).enumerate() {
-            if g.to_data() != w.to_data() {
-                let row = (0..g.len()).find(|&r| g.slice(r, 1).to_data() != w.slice(r, 1).to_data());
-                panic!("{sql}: column {i} differs first at row {row:?}");
-            }
-        }
+        assert_same(sql, &got, &want);
+    }
+
+    // A table of a few rows (one row group, fewer byte ranges than tasks) and an empty result.
+    let tiny = dir.path().join("tiny.parquet");
+    let batch = collect(&single, "SELECT * FROM t WHERE id < 10").await;
+    let mut writer = ArrowWriter::try_new(std::fs::File::create(&tiny).unwrap(), batch.schema(), None).unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+    let tiny = tiny.to_str().unwrap();
+    distributed
+        .register_parquet("tiny", tiny, ParquetReadOptions::default())
+        .await
+        .unwrap();
+    single
+        .register_parquet("tiny", tiny, ParquetReadOptions::default())
+        .await
+        .unwrap();
+    // Two files in a directory: positions follow the files in the order the scan lists them.
+    let parts = dir.path().join("parts");
+    std::fs::create_dir(&parts).unwrap();
+    for (name, filter) in [("a.parquet", "id < 9000"), ("b.parquet", "id >= 9000")] {
+        let batch = collect(&single, &format!("SELECT * FROM t WHERE {filter}")).await;
+        let file = std::fs::File::create(parts.join(name)).unwrap();
+        let props = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(1000))
+            .build();
+        let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(props)).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+    }
+    let parts = format!("{}/", parts.to_str().unwrap());
+    distributed
+        .register_parquet("parts", &parts, ParquetReadOptions::default())
+        .await
+        .unwrap();
+    single
+        .register_parquet("parts", &parts, ParquetReadOptions::default())
+        .await
+        .unwrap();
+    for (sql, reference) in [
+        (
+            "SELECT * FROM parts ORDER BY same",
+            "SELECT * FROM parts ORDER BY same, id",
+        ),
+        (
+            "SELECT * FROM parts ORDER BY zipf",
+            "SELECT * FROM parts ORDER BY zipf, id",
+        ),
+        (
+            "SELECT * FROM tiny ORDER BY zipf DESC",
+            "SELECT * FROM tiny ORDER BY zipf DESC, id",
+        ),
+        (
+            "SELECT * FROM t WHERE f < 0 ORDER BY s",
+            "SELECT * FROM t WHERE f < 0 ORDER BY s, id",
+        ),
+    ] {
+        let got = collect(&distributed, sql).await;
+        let want = collect(&single, reference).await;
+        assert_same(sql, &got, &want);
     }
 
     // A LIMIT is not a full sort: datafusion-distributed plans it, with the same rows.
