@@ -37,6 +37,19 @@ pub enum GpuUnavailable {
         /// Minor compute capability.
         minor: i32,
     },
+    /// The installed NVRTC does not compile for the device's architecture (NVRTC 13 offers
+    /// no Volta, sm_70 / sm_72).
+    #[error("NVRTC {nvrtc_major}.{nvrtc_minor} does not compile for {arch} (device {name}); an NVRTC of CUDA 12 does")]
+    ArchNotOffered {
+        /// Device name.
+        name: String,
+        /// The device's architecture, e.g. `sm_70`.
+        arch: String,
+        /// NVRTC's major version.
+        nvrtc_major: i32,
+        /// NVRTC's minor version.
+        nvrtc_minor: i32,
+    },
     /// The driver failed to start.
     #[error("the CUDA driver failed: {0}")]
     Driver(String),
@@ -112,6 +125,26 @@ pub(crate) fn nvrtc_version() -> (i32, i32) {
     (major, minor)
 }
 
+/// The architectures NVRTC compiles for, as compute capabilities times ten (e.g. 90 for
+/// `sm_90`), or `None` when NVRTC is not installed. NVRTC 13.0 offers 75 to 121: CUDA 13 dropped
+/// Volta (sm_70, sm_72).
+pub fn nvrtc_supported_archs() -> Option<Vec<i32>> {
+    if !nvrtc_present() {
+        return None;
+    }
+    let mut n = 0;
+    // SAFETY: NVRTC is loaded; the call writes one int.
+    unsafe { cudarc::nvrtc::sys::nvrtcGetNumSupportedArchs(&mut n) }
+        .result()
+        .ok()?;
+    let mut archs = vec![0; n.max(0) as usize];
+    // SAFETY: the buffer holds the count NVRTC reported.
+    unsafe { cudarc::nvrtc::sys::nvrtcGetSupportedArchs(archs.as_mut_ptr()) }
+        .result()
+        .ok()?;
+    Some(archs)
+}
+
 /// The CUDA driver's version (e.g. 13000 for 13.0), or `None` when the driver is not
 /// installed. Needs no device.
 pub fn driver_version() -> Option<i32> {
@@ -169,6 +202,16 @@ pub(crate) fn open(ordinal: usize) -> Result<(std::sync::Arc<CudaContext>, Devic
             minor: compute_capability.1,
         });
     }
+    let nvrtc = nvrtc_version();
+    let cc = compute_capability.0 * 10 + compute_capability.1;
+    if nvrtc_supported_archs().is_some_and(|offered| !offered.is_empty() && !offered.contains(&cc)) {
+        return Err(GpuUnavailable::ArchNotOffered {
+            name,
+            arch: format!("sm_{cc}"),
+            nvrtc_major: nvrtc.0,
+            nvrtc_minor: nvrtc.1,
+        });
+    }
     let (free_memory, total_memory) = ctx.mem_get_info().map_err(driver)?;
     let multiprocessors = ctx
         .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
@@ -184,7 +227,7 @@ pub(crate) fn open(ordinal: usize) -> Result<(std::sync::Arc<CudaContext>, Devic
         total_memory,
         free_memory,
         driver_version,
-        nvrtc_version: nvrtc_version(),
+        nvrtc_version: nvrtc,
     };
     Ok((ctx, info))
 }
@@ -206,6 +249,16 @@ mod tests {
         );
         let e = GpuUnavailable::NoSuchDevice { ordinal: 3, count: 1 };
         assert_eq!(e.to_string(), "device 3 requested, but there are 1 CUDA devices");
+        let e = GpuUnavailable::ArchNotOffered {
+            name: "Tesla V100-SXM2-16GB".into(),
+            arch: "sm_70".into(),
+            nvrtc_major: 13,
+            nvrtc_minor: 0,
+        };
+        assert_eq!(
+            e.to_string(),
+            "NVRTC 13.0 does not compile for sm_70 (device Tesla V100-SXM2-16GB); an NVRTC of CUDA 12 does"
+        );
         let info = DeviceInfo {
             ordinal: 0,
             name: "NVIDIA H100 80GB HBM3".into(),

@@ -1059,6 +1059,60 @@ mod tests {
         assert!(err.contains("error"), "{err}");
     }
 
+    /// The architectures every kernel family must compile for (compile only; NVRTC needs no GPU):
+    /// Volta to Blackwell.
+    const EVERY_ARCH: &[u32] = &[70, 75, 80, 86, 89, 90, 100, 120];
+
+    /// Every family compiles with NVRTC for every architecture of [`EVERY_ARCH`] that the
+    /// installed NVRTC offers; one it does not offer (NVRTC 13 offers no sm_70: CUDA 13 dropped
+    /// Volta) is named on stderr, and the architectures from sm_75 on must be offered. Fails when
+    /// `GPUSORT_REQUIRE_GPU=1` and NVRTC is missing; says it did not run otherwise.
+    #[test]
+    fn kernels_compile_with_nvrtc_for_every_architecture() {
+        let Some(offered) = crate::device::nvrtc_supported_archs() else {
+            if std::env::var("GPUSORT_REQUIRE_GPU").as_deref() == Ok("1") {
+                panic!("GPUSORT_REQUIRE_GPU=1 but NVRTC is not installed");
+            }
+            eprintln!("NVRTC EVERY-ARCHITECTURE COMPILE TEST NOT RUN: NVRTC (libnvrtc) is not installed");
+            return;
+        };
+        let version = crate::device::nvrtc_version();
+        let programs = KernelTuning::default().programs();
+        let mut compiled = Vec::new();
+        let mut failures = Vec::new();
+        for &cc in EVERY_ARCH {
+            let arch = format!("sm_{cc}");
+            if !offered.contains(&(cc as i32)) {
+                assert!(
+                    cc < 75,
+                    "NVRTC {version:?} does not offer {arch} (it offers {offered:?})"
+                );
+                eprintln!(
+                    "{arch}: not offered by NVRTC {}.{} (it offers {offered:?})",
+                    version.0, version.1
+                );
+                continue;
+            }
+            let results: Vec<_> = std::thread::scope(|scope| {
+                let arch = &arch;
+                let handles: Vec<_> = programs
+                    .iter()
+                    .map(|(family, source)| scope.spawn(move || (*family, compile_cubin(source, arch))))
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            for (family, result) in results {
+                match result {
+                    Ok(cubin) => assert!(cubin.starts_with(b"\x7fELF"), "{arch} {family}"),
+                    Err(e) => failures.push(format!("{arch} {family}: {e}")),
+                }
+            }
+            compiled.push(arch);
+        }
+        eprintln!("kernels compiled by NVRTC {}.{} for {compiled:?}", version.0, version.1);
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+
     #[test]
     fn every_family_is_a_program_with_the_common_header() {
         let programs = KernelTuning::default().programs();
