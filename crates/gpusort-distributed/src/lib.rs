@@ -1,6 +1,6 @@
-//! gpusort-distributed: `ORDER BY` with [`GpuSortExec`](datafusion_gpusort::GpuSortExec) on
-//! [datafusion-distributed](https://crates.io/crates/datafusion-distributed) (4.x, the release
-//! for DataFusion 55) — a codec that ships gpusort's plan nodes to the workers, and a
+//! gpusort-distributed: `ORDER BY` with [`GpuSortExec`](datafusion_gpusort::GpuSortExec) on the
+//! datafusion-distributed engine (crate `datafusion-distributed` 4.x, its release for
+//! DataFusion 55) — a codec that ships gpusort's plan nodes to the workers, and a
 //! range-partitioned distributed sort that needs no final merge.
 //!
 //! # How a distributed `ORDER BY` runs
@@ -22,7 +22,16 @@
 //!    sort is stable; the coordinator reads the ranges one after the other
 //!    ([`OrderedConcatExec`]): the result is in order with no merge.
 //!
-//! Any other plan (a `LIMIT`, a join below the sort, no sort) is left to datafusion-distributed.
+//! Any other plan (a `LIMIT`, a join below the sort, a scan declared sorted or partitioned, no
+//! sort) is left to datafusion-distributed, and so is `EXPLAIN` (it shows that plan; the
+//! plan of a query, with its stages, is `create_physical_plan`'s).
+//!
+//! **Which order ties keep.** A row's position is its place in the scan with the files in path
+//! order and each file's rows in file order, so rows with equal keys come out as a
+//! single-node scan of the files in that order reads them: the result equals a single-node
+//! stable sort row for row. Workers read their byte ranges in that order (the coordinator's
+//! plan and [`worker`]'s plan rewrite turn off DataFusion's file stealing between scan
+//! partitions for these scans).
 //!
 //! # Setting it up
 //!
@@ -46,7 +55,9 @@ use datafusion_distributed::{
 };
 
 pub use codec::GpuSortCodec;
-pub use exec::{OrderedConcatExec, POSITION_COLUMN, RangeRouteExec, RowPositionExec, SampleExec, keep_file_order};
+pub use exec::{
+    OrderedConcatExec, POSITION_COLUMN, ROUTE_COLUMN, RangeRouteExec, RowPositionExec, SampleExec, keep_file_order,
+};
 pub use planner::{DistributedSortOptions, RangeSortPlanner};
 pub use route::route_values;
 
