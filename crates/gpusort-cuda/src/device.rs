@@ -71,6 +71,16 @@ pub struct DeviceInfo {
     pub multiprocessors: u32,
     /// Total device memory in bytes.
     pub total_memory: usize,
+    /// Most shared memory one block may use, static and dynamic, with opt-in
+    /// (`MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`; 227 KiB on the H100, 163 KiB on the A100, 99 KiB on
+    /// sm_86/sm_89, 96 KiB on the V100).
+    pub smem_per_block: usize,
+    /// Shared memory of one SM (`MAX_SHARED_MEMORY_PER_MULTIPROCESSOR`; 228 KiB on the H100).
+    pub smem_per_sm: usize,
+    /// 32-bit registers of one SM (`MAX_REGISTERS_PER_MULTIPROCESSOR`).
+    pub registers_per_sm: u32,
+    /// L2 cache bytes (`L2_CACHE_SIZE`).
+    pub l2_bytes: usize,
     /// Free device memory in bytes when probed.
     pub free_memory: usize,
     /// CUDA driver version, e.g. 13000 for 13.0.
@@ -90,11 +100,12 @@ impl fmt::Display for DeviceInfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "cuda:{} {} ({}, {} SMs, {:.1} GiB, {:.1} GiB free; driver {}.{}, NVRTC {}.{})",
+            "cuda:{} {} ({}, {} SMs, {} KiB shared memory per block, {:.1} GiB, {:.1} GiB free; driver {}.{}, NVRTC {}.{})",
             self.ordinal,
             self.name,
             self.arch(),
             self.multiprocessors,
+            self.smem_per_block >> 10,
             self.total_memory as f64 / (1u64 << 30) as f64,
             self.free_memory as f64 / (1u64 << 30) as f64,
             self.driver_version / 1000,
@@ -216,6 +227,11 @@ pub(crate) fn open(ordinal: usize) -> Result<(std::sync::Arc<CudaContext>, Devic
     let multiprocessors = ctx
         .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
         .map_err(driver)? as u32;
+    let attr = |a| ctx.attribute(a).map_err(driver);
+    let smem_per_block = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize;
+    let smem_per_sm = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)? as usize;
+    let registers_per_sm = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR)? as u32;
+    let l2_bytes = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize;
     let mut driver_version = 0;
     // SAFETY: the driver is loaded; the call writes one int.
     unsafe { sys::cuDriverGetVersion(&mut driver_version) };
@@ -225,6 +241,10 @@ pub(crate) fn open(ordinal: usize) -> Result<(std::sync::Arc<CudaContext>, Devic
         compute_capability,
         multiprocessors,
         total_memory,
+        smem_per_block,
+        smem_per_sm,
+        registers_per_sm,
+        l2_bytes,
         free_memory,
         driver_version,
         nvrtc_version: nvrtc,
@@ -265,12 +285,17 @@ mod tests {
             compute_capability: (9, 0),
             multiprocessors: 132,
             total_memory: 80 << 30,
+            smem_per_block: 227 << 10,
+            smem_per_sm: 228 << 10,
+            registers_per_sm: 65536,
+            l2_bytes: 50 << 20,
             free_memory: 79 << 30,
             driver_version: 13000,
             nvrtc_version: (13, 0),
         };
         assert_eq!(info.arch(), "sm_90");
-        assert!(info.to_string().contains("132 SMs") && info.to_string().contains("driver 13.0"));
+        assert!(info.to_string().contains("132 SMs, 227 KiB shared memory per block"));
+        assert!(info.to_string().contains("driver 13.0"));
     }
 
     #[test]

@@ -18,6 +18,7 @@ use crate::device::{self, DeviceInfo};
 use crate::error::{CudaSortError, Result};
 use crate::kernels::{BLOCK, CacheOutcome, KernelCache, KernelTuning, Kernels, LoadingKernels};
 use crate::options::GpuOptions;
+use crate::shapes::{KernelShapes, SmemLimits};
 use crate::table::SortSwitches;
 
 /// `n` as the row count kernels take (a u32): one sort holds at most 2^32 - 1 rows.
@@ -34,8 +35,10 @@ pub struct Gpu {
     kernels: LoadingKernels,
     pub(crate) info: DeviceInfo,
     pub(crate) tile: usize,
-    /// The kernels' compile-time settings.
+    /// The kernels' compile-time settings: those asked for, with the tiles of `shapes`.
     tuning: KernelTuning,
+    /// The kernels' shapes on this device (under `GPUSORT_SMEM_CAP`).
+    pub(crate) shapes: KernelShapes,
     /// Threads of a one-sweep block (`ONESWEEP_BLOCK`).
     pub(crate) onesweep_block: u32,
     /// Rows of a one-sweep tile (`ONESWEEP_BLOCK` threads x `ONESWEEP_IPT` rows).
@@ -62,13 +65,15 @@ impl Gpu {
         // SAFETY: every buffer of this context is used on `stream` or synchronized explicitly.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream()?;
-        let tuning = options.tuning.clone();
+        let shapes = Self::shapes_for(&info, &options);
+        let tuning = shapes.tuning(&options.tuning);
         let kernels = LoadingKernels::start(
             Arc::clone(&ctx),
             cache.clone(),
             tuning.programs(),
             info.arch(),
             info.nvrtc_version,
+            shapes.limits.per_block,
         );
         // Freed device memory stays in the stream-ordered pool instead of going back to the
         // driver at every synchronization: an allocation that grows the pool maps memory, and
@@ -98,9 +103,21 @@ impl Gpu {
             onesweep_block: tuning.onesweep_block(),
             onesweep_tile: tuning.onesweep_tile(),
             tuning,
+            shapes,
             options,
             mem_pool,
         })
+    }
+
+    /// The kernels' shapes on device `info` with `options` (their `GPUSORT_SMEM_CAP` and tuning):
+    /// what [`Self::open_with`] compiles and plans with (`gpusort info` shows them).
+    pub fn shapes_for(info: &DeviceInfo, options: &GpuOptions) -> KernelShapes {
+        KernelShapes::new(SmemLimits::of(info).capped(options.smem_cap), &options.tuning)
+    }
+
+    /// The kernels' shapes on this device.
+    pub fn shapes(&self) -> &KernelShapes {
+        &self.shapes
     }
 
     /// The per-sort settings a [`GpuSortPlan`](crate::GpuSortPlan) takes by default: those of
@@ -124,7 +141,8 @@ impl Gpu {
         &self.options
     }
 
-    /// The kernels' compile-time settings (from the `GPUSORT_*` variables when opened).
+    /// The kernels' compile-time settings (from the `GPUSORT_*` variables when opened, with the
+    /// tiles of [`Self::shapes`]).
     pub fn tuning(&self) -> &KernelTuning {
         &self.tuning
     }

@@ -10,6 +10,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, sys::CUfunction_attr
 use cudarc::nvrtc::{Ptx, result as nvrtc, sys as nvrtc_sys};
 
 use crate::error::{CudaSortError, Result};
+use crate::shapes::DynSmem;
 
 /// The shared header every family's program starts with.
 pub const COMMON: (&str, &str) = ("common.cuh", include_str!("../kernels/common.cuh"));
@@ -508,6 +509,8 @@ struct KernelSources {
     programs: Vec<(&'static str, String)>,
     arch: String,
     nvrtc_version: (i32, i32),
+    /// Shared memory a block may use (the device's, or `GPUSORT_SMEM_CAP`).
+    smem_per_block: usize,
 }
 
 /// A context's kernels, compiled (or read from the cache) and loaded on a thread of their own
@@ -535,13 +538,15 @@ impl std::fmt::Debug for LoadingKernels {
 }
 
 impl LoadingKernels {
-    /// Starts compiling and loading `programs` for `ctx` on a thread of its own.
+    /// Starts compiling and loading `programs` for `ctx` on a thread of its own; no kernel's
+    /// shared memory will pass `smem_per_block`.
     pub fn start(
         ctx: Arc<CudaContext>,
         cache: KernelCache,
         programs: Vec<(&'static str, String)>,
         arch: String,
         nvrtc_version: (i32, i32),
+        smem_per_block: usize,
     ) -> Self {
         let this = Self {
             sources: Arc::new(KernelSources {
@@ -550,6 +555,7 @@ impl LoadingKernels {
                 programs,
                 arch,
                 nvrtc_version,
+                smem_per_block,
             }),
             cell: Arc::new(OnceLock::new()),
         };
@@ -582,7 +588,7 @@ impl LoadingKernels {
                     .cache
                     .load_or_compile_all(&s.programs, &s.arch, s.nvrtc_version)
                     .map_err(|e| e.to_string())?;
-                let kernels = Kernels::load(&s.ctx, cubins).map_err(|e| e.to_string())?;
+                let kernels = Kernels::load(&s.ctx, cubins, s.smem_per_block).map_err(|e| e.to_string())?;
                 log::debug!(
                     target: "gpusort::timeline",
                     "kernels {} and loaded in {:.2} s",
@@ -664,6 +670,9 @@ pub struct Kernels {
     pub reverse_rows: CudaFunction,
     /// n - 1, n - 2, ..., 0.
     pub reverse_iota: CudaFunction,
+    /// The dynamic shared memory the scatters, the one-sweep pass and the MSD kernels may use
+    /// (their `MAX_DYNAMIC_SHARED_SIZE_BYTES`): a sort needing more does not use them.
+    pub smem: DynSmem,
 }
 
 /// Widest partition digit of the MSD sort (`msd_*_b11`).
@@ -707,8 +716,10 @@ pub const ONESWEEP_MAX_DYNAMIC_SMEM: i32 = 192 * 1024;
 
 impl Kernels {
     /// Loads the families' `cubins` into `ctx` and looks up every kernel (in whichever module
-    /// has it).
-    pub fn load(ctx: &Arc<CudaContext>, cubins: Vec<Vec<u8>>) -> Result<Self> {
+    /// has it); each kernel with dynamic shared memory may use what it needs at most
+    /// ([`SCATTER_MAX_DYNAMIC_SMEM`] and the like), at most what `smem_per_block` leaves beside
+    /// its static shared memory ([`DynSmem`]).
+    pub fn load(ctx: &Arc<CudaContext>, cubins: Vec<Vec<u8>>, smem_per_block: usize) -> Result<Self> {
         let modules = cubins
             .into_iter()
             .map(|cubin| ctx.load_module(Ptx::from_binary(cubin)))
@@ -730,7 +741,7 @@ impl Kernels {
                 b8: f(&format!("{name}_b8"))?,
             })
         };
-        let k = Kernels {
+        let mut k = Kernels {
             grs_rank: bins("grs_rank")?,
             grs_scatter: bins("grs_scatter")?,
             scan_reduce: f("scan_reduce")?,
@@ -767,32 +778,34 @@ impl Kernels {
             reverse_rows: f("reverse_rows")?,
             reverse_iota: f("reverse_iota")?,
             modules: modules.clone(),
+            smem: DynSmem::default(),
         };
+        // What a block may use beside `func`'s static shared memory, at most `want`; set as its
+        // limit of dynamic shared memory.
+        let allow = |func: &CudaFunction, want: i32| -> Result<u32> {
+            let fixed = func.shared_size_bytes()?.max(0) as usize;
+            let v = want.min(smem_per_block.saturating_sub(fixed).min(i32::MAX as usize) as i32);
+            func.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, v)?;
+            Ok(v as u32)
+        };
+        let mut scatter = u32::MAX;
         for func in [
             &k.grs_scatter.b4,
             &k.grs_scatter.b8,
             &k.srts_downsweep.b4,
             &k.srts_downsweep.b8,
         ] {
-            func.set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                SCATTER_MAX_DYNAMIC_SMEM,
-            )?;
+            scatter = scatter.min(allow(func, SCATTER_MAX_DYNAMIC_SMEM)?);
         }
-        k.onesweep_pass.set_attribute(
-            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            ONESWEEP_MAX_DYNAMIC_SMEM,
-        )?;
-        for func in &k.msd_scatter {
-            func.set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                MSD_SCATTER_MAX_DYNAMIC_SMEM,
-            )?;
-        }
-        k.msd_local.set_attribute(
-            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            MSD_LOCAL_MAX_DYNAMIC_SMEM,
-        )?;
+        k.smem = DynSmem {
+            scatter,
+            onesweep: allow(&k.onesweep_pass, ONESWEEP_MAX_DYNAMIC_SMEM)?,
+            msd_scatter: [
+                allow(&k.msd_scatter[0], MSD_SCATTER_MAX_DYNAMIC_SMEM)?,
+                allow(&k.msd_scatter[1], MSD_SCATTER_MAX_DYNAMIC_SMEM)?,
+            ],
+            msd_local: allow(&k.msd_local, MSD_LOCAL_MAX_DYNAMIC_SMEM)?,
+        };
         Ok(k)
     }
 

@@ -49,6 +49,7 @@ pub mod prebuilt;
 mod presorted;
 mod profile;
 mod session;
+pub mod shapes;
 mod sort;
 mod srts;
 mod table;

@@ -13,7 +13,7 @@
 use cudarc::driver::{CudaSlice, DevicePtr};
 use gpusort::plan::Algorithm;
 
-use crate::error::Result;
+use crate::error::{CudaSortError, Result};
 use crate::gpu::Gpu;
 use crate::lanes::{
     DoubleBuffer, LANE_DIGIT, LANE_IOTA, Lane, LaneSet, PassInputs, Records, Role, mark_lane_pairs, scatter_smem,
@@ -68,9 +68,20 @@ impl Gpu {
             stage_width,
             dyn_smem: scatter_smem(self.tile, stage_width),
         };
+        let allowed = self.kernels()?.smem.scatter;
+        if inputs.dyn_smem > allowed {
+            // The shapes' tile fits 8-byte staging; only a misestimated static size gets here.
+            return Err(CudaSortError::Unsupported(format!(
+                "a tile scatter of {} bytes of shared memory (the device's kernels may use {allowed})",
+                inputs.dyn_smem
+            )));
+        }
         match plan.strategy.algorithm {
             Algorithm::Grs => self.grs(&inputs)?,
-            Algorithm::Srts | Algorithm::Msd => self.srts(&inputs, plan.switches.onesweep)?,
+            Algorithm::Srts | Algorithm::Msd => {
+                let onesweep = plan.switches.onesweep && self.onesweep_fits(stage_width)?;
+                self.srts(&inputs, onesweep)?
+            }
         }
         let perm = set.restore(table, |l| l.cur);
         // The lane tables must outlive the kernels that read them.

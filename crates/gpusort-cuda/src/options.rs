@@ -23,6 +23,11 @@ pub struct GpuOptions {
     /// Keys of native columns are encoded on the device (off with `GPUSORT_DEVICE_KEYS=0`:
     /// on the host).
     pub device_keys: bool,
+    /// Shared memory a block may use at most, in bytes, below the device's own limit
+    /// (`GPUSORT_SMEM_CAP`, 16 KiB to 1 MiB; `K` / `KiB` suffixes are read too): the kernels get
+    /// the shapes of a GPU with that much ([`crate::shapes`]), e.g. `96K` (V100), `99K` (A10, L4,
+    /// RTX 3090/4090), `163K` (A100) on an H100.
+    pub smem_cap: Option<usize>,
 }
 
 impl Default for GpuOptions {
@@ -34,6 +39,7 @@ impl Default for GpuOptions {
             onesweep: true,
             pair_lanes: true,
             device_keys: true,
+            smem_cap: None,
         }
     }
 }
@@ -57,6 +63,18 @@ impl GpuOptions {
                 })?,
             None => MSD_MAX_DIGIT_BITS,
         };
+        let smem_cap = match var("GPUSORT_SMEM_CAP") {
+            None => None,
+            Some(v) => Some(
+                parse_bytes(&v)
+                    .filter(|b| (16 << 10..=1 << 20).contains(b))
+                    .ok_or_else(|| {
+                        CudaSortError::Unsupported(format!(
+                            "GPUSORT_SMEM_CAP={v} (bytes of shared memory a block, 16K to 1024K, e.g. 99K)"
+                        ))
+                    })?,
+            ),
+        };
         Ok(Self {
             tuning: KernelTuning::from_vars(&var)?,
             profile: var("GPUSORT_PROFILE").as_deref() == Some("1"),
@@ -64,8 +82,19 @@ impl GpuOptions {
             onesweep: var("GPUSORT_ONESWEEP").as_deref() != Some("0"),
             pair_lanes: var("GPUSORT_PAIR_LANES").as_deref() != Some("0"),
             device_keys: var("GPUSORT_DEVICE_KEYS").as_deref() != Some("0"),
+            smem_cap,
         })
     }
+}
+
+/// Bytes written as `N`, `NK` or `NKiB` (1024 bytes a K).
+fn parse_bytes(v: &str) -> Option<usize> {
+    let v = v.trim();
+    let (digits, scale) = match v.strip_suffix("KiB").or_else(|| v.strip_suffix('K')) {
+        Some(d) => (d.trim(), 1024),
+        None => (v, 1),
+    };
+    digits.parse::<usize>().ok()?.checked_mul(scale)
 }
 
 #[cfg(test)]
@@ -95,6 +124,14 @@ mod tests {
         for bad in ["0", "12", "x"] {
             let err = GpuOptions::from_vars(|n: &str| (n == "GPUSORT_MSD_BITS").then(|| bad.to_string())).unwrap_err();
             assert!(err.to_string().contains(&format!("GPUSORT_MSD_BITS={bad}")), "{err}");
+        }
+        for (v, bytes) in [("99K", 99 << 10), ("163KiB", 163 << 10), ("98304", 98304)] {
+            let o = GpuOptions::from_vars(|n: &str| (n == "GPUSORT_SMEM_CAP").then(|| v.to_string())).unwrap();
+            assert_eq!(o.smem_cap, Some(bytes), "{v}");
+        }
+        for bad in ["8K", "2000K", "x", "99M"] {
+            let err = GpuOptions::from_vars(|n: &str| (n == "GPUSORT_SMEM_CAP").then(|| bad.to_string())).unwrap_err();
+            assert!(err.to_string().contains(&format!("GPUSORT_SMEM_CAP={bad}")), "{err}");
         }
         let err = GpuOptions::from_vars(vars(&[("GPUSORT_IPT", "0")])).unwrap_err();
         assert!(err.to_string().contains("GPUSORT_IPT=0"), "{err}");

@@ -14,6 +14,7 @@ use gpusort::plan::{Algorithm, InputOrder, RecordMove, Strategy};
 use crate::error::{CudaSortError, Result};
 use crate::gpu::{Gpu, rows_u32};
 use crate::kernels::MSD_LOCAL_MAX_WORDS;
+use crate::shapes::{msd_local_smem, msd_scatter_smem};
 use crate::table::{DeviceTable, GpuSortPlan, GpuSortResult};
 
 impl Gpu {
@@ -87,19 +88,37 @@ impl Gpu {
         Ok(())
     }
 
+    /// Whether the MSD hybrid's kernels fit the device for a key of `words` words: its
+    /// block-local sort and its 256-bin partition scatter, with the staging the lanes of `table`
+    /// need (`MsdRun::start`: the moved columns' widths when `direct`, 4 to 8 bytes).
+    fn msd_fits(&self, words: usize, table: &DeviceTable, direct: bool) -> Result<bool> {
+        let widest = if direct {
+            table.columns.iter().map(|c| c.width).max().unwrap_or(4)
+        } else {
+            4
+        };
+        let stage = widest.clamp(4, 8);
+        let smem = &self.kernels()?.smem;
+        Ok(msd_local_smem(words, stage) <= smem.msd_local as usize
+            && msd_scatter_smem(false, self.tile, stage) <= smem.msd_scatter[0] as usize)
+    }
+
     /// The passes of the plan's algorithm, then the gathers; returns the permutation when the
     /// row index moved.
     fn run_sort(&self, table: &mut DeviceTable, plan: &GpuSortPlan) -> Result<Option<CudaSlice<u32>>> {
         let direct = plan.strategy.record_move == RecordMove::Direct;
         let words: BTreeSet<usize> = plan.passes.iter().map(|p| p.word).collect();
-        let msd = plan.strategy.algorithm == Algorithm::Msd && words.len() <= MSD_LOCAL_MAX_WORDS;
+        let msd = plan.strategy.algorithm == Algorithm::Msd
+            && words.len() <= MSD_LOCAL_MAX_WORDS
+            && self.msd_fits(words.len(), table, direct)?;
         // The MSD sort moves ByField columns directly but gathers Hybrid records once.
         let gathers_records = !direct || (msd && table.records.is_some());
         let needs_index = plan.want_perm || !direct || gathers_records;
         let perm = if msd {
             self.run_msd(table, plan, direct, needs_index)?
         } else if plan.strategy.algorithm == Algorithm::Msd {
-            // Keys of more words than a block-local sort holds: SRTS.
+            // Keys of more words than a block-local sort holds, or an MSD sort whose kernels
+            // do not fit the device's shared memory: SRTS.
             let srts = GpuSortPlan {
                 strategy: Strategy::new(Algorithm::Srts, plan.strategy.record_move),
                 ..plan.clone()

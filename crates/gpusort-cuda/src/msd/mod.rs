@@ -19,10 +19,12 @@ mod schedule;
 
 use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 
+use crate::shapes::{msd_local_smem, msd_scatter_smem};
+
 pub use self::schedule::*;
 use crate::error::{CudaSortError, Result};
 use crate::gpu::Gpu;
-use crate::kernels::{BLOCK, MSD_BINS, MSD_LOCAL_CAP, MSD_LOCAL_MAX_WORDS, MSD_RANK_SMEM};
+use crate::kernels::{BLOCK, MSD_BINS, MSD_LOCAL_CAP, MSD_LOCAL_MAX_WORDS};
 use crate::lanes::{LANE_DIGIT, LANE_IOTA, Lane, LaneSet, Role};
 use crate::profile::Profile;
 use crate::table::{DeviceTable, GpuSortPlan};
@@ -88,9 +90,15 @@ impl Gpu {
         }
         let local_rows = plan.switches.msd_local_rows;
         let mut run = MsdRun::start(self, table, plan, direct, needs_index, n > local_rows)?;
-        let sched = schedule(n, &plan.passes, local_rows, plan.switches.msd_max_bits, |level| {
-            run.partition(level)
-        })?;
+        // Partition digits of more than 8 bits only where their scatter fits the device.
+        let wide_fits =
+            msd_scatter_smem(true, self.tile, run.stage_width) <= self.kernels()?.smem.msd_scatter[1] as usize;
+        let max_bits = if wide_fits {
+            plan.switches.msd_max_bits
+        } else {
+            plan.switches.msd_max_bits.min(8)
+        };
+        let sched = schedule(n, &plan.passes, local_rows, max_bits, |level| run.partition(level))?;
         run.local_sorts(&sched, local_rows, plan.keep_keys)?;
         run.finish(table, sched.levels % 2)
     }
@@ -216,7 +224,7 @@ impl<'a> MsdRun<'a> {
         let (lanes_p, num_lanes) = (lane_dev.device_ptr(s).0, lane_table.len() as u32);
         let (digit_src, mask) = (self.digit_src(level), (1u32 << level.digit.bits) - 1);
         let tile = gpu.tile();
-        let dyn_smem = (MSD_RANK_SMEM[counts.wide].div_ceil(16) * 16 + tile * 4 + tile * self.stage_width) as u32;
+        let dyn_smem = msd_scatter_smem(counts.wide == 1, tile, self.stage_width) as u32;
         // SAFETY: the lane table lists buffers of n rows; the offsets come from the scan of
         // the counts of the same digits.
         unsafe {
@@ -270,7 +278,7 @@ impl<'a> MsdRun<'a> {
         let (plan_rows, digit_table) = self.local_plans(sched);
         let max_words = sched.plans.iter().map(|d| d.words.len()).max().unwrap_or(0);
         let key_area = (4 * max_words).max(self.stage_width) * MSD_LOCAL_CAP;
-        let dyn_smem = (key_area + 4 * MSD_LOCAL_CAP) as u32;
+        let dyn_smem = msd_local_smem(max_words, self.stage_width) as u32;
         let lane_table = self.local_lanes(sched.levels, keep_keys);
         let batch_dev = s.clone_htod(&words(
             batch_list

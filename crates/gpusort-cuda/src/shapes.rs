@@ -1,0 +1,383 @@
+//! Kernel shapes from the device's attributes (issue 27): the tile sizes the kernels are compiled
+//! with and the strategies a sort may use, as a function of the shared memory a block and an SM
+//! offer, so that every GPU from Turing to Blackwell gets kernels that load, and the H100 the
+//! shapes measured on it (one point of the function).
+//!
+//! [`KernelShapes::new`] is pure host code: it takes [`SmemLimits`] (the device's, or capped by
+//! `GPUSORT_SMEM_CAP` to emulate a smaller GPU on a larger one) and the tuning asked for, and
+//! estimates each kernel's static shared memory from the sources' layouts. When the kernels are
+//! loaded, each one's dynamic shared memory is set to what the shapes need, at most what the
+//! block limit leaves beside the kernel's real static shared memory ([`DynSmem`]); a sort checks
+//! its needs against those before it chooses the one-sweep pass or the MSD hybrid, and falls back
+//! to SRTS's three-kernel passes where they do not fit. A sort never fails because a kernel does
+//! not fit.
+
+use std::fmt;
+
+use crate::device::DeviceInfo;
+use crate::kernels::{
+    BLOCK, KernelTuning, MSD_LOCAL_BLOCK, MSD_LOCAL_CAP, MSD_LOCAL_MAX_SEGS, MSD_LOCAL_MAX_WORDS, MSD_RANK_SMEM,
+};
+use crate::lanes::scatter_smem;
+
+/// Shared memory an SM keeps for each resident block besides what the block asks for (1 KiB from
+/// sm_80 on; counted on every architecture).
+pub const SMEM_RESERVED_PER_BLOCK: usize = 1024;
+
+/// Widest staging of a tile scatter: 8 bytes a row (16-byte values move as two halves).
+pub const MAX_STAGE_WIDTH: usize = 8;
+
+/// Blocks per SM the one-sweep tile is shrunk to keep where shared memory allows (the H100 runs
+/// 3 of 256 threads; 1 leaves the look-back's latency uncovered).
+pub const ONESWEEP_MIN_RESIDENT: u32 = 2;
+
+/// The smallest one-sweep tile (rows per thread) chosen to keep [`ONESWEEP_MIN_RESIDENT`] blocks
+/// per SM; below it the tile that fits one block is kept instead.
+pub const ONESWEEP_MIN_IPT: usize = 8;
+
+/// Bytes of `RankSmem<256, u32, threads>` / `RankShared<256, threads, C>` (kernels/common.cuh):
+/// per-warp counters of `counter` bytes (257 each), three u32 arrays of the 256 bins, 32 scan
+/// words.
+const fn rank_smem_b8(threads: usize, counter: usize) -> usize {
+    (threads / 32 * 257 * counter).div_ceil(16) * 16 + 3 * 256 * 4 + 32 * 4
+}
+
+/// Static shared memory of a GRS / SRTS scatter (`RankSmem<256>`), estimated from the layout.
+pub const SCATTER_STATIC_SMEM: usize = rank_smem_b8(BLOCK as usize, 4) + 256;
+
+/// Static shared memory of the one-sweep pass of `threads`-thread blocks (`RankSmem` and the
+/// tile number), estimated.
+pub const fn onesweep_static_smem(threads: usize) -> usize {
+    rank_smem_b8(threads, 4) + 256
+}
+
+/// Static shared memory of the MSD block-local sort (`RankShared<256, LOCAL_BLOCK, u16>` and the
+/// batch's segment starts), estimated.
+pub const MSD_LOCAL_STATIC_SMEM: usize = rank_smem_b8(MSD_LOCAL_BLOCK as usize, 2) + (MSD_LOCAL_MAX_SEGS + 1) * 4 + 256;
+
+/// Dynamic shared memory of an MSD partition scatter of `tile` rows with `wide` (2048-bin) digits
+/// or not, values staged `stage_width` bytes wide (msd/mod.rs `partition`).
+pub const fn msd_scatter_smem(wide: bool, tile: usize, stage_width: usize) -> usize {
+    MSD_RANK_SMEM[wide as usize].div_ceil(16) * 16 + tile * 4 + tile * stage_width
+}
+
+/// Dynamic shared memory of the MSD block-local sort of keys of `words` words, values staged
+/// `stage_width` bytes wide (msd/mod.rs `local_sorts`).
+pub const fn msd_local_smem(words: usize, stage_width: usize) -> usize {
+    let key = if 4 * words > stage_width {
+        4 * words
+    } else {
+        stage_width
+    };
+    key * MSD_LOCAL_CAP + 4 * MSD_LOCAL_CAP
+}
+
+/// The shared memory a block and an SM may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SmemLimits {
+    /// Most shared memory of one block, static and dynamic, with opt-in.
+    pub per_block: usize,
+    /// Shared memory of one SM.
+    pub per_sm: usize,
+}
+
+impl SmemLimits {
+    /// The device's limits.
+    pub fn of(info: &DeviceInfo) -> Self {
+        Self {
+            per_block: info.smem_per_block,
+            per_sm: info.smem_per_sm,
+        }
+    }
+
+    /// The limits of a GPU whose blocks may use `per_block` bytes and whose SMs have that and
+    /// the 1 KiB a block keeps ([`SMEM_RESERVED_PER_BLOCK`]): 227 KiB is the H100, 163 KiB the
+    /// A100, 99 KiB sm_86 / sm_89 (A10, L4, RTX 3090, RTX 4090), 96 KiB the V100 (whose SM has
+    /// no reserve: 96 KiB).
+    pub fn gpu_with(per_block: usize) -> Self {
+        Self {
+            per_block,
+            per_sm: per_block + SMEM_RESERVED_PER_BLOCK,
+        }
+    }
+
+    /// These limits, at most those of a GPU with `cap` bytes a block (`GPUSORT_SMEM_CAP`).
+    pub fn capped(self, cap: Option<usize>) -> Self {
+        match cap {
+            None => self,
+            Some(cap) => {
+                let g = Self::gpu_with(cap);
+                Self {
+                    per_block: self.per_block.min(g.per_block),
+                    per_sm: self.per_sm.min(g.per_sm),
+                }
+            }
+        }
+    }
+}
+
+/// The one-sweep pass's shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OnesweepShape {
+    /// Threads of a block.
+    pub block: u32,
+    /// Rows per thread of a tile.
+    pub ipt: usize,
+    /// Blocks resident on an SM with 8-byte staging (the persistent grid is this many per SM).
+    pub blocks_per_sm: u32,
+}
+
+/// Every kernel's shape on a device: the tiles they are compiled with and the strategies that
+/// fit (estimated from the sources' layouts; [`DynSmem`] holds the loaded kernels' real limits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelShapes {
+    /// The limits they were chosen for.
+    pub limits: SmemLimits,
+    /// Rows per thread of a GRS / SRTS / MSD tile (`IPT`).
+    pub ipt: usize,
+    /// The one-sweep pass, or `None` where no tile of it fits (SRTS then runs three kernels a
+    /// pass).
+    pub onesweep: Option<OnesweepShape>,
+    /// MSD partition digits of up to 11 bits fit with 8-byte staging (else up to 8 bits).
+    pub msd_wide: bool,
+    /// Most key words the MSD block-local sort holds with 4-byte and with 8-byte staging (0: the
+    /// MSD hybrid is not used for such sorts; SRTS is).
+    pub msd_local_words: [usize; 2],
+}
+
+/// Blocks of `smem` bytes (`threads` threads) that fit on an SM with `per_sm` bytes.
+pub(crate) fn resident(per_sm: usize, smem: usize, threads: u32) -> u32 {
+    ((per_sm / (smem + SMEM_RESERVED_PER_BLOCK)) as u32).min(2048 / threads)
+}
+
+impl KernelShapes {
+    /// The shapes for `limits` and the tuning asked for: each tile as asked where it fits, else
+    /// the largest that fits; the one-sweep tile (unless `GPUSORT_ONESWEEP_IPT` chose it) shrunk
+    /// to keep [`ONESWEEP_MIN_RESIDENT`] blocks per SM, down to [`ONESWEEP_MIN_IPT`] rows per
+    /// thread.
+    pub fn new(limits: SmemLimits, tuning: &KernelTuning) -> Self {
+        let per_block = limits.per_block;
+        let tile_fits = |ipt: usize| {
+            let tile = BLOCK as usize * ipt;
+            scatter_smem(tile, MAX_STAGE_WIDTH) as usize + SCATTER_STATIC_SMEM <= per_block
+                && msd_scatter_smem(false, tile, MAX_STAGE_WIDTH) <= per_block
+        };
+        let ipt = (1..=tuning.ipt).rev().find(|&i| tile_fits(i)).unwrap_or(1);
+        let block = tuning.onesweep_block();
+        let os_need = |i: usize| {
+            scatter_smem(block as usize * i, MAX_STAGE_WIDTH) as usize + onesweep_static_smem(block as usize)
+        };
+        let os_shape = |i: usize| OnesweepShape {
+            block,
+            ipt: i,
+            blocks_per_sm: resident(limits.per_sm, os_need(i), block),
+        };
+        let asked = tuning.onesweep_ipt();
+        let fitting = (1..=asked).rev().find(|&i| os_need(i) <= per_block);
+        let onesweep = match (tuning.onesweep_ipt, fitting) {
+            (_, None) => None,
+            (Some(_), Some(i)) => Some(os_shape(i)),
+            (None, Some(i)) => Some(
+                (ONESWEEP_MIN_IPT.min(i)..=i)
+                    .rev()
+                    .map(os_shape)
+                    .find(|s| s.blocks_per_sm >= ONESWEEP_MIN_RESIDENT)
+                    .unwrap_or_else(|| os_shape(i)),
+            ),
+        };
+        let tile = BLOCK as usize * ipt;
+        let local_words = |stage: usize| {
+            (1..=MSD_LOCAL_MAX_WORDS)
+                .rev()
+                .find(|&w| msd_local_smem(w, stage) + MSD_LOCAL_STATIC_SMEM <= per_block)
+                .unwrap_or(0)
+        };
+        Self {
+            limits,
+            ipt,
+            onesweep: onesweep.filter(|s| s.blocks_per_sm >= 1),
+            msd_wide: msd_scatter_smem(true, tile, MAX_STAGE_WIDTH) <= per_block,
+            msd_local_words: [local_words(4), local_words(MAX_STAGE_WIDTH)],
+        }
+    }
+
+    /// `tuning` with the tiles of these shapes: unchanged where they are as asked (so the H100's
+    /// programs are the prebuilt ones).
+    pub fn tuning(&self, tuning: &KernelTuning) -> KernelTuning {
+        let mut t = tuning.clone();
+        t.ipt = self.ipt;
+        if let Some(s) = self.onesweep
+            && s.ipt != tuning.onesweep_ipt()
+        {
+            t.onesweep_ipt = Some(s.ipt);
+        }
+        t
+    }
+}
+
+impl fmt::Display for KernelShapes {
+    /// One line: the limits, the tiles, the strategies that fit.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} KiB a block, {} KiB an SM: tiles {} x {}; ",
+            self.limits.per_block >> 10,
+            self.limits.per_sm >> 10,
+            BLOCK,
+            self.ipt
+        )?;
+        match self.onesweep {
+            Some(s) => write!(f, "one sweep {} x {} ({} blocks/SM)", s.block, s.ipt, s.blocks_per_sm)?,
+            None => write!(f, "no one sweep (SRTS three-kernel passes)")?,
+        }
+        write!(
+            f,
+            "; MSD partition digits up to {} bits, ",
+            if self.msd_wide { 11 } else { 8 }
+        )?;
+        match self.msd_local_words {
+            [0, 0] => write!(f, "no MSD block-local sort (SRTS instead)"),
+            [w4, w8] => write!(
+                f,
+                "MSD block-local sorts of keys up to {w4} words (4-byte lanes), {w8} (8-byte lanes)"
+            ),
+        }
+    }
+}
+
+/// The dynamic shared memory each loaded kernel may use: what the shapes need, at most what the
+/// block limit leaves beside the kernel's static shared memory (set as its
+/// `MAX_DYNAMIC_SHARED_SIZE_BYTES` when loaded).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DynSmem {
+    /// GRS and SRTS scatters (both bin counts).
+    pub scatter: u32,
+    /// The one-sweep pass.
+    pub onesweep: u32,
+    /// MSD partition scatters of 256 and 2048 bins.
+    pub msd_scatter: [u32; 2],
+    /// The MSD block-local sort.
+    pub msd_local: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KIB: usize = 1024;
+
+    fn shapes(per_block_kib: usize) -> KernelShapes {
+        KernelShapes::new(SmemLimits::gpu_with(per_block_kib * KIB), &KernelTuning::default())
+    }
+
+    /// The shape function at the block limits of the V100 (96 KiB), sm_86/sm_89 (99 KiB), the
+    /// A100 (163 KiB) and the H100 (227 KiB; 228 KiB an SM): the H100 gets the measured shapes.
+    #[test]
+    fn shapes_at_each_gpu_s_shared_memory() {
+        let h100 = KernelShapes::new(
+            SmemLimits {
+                per_block: 227 * KIB,
+                per_sm: 228 * KIB,
+            },
+            &KernelTuning::default(),
+        );
+        assert_eq!(h100, shapes(227));
+        let os = |ipt, blocks_per_sm| {
+            Some(OnesweepShape {
+                block: 256,
+                ipt,
+                blocks_per_sm,
+            })
+        };
+        assert_eq!(
+            (h100.ipt, h100.onesweep, h100.msd_wide, h100.msd_local_words),
+            (16, os(20, 3), true, [4, 4])
+        );
+        assert_eq!(h100.tuning(&KernelTuning::default()), KernelTuning::default());
+        let a100 = shapes(163);
+        assert_eq!(
+            (a100.ipt, a100.onesweep, a100.msd_wide, a100.msd_local_words),
+            (16, os(20, 2), true, [3, 3])
+        );
+        assert_eq!(a100.tuning(&KernelTuning::default()), KernelTuning::default());
+        let ada = shapes(99);
+        assert_eq!(
+            (ada.ipt, ada.onesweep, ada.msd_wide, ada.msd_local_words),
+            (16, os(12, 2), false, [1, 0])
+        );
+        assert_eq!(ada.tuning(&KernelTuning::default()).onesweep_ipt, Some(12));
+        let volta = shapes(96);
+        assert_eq!(
+            (volta.ipt, volta.onesweep, volta.msd_wide, volta.msd_local_words),
+            (16, os(12, 2), false, [1, 0])
+        );
+        // A real V100's SM has 96 KiB, no reserve beyond the block's: a smaller tile keeps 2 blocks.
+        let v100 = KernelShapes::new(
+            SmemLimits {
+                per_block: 96 * KIB,
+                per_sm: 96 * KIB,
+            },
+            &KernelTuning::default(),
+        );
+        assert_eq!(v100.onesweep, os(11, 2));
+        assert_eq!(
+            h100.to_string(),
+            "227 KiB a block, 228 KiB an SM: tiles 256 x 16; one sweep 256 x 20 (3 blocks/SM); MSD partition \
+             digits up to 11 bits, MSD block-local sorts of keys up to 4 words (4-byte lanes), 4 (8-byte lanes)"
+        );
+        assert_eq!(
+            volta.to_string(),
+            "96 KiB a block, 97 KiB an SM: tiles 256 x 16; one sweep 256 x 12 (2 blocks/SM); MSD partition \
+             digits up to 8 bits, MSD block-local sorts of keys up to 1 words (4-byte lanes), 0 (8-byte lanes)"
+        );
+    }
+
+    /// Every shape fits its limits, whatever the tuning, and smaller limits never get larger tiles.
+    #[test]
+    fn shapes_fit_their_limits() {
+        let mut last: Option<KernelShapes> = None;
+        for kib in (48..=228).rev() {
+            for (ipt, os_ipt, os_block) in [(16, None, None), (32, Some(32), Some(512)), (8, Some(4), Some(384))] {
+                let t = KernelTuning {
+                    ipt,
+                    onesweep_ipt: os_ipt,
+                    onesweep_block: os_block,
+                    ..KernelTuning::default()
+                };
+                let s = shapes_for(kib, &t);
+                let tile = BLOCK as usize * s.ipt;
+                assert!(scatter_smem(tile, 8) as usize + SCATTER_STATIC_SMEM <= kib * KIB);
+                if let Some(o) = s.onesweep {
+                    let need =
+                        scatter_smem(o.block as usize * o.ipt, 8) as usize + onesweep_static_smem(o.block as usize);
+                    assert!(need <= kib * KIB && o.blocks_per_sm >= 1, "{kib} KiB: {s}");
+                    assert!(o.ipt <= t.onesweep_ipt());
+                }
+                if s.msd_wide {
+                    assert!(msd_scatter_smem(true, tile, 8) <= kib * KIB);
+                }
+                assert!(s.ipt <= ipt);
+            }
+            let s = shapes(kib);
+            if let Some(l) = last {
+                assert!(
+                    s.ipt <= l.ipt && s.msd_local_words[1] <= l.msd_local_words[1],
+                    "{kib} KiB"
+                );
+            }
+            last = Some(s);
+        }
+        // The cap lowers both limits, never raises them.
+        let h100 = SmemLimits {
+            per_block: 227 * KIB,
+            per_sm: 228 * KIB,
+        };
+        assert_eq!(h100.capped(None), h100);
+        assert_eq!(h100.capped(Some(99 * KIB)), SmemLimits::gpu_with(99 * KIB));
+        assert_eq!(h100.capped(Some(300 * KIB)), h100);
+    }
+
+    fn shapes_for(kib: usize, t: &KernelTuning) -> KernelShapes {
+        KernelShapes::new(SmemLimits::gpu_with(kib * KIB), t)
+    }
+}
