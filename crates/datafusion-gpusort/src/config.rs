@@ -144,8 +144,10 @@ extensions_options! {
         /// (grs-direct, grs-indirect, srts-direct, srts-indirect, msd-direct, msd-indirect; a
         /// test checks this list), or `cpu`.
         pub strategy: StrategyChoice, default = StrategyChoice::Auto
-        /// Device memory one sort may use, e.g. `2G` or `2GiB`; 0 (or `none`) means the GPU's free memory. A sort that
-        /// needs more runs on the CPU (the reason shows in the metrics).
+        /// Device memory one sort may use, e.g. `2G` or `2GiB`; 0 (or `none`) means the process's device memory budget
+        /// (`GPUSORT_DEVICE_BUDGET`, default the GPU's free memory at open less a sixteenth), which all sorts running at
+        /// once share: a sort waits for its share (`gpu_wait_time`). A sort that needs more runs on the CPU (the reason
+        /// shows in the metrics).
         pub gpu_memory_limit: ByteSize, default = ByteSize(0)
         /// Where DataFusion sorts each partition and merges them (`SortPreservingMergeExec`),
         /// sort all partitions in one `GpuSortExec` instead.
