@@ -6,8 +6,8 @@ use std::path::Path;
 
 use datafusion::physical_plan::displayable;
 use datafusion_gpusort::{DeviceChoice, StrategyChoice};
-use gpusort_cuda::KernelCache;
-use gpusort_cuda::device::{self, GpuUnavailable};
+use gpusort_cuda::device::{self, DeviceInfo, GpuUnavailable};
+use gpusort_cuda::{Gpu, GpuOptions, KernelCache};
 
 use crate::error::Result;
 use crate::plan::{PlanArgs, SortPlan, format_size};
@@ -26,6 +26,7 @@ pub fn info() -> String {
                 match device::probe(ordinal) {
                     Ok(info) => {
                         let _ = writeln!(s, "GPU          {info}");
+                        let _ = writeln!(s, "shapes       {}", shapes(&info));
                     }
                     Err(why) => {
                         let _ = writeln!(s, "GPU          cuda:{ordinal} is not usable: {why}");
@@ -58,6 +59,20 @@ pub fn info() -> String {
         rayon::current_num_threads()
     );
     s
+}
+
+/// The kernels' shapes on the device, under the `GPUSORT_*` settings (`GPUSORT_SMEM_CAP`, the
+/// tile sizes).
+fn shapes(info: &DeviceInfo) -> String {
+    match GpuOptions::from_env() {
+        Ok(options) => {
+            let cap = options
+                .smem_cap
+                .map_or(String::new(), |c| format!(" (GPUSORT_SMEM_CAP={} KiB)", c >> 10));
+            format!("{}{cap}", Gpu::shapes_for(info, &options))
+        }
+        Err(e) => format!("unknown: {e}"),
+    }
 }
 
 fn gpu_none(s: &mut String, why: &GpuUnavailable) {
@@ -183,5 +198,45 @@ fn predicted_device(args: &PlanArgs, rows: u64) -> String {
         (Ok(info), _) => format!("the GPU, {info}"),
         (Err(why), DeviceChoice::Auto) => format!("gpusort's CPU backend: no usable GPU ({why})"),
         (Err(why), _) => format!("GPU {ordinal}, which is not usable ({why}): the sort would fail"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `gpusort info`'s shapes line of an H100: today's tiles, every strategy.
+    #[test]
+    fn shapes_line_of_an_h100() {
+        let info = DeviceInfo {
+            ordinal: 0,
+            name: "NVIDIA H100 80GB HBM3".into(),
+            compute_capability: (9, 0),
+            multiprocessors: 132,
+            total_memory: 80 << 30,
+            smem_per_block: 227 << 10,
+            smem_per_sm: 228 << 10,
+            registers_per_sm: 65536,
+            l2_bytes: 50 << 20,
+            free_memory: 79 << 30,
+            driver_version: 13000,
+            nvrtc_version: (13, 0),
+        };
+        let line = Gpu::shapes_for(&info, &GpuOptions::default()).to_string();
+        assert!(
+            line.starts_with("227 KiB a block, 228 KiB an SM: tiles 256 x 16; one sweep 256 x 20 (3 blocks/SM)"),
+            "{line}"
+        );
+        let capped = GpuOptions {
+            smem_cap: Some(99 << 10),
+            ..GpuOptions::default()
+        };
+        let line = Gpu::shapes_for(&info, &capped).to_string();
+        assert!(
+            line.starts_with("99 KiB a block, 100 KiB an SM: tiles 256 x 16; one sweep 256 x 12 (2 blocks/SM)"),
+            "{line}"
+        );
+        // Only GPUSORT_* variables the test does not set: the line is there.
+        assert!(!shapes(&info).is_empty());
     }
 }
