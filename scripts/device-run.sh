@@ -22,6 +22,14 @@
 #   ab        before/after of a restructuring: .gpu/paper_before and .gpu/paper (and .gpu/sql_before
 #             and .gpu/sql when both are there) run alternately, $AB_ROUNDS times each (default 2),
 #             with $AB_PAPER_ARGS (default: the issue goal rows) and $AB_SQL_ENV
+#   caps      per shared-memory cap in $CAPS (default "none 96K 99K 163K": uncapped, then the
+#             GPUSORT_SMEM_CAP of a V100, of an sm_86/sm_89 GPU (A10, L4, RTX 3090/4090) and of an
+#             A100; crates/gpusort-cuda/src/shapes.rs), the parts in $CAPS_PARTS (default "tests
+#             memcheck bench"): the GPU tests ($TESTS_FILTER), compute-sanitizer memcheck of the
+#             sanitize test, the paper bench ($BENCH_ARGS; ratios to CUB when the cub or bench step
+#             left its JSON in $OUT). Logs caps_{tests,memcheck,paper}_<cap>.*; each run's first
+#             lines say the shapes it got. One cap a call keeps a call under 10 minutes:
+#             CAPS=99K STEPS=caps bash scripts/device-run.sh
 set -u
 . "$(dirname "$0")/device-unpack.sh"
 export GPUSORT_REQUIRE_GPU=1 PYTHONUNBUFFERED=1
@@ -87,6 +95,30 @@ for step in $STEPS; do
           echo "== sql $v, round $r" | tee -a "$OUT/ab_sql.txt"
           env ${AB_SQL_ENV:-} timeout 300 $b 2>&1 | tee -a "$OUT/ab_sql.txt" | grep -E "^\| " | head -20
         done
+      done ;;
+    caps)
+      cub=
+      for j in "$OUT/cub_native.json" "$OUT/cub.json"; do [ -f "$j" ] && { cub="--cub $j"; break; }; done
+      parts=${CAPS_PARTS:-"tests memcheck bench"}
+      for cap in ${CAPS:-none 96K 99K 163K}; do
+        capenv=; [ "$cap" = none ] || capenv="GPUSORT_SMEM_CAP=$cap"
+        echo "== shared memory cap: $cap"
+        case " $parts " in *" tests "*)
+          env $capenv timeout "${TESTS_TIMEOUT:-300}" .gpu/gpu --test-threads=1 ${TESTS_FILTER:-} \
+            > "$OUT/caps_tests_$cap.log" 2>&1
+          echo "tests under $cap: exit $?"; grep -E "^test result|panicked|FAILED" "$OUT/caps_tests_$cap.log" | head -8
+          env $capenv timeout 60 .gpu/gpu --test-threads=1 --nocapture shapes_fit_the_device 2>&1 | grep -E "KiB a block|panicked" ;;
+        esac
+        case " $parts " in *" memcheck "*)
+          env $capenv timeout 200 compute-sanitizer --tool memcheck --error-exitcode 99 .gpu/gpu --test-threads=1 sanitize \
+            > "$OUT/caps_memcheck_$cap.log" 2>&1
+          echo "memcheck under $cap: exit $?"; grep -E "ERROR SUMMARY|test result" "$OUT/caps_memcheck_$cap.log" | tail -2 ;;
+        esac
+        case " $parts " in *" bench "*)
+          env $capenv timeout "${BENCH_TIMEOUT:-300}" .gpu/paper ${BENCH_ARGS:-} $cub --csv "$OUT/caps_paper_$cap.csv" \
+            > "$OUT/caps_paper_$cap.txt" 2>&1
+          echo "paper under $cap: exit $?"; grep -E "^# |^\| " "$OUT/caps_paper_$cap.txt" | head -60 ;;
+        esac
       done ;;
   esac
 done

@@ -375,6 +375,8 @@ fn main() {
         a.bits,
         gpu.tuning()
     );
+    // The shapes (GPUSORT_SMEM_CAP): a strategy that does not fit runs as SRTS under its name.
+    println!("# shapes: {}", gpu.shapes());
     let cub = a.cub.as_deref().map(read_cub);
     let mut rng = SmallRng::seed_from_u64(2010);
     let mut csv = String::from("kind,layout,fields,rows,digit_bits,strategy,min_ms,median_ms\n");

@@ -16,7 +16,11 @@
 //!   sortable type, nulls, strings, limits), as the CPU backend's fuzz test does;
 //! - `device_key_encoding_*`: keys of native columns encoded on the device, bit for bit against
 //!   the host encoder;
-//! - `sanitize_*`: every kernel on small inputs, for `compute-sanitizer`.
+//! - `sanitize_*`: every kernel on small inputs, for `compute-sanitizer`;
+//! - `shapes_fit_the_device`: the kernels' shapes (crate `shapes`) against the loaded kernels.
+//!
+//! Every test runs under `GPUSORT_SMEM_CAP` too (the shapes of a GPU with less shared memory:
+//! `STEPS=caps scripts/device-run.sh` runs them at 96, 99 and 163 KiB).
 
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
@@ -363,6 +367,82 @@ fn engine_msd_partition_depths() {
                     }
                 }
             }
+        }
+    }
+}
+
+/// The kernels' shapes fit the device (or `GPUSORT_SMEM_CAP`): the static shared memory the
+/// shape function estimates covers each loaded kernel's, and every strategy the shapes promise
+/// gets the dynamic shared memory it needs at 8-byte staging (so it is really used), none more
+/// than the block limit. Run under each cap by `STEPS=caps scripts/device-run.sh`.
+#[test]
+fn shapes_fit_the_device() {
+    use gpusort_cuda::kernels::BLOCK;
+    use gpusort_cuda::shapes::{
+        MSD_LOCAL_STATIC_SMEM, SCATTER_STATIC_SMEM, msd_local_smem, msd_scatter_smem, onesweep_static_smem,
+    };
+    let Some(b) = backend() else { return };
+    let gpu = b.gpu();
+    let (shapes, info) = (gpu.shapes(), gpu.info());
+    eprintln!("{}: {shapes}", info.name);
+    assert_eq!(*shapes, Gpu::shapes_for(info, gpu.options()));
+    assert!(shapes.limits.per_block <= info.smem_per_block && shapes.limits.per_sm <= info.smem_per_sm);
+    if let Some(cap) = gpu.options().smem_cap {
+        assert!(shapes.limits.per_block <= cap, "{shapes}");
+    }
+    let k = gpu.kernels().unwrap();
+    let fixed = |f: &cudarc::driver::CudaFunction| f.shared_size_bytes().unwrap() as usize;
+    for f in [&k.grs_scatter.b8, &k.srts_downsweep.b8] {
+        assert!(
+            fixed(f) <= SCATTER_STATIC_SMEM,
+            "scatter static {} > {SCATTER_STATIC_SMEM}",
+            fixed(f)
+        );
+    }
+    let os = onesweep_static_smem(gpu.tuning().onesweep_block() as usize);
+    assert!(
+        fixed(&k.onesweep_pass) <= os,
+        "one-sweep static {} > {os}",
+        fixed(&k.onesweep_pass)
+    );
+    assert!(
+        fixed(&k.msd_local) <= MSD_LOCAL_STATIC_SMEM,
+        "msd_local static {}",
+        fixed(&k.msd_local)
+    );
+    let per_block = shapes.limits.per_block as u32;
+    let smem = k.smem;
+    for (what, v, f) in [
+        ("scatter", smem.scatter, &k.srts_downsweep.b8),
+        ("one sweep", smem.onesweep, &k.onesweep_pass),
+        ("msd scatter b8", smem.msd_scatter[0], &k.msd_scatter[0]),
+        ("msd scatter b11", smem.msd_scatter[1], &k.msd_scatter[1]),
+        ("msd local", smem.msd_local, &k.msd_local),
+    ] {
+        assert!(
+            v + fixed(f) as u32 <= per_block,
+            "{what}: {v} + {} > {per_block}",
+            fixed(f)
+        );
+    }
+    let tile = BLOCK as usize * shapes.ipt;
+    assert_eq!(gpu.tile(), tile);
+    assert!(tile * 12 <= smem.scatter as usize, "{shapes}: {smem:?}");
+    if let Some(o) = shapes.onesweep {
+        assert_eq!(gpu.onesweep_tile(), o.block as usize * o.ipt);
+        assert!(gpu.onesweep_tile() * 12 <= smem.onesweep as usize, "{shapes}: {smem:?}");
+    }
+    assert!(msd_scatter_smem(false, tile, 8) <= smem.msd_scatter[0] as usize);
+    if shapes.msd_wide {
+        assert!(msd_scatter_smem(true, tile, 8) <= smem.msd_scatter[1] as usize);
+    }
+    for (i, stage) in [4, 8].into_iter().enumerate() {
+        let w = shapes.msd_local_words[i];
+        if w > 0 {
+            assert!(
+                msd_local_smem(w, stage) <= smem.msd_local as usize,
+                "{shapes}: {smem:?}"
+            );
         }
     }
 }
