@@ -320,6 +320,18 @@ mod tests {
             &KernelTuning::default(),
         );
         assert_eq!(v100.onesweep, os(11, 2));
+        // Turing (sm_75: 64 KiB a block and an SM): one one-sweep block an SM, no MSD.
+        let turing = KernelShapes::new(
+            SmemLimits {
+                per_block: 64 * KIB,
+                per_sm: 64 * KIB,
+            },
+            &KernelTuning::default(),
+        );
+        assert_eq!(
+            (turing.ipt, turing.onesweep, turing.msd_wide, turing.msd_local_words),
+            (16, os(17, 1), false, [0, 0])
+        );
         assert_eq!(
             h100.to_string(),
             "227 KiB a block, 228 KiB an SM: tiles 256 x 16; one sweep 256 x 20 (3 blocks/SM); MSD partition \
@@ -375,6 +387,35 @@ mod tests {
         assert_eq!(h100.capped(None), h100);
         assert_eq!(h100.capped(Some(99 * KIB)), SmemLimits::gpu_with(99 * KIB));
         assert_eq!(h100.capped(Some(300 * KIB)), h100);
+    }
+
+    /// The H100's programs are the prebuilt ones; the programs of every capped shape compile
+    /// (for sm_90, where NVRTC is installed; `GPUSORT_REQUIRE_GPU=1` makes its absence a failure).
+    #[test]
+    fn each_cap_s_programs_build() {
+        for (name, source) in shapes(227).tuning(&KernelTuning::default()).programs() {
+            assert!(
+                crate::prebuilt::find(&source, "sm_90").is_some(),
+                "{name} is not prebuilt"
+            );
+        }
+        if !crate::device::nvrtc_present() {
+            if std::env::var("GPUSORT_REQUIRE_GPU").as_deref() == Ok("1") {
+                panic!("GPUSORT_REQUIRE_GPU=1 but NVRTC is not installed");
+            }
+            eprintln!("CAPPED PROGRAMS COMPILE TEST NOT RUN: NVRTC (libnvrtc) is not installed");
+            return;
+        }
+        let default = KernelTuning::default().programs();
+        for kib in [96, 99, 163] {
+            for (name, source) in shapes(kib).tuning(&KernelTuning::default()).programs() {
+                if default.iter().any(|(n, s)| *n == name && *s == source) {
+                    continue;
+                }
+                let cubin = crate::kernels::compile_cubin(&source, "sm_90");
+                assert!(cubin.is_ok(), "{kib} KiB {name}: {}", cubin.unwrap_err());
+            }
+        }
     }
 
     fn shapes_for(kib: usize, t: &KernelTuning) -> KernelShapes {
