@@ -70,7 +70,7 @@ impl CudaBackend {
     pub fn with_cache(ordinal: usize, cache: &KernelCache) -> Result<Self> {
         let gpu = Gpu::open(ordinal, cache)?;
         PinnedPool::global().attach(gpu.context());
-        let budget = DeviceBudget::for_device(ordinal, || gpu.free_memory().unwrap_or(0));
+        let budget = DeviceBudget::for_device(ordinal, gpu.options().device_budget, || gpu.free_memory().unwrap_or(0));
         Ok(Self {
             gpu: Arc::new(gpu),
             digit_bits: MAX_DIGIT_BITS,

@@ -134,19 +134,15 @@ impl DeviceBudget {
     }
 
     /// The process's budget for device `ordinal`, made on first use with the capacity
-    /// `GPUSORT_DEVICE_BUDGET` sets, else `free` (the device's free memory, asked for only
-    /// then) less [`Self::reserve_of`] it.
-    pub fn for_device(ordinal: usize, free: impl FnOnce() -> usize) -> Arc<Self> {
+    /// `configured` (`GpuOptions::device_budget`), else `free` (the device's free memory, asked
+    /// for only then) less [`Self::reserve_of`] it.
+    pub fn for_device(ordinal: usize, configured: Option<usize>, free: impl FnOnce() -> usize) -> Arc<Self> {
         static BUDGETS: OnceLock<Mutex<HashMap<usize, Arc<DeviceBudget>>>> = OnceLock::new();
         let mut budgets = BUDGETS
             .get_or_init(Default::default)
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         Arc::clone(budgets.entry(ordinal).or_insert_with(|| {
-            let configured = std::env::var("GPUSORT_DEVICE_BUDGET")
-                .ok()
-                .and_then(|v| gpusort::parse_byte_size(&v))
-                .filter(|b| *b > 0);
             Self::new(configured.unwrap_or_else(|| {
                 let free = free();
                 free - Self::reserve_of(free)

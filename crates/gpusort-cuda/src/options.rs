@@ -3,6 +3,8 @@
 //! [`CudaBackend`](crate::CudaBackend) calls) instead of wherever each was needed. The README's
 //! table lists them. No kernel: the kernels' compile-time settings are [`KernelTuning`].
 
+use gpusort::parse_byte_size;
+
 use crate::error::{CudaSortError, Result};
 use crate::kernels::{KernelTuning, MSD_MAX_DIGIT_BITS};
 
@@ -28,6 +30,10 @@ pub struct GpuOptions {
     /// the shapes of a GPU with that much ([`crate::shapes`]), e.g. `96K` (V100), `99K` (A10, L4,
     /// RTX 3090/4090), `163K` (A100) on an H100.
     pub smem_cap: Option<usize>,
+    /// Device memory all sorts of the process together may hold on the device, in bytes
+    /// (`GPUSORT_DEVICE_BUDGET`, e.g. `40g`; default: the free memory when the device opens,
+    /// less a sixteenth; see [`crate::memory::DeviceBudget`]).
+    pub device_budget: Option<usize>,
 }
 
 impl Default for GpuOptions {
@@ -40,6 +46,7 @@ impl Default for GpuOptions {
             pair_lanes: true,
             device_keys: true,
             smem_cap: None,
+            device_budget: None,
         }
     }
 }
@@ -66,7 +73,7 @@ impl GpuOptions {
         let smem_cap = match var("GPUSORT_SMEM_CAP") {
             None => None,
             Some(v) => Some(
-                parse_bytes(&v)
+                parse_byte_size(&v)
                     .filter(|b| (16 << 10..=1 << 20).contains(b))
                     .ok_or_else(|| {
                         CudaSortError::Unsupported(format!(
@@ -74,6 +81,19 @@ impl GpuOptions {
                         ))
                     })?,
             ),
+        };
+        let device_budget = match var("GPUSORT_DEVICE_BUDGET") {
+            None => None,
+            Some(v) => match parse_byte_size(&v) {
+                Some(0) => None,
+                Some(b) => Some(b),
+                None => {
+                    return Err(CudaSortError::Unsupported(format!(
+                        "GPUSORT_DEVICE_BUDGET={v} ({})",
+                        gpusort::size::size_error(&v)
+                    )));
+                }
+            },
         };
         Ok(Self {
             tuning: KernelTuning::from_vars(&var)?,
@@ -83,18 +103,9 @@ impl GpuOptions {
             pair_lanes: var("GPUSORT_PAIR_LANES").as_deref() != Some("0"),
             device_keys: var("GPUSORT_DEVICE_KEYS").as_deref() != Some("0"),
             smem_cap,
+            device_budget,
         })
     }
-}
-
-/// Bytes written as `N`, `NK` or `NKiB` (1024 bytes a K).
-fn parse_bytes(v: &str) -> Option<usize> {
-    let v = v.trim();
-    let (digits, scale) = match v.strip_suffix("KiB").or_else(|| v.strip_suffix('K')) {
-        Some(d) => (d.trim(), 1024),
-        None => (v, 1),
-    };
-    digits.parse::<usize>().ok()?.checked_mul(scale)
 }
 
 #[cfg(test)]
@@ -125,6 +136,13 @@ mod tests {
             let err = GpuOptions::from_vars(|n: &str| (n == "GPUSORT_MSD_BITS").then(|| bad.to_string())).unwrap_err();
             assert!(err.to_string().contains(&format!("GPUSORT_MSD_BITS={bad}")), "{err}");
         }
+        for (v, bytes) in [("40g", Some(40usize << 30)), ("512MiB", Some(512 << 20)), ("0", None)] {
+            let o = GpuOptions::from_vars(|n: &str| (n == "GPUSORT_DEVICE_BUDGET").then(|| v.to_string())).unwrap();
+            assert_eq!(o.device_budget, bytes, "{v}");
+        }
+        let err =
+            GpuOptions::from_vars(|n: &str| (n == "GPUSORT_DEVICE_BUDGET").then(|| "lots".to_string())).unwrap_err();
+        assert!(err.to_string().contains("GPUSORT_DEVICE_BUDGET=lots"), "{err}");
         for (v, bytes) in [("99K", 99 << 10), ("163KiB", 163 << 10), ("98304", 98304)] {
             let o = GpuOptions::from_vars(|n: &str| (n == "GPUSORT_SMEM_CAP").then(|| v.to_string())).unwrap();
             assert_eq!(o.smem_cap, Some(bytes), "{v}");
