@@ -9,7 +9,8 @@
 //   most significant), counting the rows whose key is smaller than the previous row's
 //   (descents), greater (ascents) and equal. No descents: the input is sorted and stays where it
 //   is. No ascents and no equal neighbours: it is strictly decreasing, and the sorted order is
-//   the rows reversed (stable, as no two keys are equal).
+//   the rows reversed (stable, as no two keys are equal). A warp that sees both a descent and
+//   an ascent (or an equal pair) raises a flag that stops every thread.
 // * reverse_rows: rows i and n - 1 - i swapped in place for i < n / 2 (key words, columns and
 //   Hybrid records alike, `width` bytes a row);
 // * reverse_iota: the permutation of reversed rows, n - 1 - i.
@@ -17,19 +18,45 @@
 // Each thread walks rows with a grid stride; order_scan's warps combine their counts with
 // shuffles and one lane per warp adds them to the totals.
 
-// counts[0] += descents, counts[1] += ascents, counts[2] += equal neighbours (the host zeroes
-// them first). words[w] is key word w of every row.
-extern "C" __global__ void order_scan(u32 n, const u32* const* words, u32 nwords, u64* counts) {
+// The most key words order_scan compares (a longer key takes the radix passes unscanned); the
+// host defines it (kernels.rs SHARED_CONSTANTS).
+#if !defined(ORDER_SCAN_MAX_WORDS)
+#error "ORDER_SCAN_MAX_WORDS comes from the host"
+#endif
+
+// The key words order_scan compares, most significant first, passed by value.
+struct ScanWords {
+    const u32* w[ORDER_SCAN_MAX_WORDS];
+};
+
+// counts[0] += descents, counts[1] += ascents, counts[2] += equal neighbours; counts[3] is set
+// once the input is known to be neither sorted nor reversed (a descent beside an ascent or an
+// equal pair), and every thread then stops: random keys cost the scan a row or two a thread,
+// not a read of the key. The host zeroes the counts first.
+extern "C" __global__ void order_scan(u32 n, ScanWords words, u32 nwords, u64* counts) {
     u64 desc = 0, asc = 0, eq = 0;
-    for (size_t i = 1 + (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        int c = 0;
-        for (u32 w = 0; w < nwords && c == 0; w++) {
-            const u32 a = words[w][i - 1], b = words[w][i];
-            c = (a > b) - (a < b);
+    volatile u64* stop = counts + 3;
+    for (size_t i = 1 + (size_t)blockIdx.x * blockDim.x + threadIdx.x; __any_sync(FULL_MASK, i < n);
+         i += (size_t)gridDim.x * blockDim.x) {
+        if (i < n) {
+            int c = 0;
+            for (u32 w = 0; w < nwords && c == 0; w++) {
+                const u32 a = words.w[w][i - 1], b = words.w[w][i];
+                c = (a > b) - (a < b);
+            }
+            desc += c > 0;
+            asc += c < 0;
+            eq += c == 0;
         }
-        desc += c > 0;
-        asc += c < 0;
-        eq += c == 0;
+        // The warp decides together: unordered as soon as any lane saw a descent and any lane
+        // an ascent or an equal pair, or another warp said so.
+        const bool any_desc = __any_sync(FULL_MASK, desc > 0);
+        const bool any_other = __any_sync(FULL_MASK, asc > 0 || eq > 0);
+        if (any_desc && any_other) {
+            if ((threadIdx.x & 31) == 0) *stop = 1;
+            return;
+        }
+        if (__any_sync(FULL_MASK, *stop != 0)) return;
     }
     for (int d = 16; d > 0; d /= 2) {
         desc += __shfl_xor_sync(FULL_MASK, desc, d);

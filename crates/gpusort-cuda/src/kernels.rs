@@ -143,7 +143,12 @@ pub const SHARED_CONSTANTS: &[(&str, u64, bool)] = &[
     ("ONESWEEP_MAX_DIGITS", ONESWEEP_MAX_DIGITS as u64, false),
     ("ONESWEEP_HIST_IPT", ONESWEEP_HIST_IPT as u64, false),
     ("ONESWEEP_VALUE", ONESWEEP_MAX_ROWS as u64, true),
+    ("ORDER_SCAN_MAX_WORDS", ORDER_SCAN_MAX_WORDS as u64, false),
 ];
+
+/// The most key words presorted.cu's `order_scan` compares (`ORDER_SCAN_MAX_WORDS`); a longer
+/// key takes the radix passes unscanned.
+pub(crate) const ORDER_SCAN_MAX_WORDS: usize = 8;
 
 impl Default for KernelTuning {
     fn default() -> Self {

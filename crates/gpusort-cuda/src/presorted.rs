@@ -7,44 +7,55 @@
 //! a few sorted runs and few distinct keys take the radix passes on the device (the CPU
 //! backend finishes those shapes too, see `gpusort::cpu`).
 
-use cudarc::driver::{CudaSlice, DevicePtr, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, PushKernelArg};
 use gpusort::plan::InputOrder;
 
 use crate::error::Result;
 use crate::gpu::{Gpu, rows_u32};
+use crate::kernels::ORDER_SCAN_MAX_WORDS;
 use crate::table::DeviceTable;
+
+/// The device addresses of the key words `order_scan` compares, passed by value (`ScanWords`).
+#[repr(C)]
+struct ScanWords([u64; ORDER_SCAN_MAX_WORDS]);
+
+// SAFETY: a plain array of device addresses, laid out as the kernel's struct of 8 pointers.
+unsafe impl DeviceRepr for ScanWords {}
 
 impl Gpu {
     /// The order of `n` rows by the key `words` of `keys` (the words that vary, most
     /// significant first; the others are equal in every row and may be one-word stand-ins)
     /// when it lets a sort skip its passes: sorted, or strictly decreasing (reversed).
-    /// Synchronizes the stream to read three counts.
+    /// Synchronizes the stream to read four counts; random keys stop the scan within a row or
+    /// two a thread.
     pub(crate) fn input_order(&self, keys: &[CudaSlice<u32>], words: &[usize], n: usize) -> Result<Option<InputOrder>> {
         let n32 = rows_u32(n)?;
-        if n < 2 || words.is_empty() {
+        if n < 2 || words.is_empty() || words.len() > ORDER_SCAN_MAX_WORDS {
             return Ok(None);
         }
         let s = &self.stream;
-        let ptrs: Vec<u64> = words.iter().map(|&w| keys[w].device_ptr(s).0).collect();
-        let ptrs_dev = s.clone_htod(&ptrs)?;
-        let counts = s.alloc_zeros::<u64>(3)?;
-        let (ptrs_p, counts_p, nwords) = (ptrs_dev.device_ptr(s).0, counts.device_ptr(s).0, words.len() as u32);
-        // SAFETY: `ptrs` lists `nwords` arrays of n words each (key words that vary hold every
-        // row); `counts` holds 3 words.
+        let mut ptrs = ScanWords([0; ORDER_SCAN_MAX_WORDS]);
+        for (p, &w) in ptrs.0.iter_mut().zip(words) {
+            *p = keys[w].device_ptr(s).0;
+        }
+        let counts = s.alloc_zeros::<u64>(4)?;
+        let (counts_p, nwords) = (counts.device_ptr(s).0, words.len() as u32);
+        // SAFETY: `ptrs` holds `nwords` arrays of n words each (key words that vary hold every
+        // row); `counts` holds 4 words.
         unsafe {
             s.launch_builder(&self.kernels()?.order_scan)
                 .arg(&n32)
-                .arg(&ptrs_p)
+                .arg(&ptrs)
                 .arg(&nwords)
                 .arg(&counts_p)
                 .launch(self.grid_for(n))?
         };
-        // Synchronizes: the pointer table outlives the kernel.
         let c = s.clone_dtoh(&counts)?;
-        let (descents, ascents, equal) = (c[0], c[1], c[2]);
-        Ok(match (descents, ascents, equal) {
-            (0, _, _) => Some(InputOrder::Sorted),
-            (_, 0, 0) => Some(InputOrder::Reversed),
+        let (descents, ascents, equal, unordered) = (c[0], c[1], c[2], c[3]);
+        Ok(match (descents, ascents, equal, unordered) {
+            (_, _, _, 1..) => None,
+            (0, _, _, _) => Some(InputOrder::Sorted),
+            (_, 0, 0, _) => Some(InputOrder::Reversed),
             _ => None,
         })
     }
