@@ -30,6 +30,9 @@ pub struct GpuOptions {
     /// the shapes of a GPU with that much ([`crate::shapes`]), e.g. `96K` (V100), `99K` (A10, L4,
     /// RTX 3090/4090), `163K` (A100) on an H100.
     pub smem_cap: Option<usize>,
+    /// A sort first reads its key once to find input already in order or reversed
+    /// (`presorted.rs`; off with `GPUSORT_PRESORTED=0`).
+    pub presorted: bool,
     /// Device memory all sorts of the process together may hold on the device, in bytes
     /// (`GPUSORT_DEVICE_BUDGET`, e.g. `40g`; default: the free memory when the device opens,
     /// less a sixteenth; see [`crate::memory::DeviceBudget`]).
@@ -46,6 +49,7 @@ impl Default for GpuOptions {
             pair_lanes: true,
             device_keys: true,
             smem_cap: None,
+            presorted: true,
             device_budget: None,
         }
     }
@@ -103,6 +107,7 @@ impl GpuOptions {
             pair_lanes: var("GPUSORT_PAIR_LANES").as_deref() != Some("0"),
             device_keys: var("GPUSORT_DEVICE_KEYS").as_deref() != Some("0"),
             smem_cap,
+            presorted: var("GPUSORT_PRESORTED").as_deref() != Some("0"),
             device_budget,
         })
     }
@@ -124,10 +129,11 @@ mod tests {
             ("GPUSORT_ONESWEEP", "0"),
             ("GPUSORT_PAIR_LANES", "0"),
             ("GPUSORT_DEVICE_KEYS", "0"),
+            ("GPUSORT_PRESORTED", "0"),
             ("GPUSORT_IPT", "12"),
         ]))
         .unwrap();
-        assert!(o.profile && !o.onesweep && !o.pair_lanes && !o.device_keys);
+        assert!(o.profile && !o.onesweep && !o.pair_lanes && !o.device_keys && !o.presorted);
         assert_eq!((o.msd_max_bits, o.tuning.ipt), (8, 12));
         // Only "1" turns profiling on; anything but "0" leaves the others on, as before.
         let o = GpuOptions::from_vars(vars(&[("GPUSORT_PROFILE", "yes"), ("GPUSORT_ONESWEEP", "1")])).unwrap();

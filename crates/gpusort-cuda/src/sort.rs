@@ -36,7 +36,9 @@ impl Gpu {
                 .collect::<BTreeSet<_>>()
                 .into_iter()
                 .collect();
-            input_order = self.input_order(&table.keys, &words, n)?;
+            if plan.switches.presorted {
+                input_order = self.input_order(&table.keys, &words, n)?;
+            }
             perm = match input_order {
                 Some(InputOrder::Sorted) => None,
                 Some(_) => self.reverse_table(table, plan.want_perm)?,

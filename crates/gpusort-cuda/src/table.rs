@@ -77,17 +77,20 @@ pub struct SortSwitches {
     pub msd_local_rows: usize,
     /// The widest MSD partition digit (1 to [`MSD_MAX_DIGIT_BITS`]).
     pub msd_max_bits: u32,
+    /// One read of the key first finds input already in order or reversed (`presorted.rs`).
+    pub presorted: bool,
 }
 
 impl SortSwitches {
     /// The settings `options` give a sort (`GPUSORT_ONESWEEP`, `GPUSORT_PAIR_LANES`,
-    /// `GPUSORT_MSD_BITS`), block-local MSD sorts of up to [`MSD_LOCAL_CAP`] rows.
+    /// `GPUSORT_MSD_BITS`, `GPUSORT_PRESORTED`), block-local MSD sorts of up to [`MSD_LOCAL_CAP`] rows.
     pub fn new(options: &GpuOptions) -> Self {
         Self {
             onesweep: options.onesweep,
             pair_lanes: options.pair_lanes,
             msd_local_rows: MSD_LOCAL_CAP,
             msd_max_bits: options.msd_max_bits,
+            presorted: options.presorted,
         }
     }
 
@@ -139,6 +142,7 @@ mod tests {
                 pair_lanes: true,
                 msd_local_rows: MSD_LOCAL_CAP,
                 msd_max_bits: 5,
+                presorted: true,
             }
         );
         s.check().unwrap();

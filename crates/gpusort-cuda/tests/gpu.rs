@@ -334,6 +334,16 @@ fn engine_presorted_input() {
             }
         }
     }
+    // With the scan off, sorted input takes the passes.
+    let c = case(&mut rng, 5_000, 2, "sorted", false);
+    let off = SortSwitches {
+        presorted: false,
+        ..gpu.sort_switches()
+    };
+    assert_eq!(
+        check_engine_with(gpu, &c, Strategy::SRTS_DIRECT, 8, off, "sorted, scan off"),
+        None
+    );
     // Keys only, no permutation asked for: the key words come back reversed.
     let keys = keys_of(&mut rng, 70_000, 2, "reverse");
     check_engine_keys_only(gpu, &keys, Strategy::SRTS_DIRECT, 8, "reversed keys only");
