@@ -652,7 +652,9 @@ impl KeyDistribution {
             Self::Random => {}
             Self::Sorted => keys.sort_unstable(),
             Self::Reversed => keys.sort_unstable_by(|a, b| b.cmp(a)),
-            Self::SortedRuns(k) => keys.chunks_mut(n.div_ceil(k.max(1)).max(1)).for_each(|c| c.sort_unstable()),
+            Self::SortedRuns(k) => keys
+                .chunks_mut(n.div_ceil(k.max(1)).max(1))
+                .for_each(|c| c.sort_unstable()),
             Self::Distinct(k) => keys.iter_mut().for_each(|x| *x = spread(*x % k as u64)),
             Self::Zipf => {
                 let values = 1_000_000usize;
