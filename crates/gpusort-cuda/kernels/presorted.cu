@@ -36,8 +36,9 @@ struct ScanWords {
 extern "C" __global__ void order_scan(u32 n, ScanWords words, u32 nwords, u64* counts) {
     u64 desc = 0, asc = 0, eq = 0;
     volatile u64* stop = counts + 3;
+    u32 iter = 0;
     for (size_t i = 1 + (size_t)blockIdx.x * blockDim.x + threadIdx.x; __any_sync(FULL_MASK, i < n);
-         i += (size_t)gridDim.x * blockDim.x) {
+         i += (size_t)gridDim.x * blockDim.x, iter++) {
         if (i < n) {
             int c = 0;
             for (u32 w = 0; w < nwords && c == 0; w++) {
@@ -56,7 +57,10 @@ extern "C" __global__ void order_scan(u32 n, ScanWords words, u32 nwords, u64* c
             if ((threadIdx.x & 31) == 0) *stop = 1;
             return;
         }
-        if (__any_sync(FULL_MASK, *stop != 0)) return;
+        // Another warp's verdict, every 16 rows a thread: a read of the flag each row put its
+        // latency between every two loads and tripled the scan of sorted keys (0.05 -> 0.16 ms
+        // for 10M two-word keys); random keys stop in their warp's first row anyway.
+        if ((iter & 15) == 15 && __any_sync(FULL_MASK, *stop != 0)) return;
     }
     for (int d = 16; d > 0; d /= 2) {
         desc += __shfl_xor_sync(FULL_MASK, desc, d);
