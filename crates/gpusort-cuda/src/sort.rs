@@ -6,8 +6,6 @@
 //! read of the key (`presorted.rs`) finds input already in order (nothing moves) or strictly
 //! reversed (everything is reversed in place).
 
-use std::collections::BTreeSet;
-
 use cudarc::driver::CudaSlice;
 use gpusort::plan::{Algorithm, InputOrder, RecordMove, Strategy};
 
@@ -28,16 +26,8 @@ impl Gpu {
         let mut perm = None;
         let mut input_order = None;
         if n > 1 && !plan.passes.is_empty() {
-            // The words the passes read vary; the others are equal in every row.
-            let words: Vec<usize> = plan
-                .passes
-                .iter()
-                .map(|p| p.word)
-                .collect::<BTreeSet<_>>()
-                .into_iter()
-                .collect();
             if plan.switches.presorted {
-                input_order = self.input_order(&table.keys, &words, n)?;
+                input_order = self.input_order(&table.keys, &plan.key_words(), n)?;
             }
             perm = match input_order {
                 Some(InputOrder::Sorted) => None,
@@ -109,7 +99,7 @@ impl Gpu {
     /// row index moved.
     fn run_sort(&self, table: &mut DeviceTable, plan: &GpuSortPlan) -> Result<Option<CudaSlice<u32>>> {
         let direct = plan.strategy.record_move == RecordMove::Direct;
-        let words: BTreeSet<usize> = plan.passes.iter().map(|p| p.word).collect();
+        let words = plan.key_words();
         let msd = plan.strategy.algorithm == Algorithm::Msd
             && words.len() <= MSD_LOCAL_MAX_WORDS
             && self.msd_fits(words.len(), table, direct)?;

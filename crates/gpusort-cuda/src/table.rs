@@ -61,6 +61,15 @@ pub struct GpuSortPlan {
     pub switches: SortSwitches,
 }
 
+impl GpuSortPlan {
+    /// The key words the passes read, most significant first: those that vary (the others are
+    /// equal in every row and may be one-word stand-ins).
+    pub(crate) fn key_words(&self) -> Vec<usize> {
+        let words: std::collections::BTreeSet<usize> = self.passes.iter().map(|p| p.word).collect();
+        words.into_iter().collect()
+    }
+}
+
 /// Per-sort settings of how the passes run, not what they compute: every choice sorts the same.
 /// They belong to one sort, so two sorts at once on one [`Gpu`](crate::Gpu) each keep theirs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
