@@ -8,7 +8,12 @@
 //! `collect` runs `SELECT * FROM 'INPUT' ORDER BY ...` and collects the batches (their rows
 //! are counted); `copy` runs `COPY (SELECT * FROM 'INPUT' ORDER BY ...) TO 'OUTPUT'` with
 //! DataFusion's Parquet writer (zstd(3)). It prints one line: `sql_parquet <mode> <engine>
-//! seconds=S rows=N plan=<the sort operator>`, for `crates/gpusort-cli/benches/tpch.py`.
+//! seconds=S rows=N plan=<the sort operator> writers=W`, for `crates/gpusort-cli/benches/tpch.py`.
+//!
+//! Both engines' `COPY` encode up to W row groups at once (`datafusion.execution.parquet.
+//! maximum_parallel_row_group_writers`, DataFusion's default 1; here the number of cores, or
+//! `SQL_PARQUET_WRITERS`), as DataFusion's documentation advises for data already in memory,
+//! which a sort's output is: with one, the longest column of each row group sets the pace.
 
 use std::time::Instant;
 
@@ -26,7 +31,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         eprintln!("usage: sql_parquet INPUT \"ORDER BY LIST\" collect|copy [OUTPUT] [--stock]");
         std::process::exit(2);
     };
-    let config = SessionConfig::new().set_str("datafusion.execution.parquet.compression", "zstd(3)");
+    let writers: usize = match std::env::var("SQL_PARQUET_WRITERS") {
+        Ok(v) => v.parse()?,
+        Err(_) => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    let config = SessionConfig::new()
+        .set_str("datafusion.execution.parquet.compression", "zstd(3)")
+        .set_usize(
+            "datafusion.execution.parquet.maximum_parallel_row_group_writers",
+            writers,
+        )
+        .set_usize(
+            "datafusion.execution.parquet.maximum_buffered_record_batches_per_stream",
+            (2 * writers).max(2),
+        );
     let builder = SessionStateBuilder::new().with_default_features().with_config(config);
     let state = if stock {
         builder.build()
@@ -61,6 +79,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(()) => arrow::util::display::array_value_to_string(batches[0].column(0), 0)?.parse()?,
     };
     let engine = if stock { "datafusion" } else { "gpusort" };
-    println!("sql_parquet {mode} {engine} seconds={seconds:.3} rows={n} plan={sort}");
+    println!("sql_parquet {mode} {engine} seconds={seconds:.3} rows={n} plan={sort} writers={writers}");
     Ok(())
 }

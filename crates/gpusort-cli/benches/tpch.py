@@ -101,7 +101,7 @@ def run_sql(binary, mode, inp, out, order_by, stock):
         os.remove(out)
     cmd = [binary, inp, order_by, mode] + ([out] if out else []) + (["--stock"] if stock else [])
     p = subprocess.run(cmd, capture_output=True, text=True)
-    m = re.search(r"seconds=([\d.]+) rows=(\d+) plan=(.*)", p.stdout)
+    m = re.search(r"seconds=([\d.]+) rows=(\d+) plan=(\S*)", p.stdout)
     if p.returncode != 0 or not m:
         return None, (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]
     return (float(m.group(1)), int(m.group(2)), m.group(3)), None

@@ -3,8 +3,13 @@
 //! to `BENCH_ROWS` rows, default 1M) under each variant of the writer's properties. Prints a
 //! table of milliseconds per column and variant, and the totals.
 //!
+//! With `--whole`, the whole file is written instead, by gpusort's own writer
+//! (`SortedParquetWriter`, every thread) under each variant of [`whole_variants`]: the wall
+//! and CPU seconds of each, the cores it kept busy and the file's size. This is the writer as
+//! the tool runs it, where the single-thread figures leave out contention.
+//!
 //! ```text
-//! writer_props-<hash> FILE.parquet
+//! writer_props-<hash> FILE.parquet [--whole]
 //! ```
 
 use std::time::Instant;
@@ -40,11 +45,19 @@ fn variants() -> Vec<(&'static str, WriterProperties)> {
     ]
 }
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let path = std::env::args()
-        .nth(1)
-        .filter(|a| a != "--bench")
-        .ok_or("usage: writer_props FILE.parquet")?;
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    let path = args
+        .iter()
+        .find(|a| !a.starts_with("--"))
+        .cloned()
+        .ok_or("usage: writer_props FILE.parquet [--whole]")?;
+    if args.iter().any(|a| a == "--whole") {
+        return whole::run(&path);
+    }
     let rows: usize = std::env::var("BENCH_ROWS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -99,4 +112,122 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!();
     Ok(())
+}
+
+/// `--whole`: the whole file through `SortedParquetWriter` under each variant.
+mod whole {
+    use std::collections::HashSet;
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    use arrow::array::RecordBatch;
+    use arrow::row::{RowConverter, SortField};
+    use gpusort_cli::order_by::OrderBy;
+    use gpusort_cli::writer::{Codec, SortedParquetWriter, WriteOptions};
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterPropertiesBuilder};
+    use parquet::schema::types::ColumnPath;
+
+    type Variant = (
+        &'static str,
+        &'static str,
+        fn(WriterPropertiesBuilder, &[String]) -> WriterPropertiesBuilder,
+    );
+
+    /// (name, codec, properties given the columns a dictionary would not serve).
+    fn whole_variants() -> Vec<Variant> {
+        fn dict_off(b: WriterPropertiesBuilder, high: &[String]) -> WriterPropertiesBuilder {
+            high.iter().fold(b, |b, c| {
+                b.set_column_dictionary_enabled(ColumnPath::from(c.as_str()), false)
+            })
+        }
+        vec![
+            ("default", "zstd(3)", |b, _| b),
+            ("write batch 8192", "zstd(3)", |b, _| b.set_write_batch_size(8192)),
+            ("dictionary off where distinct > 1/4", "zstd(3)", dict_off),
+            ("both of the above", "zstd(3)", |b, h| {
+                dict_off(b.set_write_batch_size(8192), h)
+            }),
+            ("no dictionary", "zstd(3)", |b, _| b.set_dictionary_enabled(false)),
+            ("data pages 8 MiB", "zstd(3)", |b, _| {
+                b.set_data_page_size_limit(8 << 20)
+            }),
+            ("no statistics", "zstd(3)", |b, _| {
+                b.set_statistics_enabled(EnabledStatistics::None)
+            }),
+            ("zstd(1)", "zstd(1)", |b, _| b),
+            ("snappy", "snappy", |b, _| b),
+            ("uncompressed", "uncompressed", |b, _| b),
+        ]
+    }
+
+    /// Columns whose first 64Ki rows are more than a quarter distinct values.
+    fn high_cardinality(batch: &RecordBatch) -> Result<Vec<String>, Box<dyn std::error::Error>> {
+        let sample = batch.slice(0, batch.num_rows().min(1 << 16));
+        let mut out = vec![];
+        for (i, field) in sample.schema().fields().iter().enumerate() {
+            let converter = RowConverter::new(vec![SortField::new(field.data_type().clone())])?;
+            let rows = converter.convert_columns(&[Arc::clone(sample.column(i))])?;
+            let distinct: HashSet<&[u8]> = rows.iter().map(|r| r.as_ref()).collect();
+            if distinct.len() * 4 > sample.num_rows() {
+                out.push(field.name().clone());
+            }
+        }
+        Ok(out)
+    }
+
+    fn cpu_seconds() -> f64 {
+        let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+        // SAFETY: `getrusage` fills the struct it is given; on failure it stays zeroed.
+        let usage = unsafe {
+            libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr());
+            usage.assume_init()
+        };
+        let s = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+        s(usage.ru_utime) + s(usage.ru_stime)
+    }
+
+    pub fn run(path: &str) -> Result<(), Box<dyn std::error::Error>> {
+        let reader = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(path)?)?
+            .with_batch_size(8192)
+            .build()?;
+        let batches: Vec<RecordBatch> = reader.collect::<Result<_, _>>()?;
+        let schema = batches[0].schema();
+        let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+        let high = high_cardinality(&batches[0])?;
+        let threads = rayon::current_num_threads();
+        println!(
+            "{rows} rows of {path}, {threads} threads; more than 1/4 distinct: {}",
+            high.join(", ")
+        );
+        println!("| variant | codec | wall s | CPU s | cores busy | MiB |\n|---|---|---:|---:|---:|---:|");
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let order_by = OrderBy::try_new(schema.field(0).name(), &schema)?;
+        let out = std::env::temp_dir().join("writer_props_whole.parquet");
+        for (name, codec, props) in whole_variants() {
+            let options = WriteOptions {
+                codec: codec.parse::<Codec>()?,
+                ..WriteOptions::default()
+            };
+            let (start, cpu) = (Instant::now(), cpu_seconds());
+            let file = std::fs::File::create(&out)?;
+            let builder = props(WriterProperties::builder(), &high);
+            let mut writer =
+                SortedParquetWriter::try_new_with_properties(file, Arc::clone(&schema), &order_by, &options, builder)?;
+            runtime.block_on(async {
+                for b in &batches {
+                    writer.write(b.clone()).await?;
+                }
+                writer.finish().await
+            })?;
+            let (wall, cpu) = (start.elapsed().as_secs_f64(), cpu_seconds() - cpu);
+            let mib = std::fs::metadata(&out)?.len() as f64 / (1 << 20) as f64;
+            println!(
+                "| {name} | {codec} | {wall:.2} | {cpu:.1} | {:.1} | {mib:.0} |",
+                cpu / wall
+            );
+        }
+        std::fs::remove_file(&out)?;
+        Ok(())
+    }
 }

@@ -24,7 +24,7 @@ use parquet::arrow::{ArrowSchemaConverter, ArrowWriter};
 use parquet::basic::Compression;
 use parquet::errors::ParquetError;
 use parquet::file::metadata::{KeyValue, SortingColumn};
-use parquet::file::properties::WriterProperties;
+use parquet::file::properties::{WriterProperties, WriterPropertiesBuilder};
 use rayon::prelude::*;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
@@ -240,11 +240,24 @@ impl SortedParquetWriter {
         order_by: &OrderBy,
         options: &WriteOptions,
     ) -> Result<Self, ParquetError> {
+        Self::try_new_with_properties(file, schema, order_by, options, WriterProperties::builder())
+    }
+
+    /// As [`Self::try_new`], starting from `properties` (e.g. per-column encodings or
+    /// statistics) instead of the Parquet crate's defaults; `options` and the sort's metadata
+    /// are set on top of them.
+    pub fn try_new_with_properties(
+        file: File,
+        schema: SchemaRef,
+        order_by: &OrderBy,
+        options: &WriteOptions,
+        properties: WriterPropertiesBuilder,
+    ) -> Result<Self, ParquetError> {
         if options.row_group_size == 0 {
             return Err(ParquetError::General("the row group size must be at least 1".into()));
         }
         let sorting = sorting_columns(&schema, order_by)?;
-        let props = WriterProperties::builder()
+        let props = properties
             .set_compression(options.codec.0)
             .set_max_row_group_row_count(Some(options.row_group_size))
             .set_sorting_columns(sorting.clone())
