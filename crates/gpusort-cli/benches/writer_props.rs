@@ -168,7 +168,7 @@ mod whole {
         for (i, field) in sample.schema().fields().iter().enumerate() {
             let converter = RowConverter::new(vec![SortField::new(field.data_type().clone())])?;
             let rows = converter.convert_columns(&[Arc::clone(sample.column(i))])?;
-            let distinct: HashSet<&[u8]> = rows.iter().map(|r| r.as_ref()).collect();
+            let distinct: HashSet<Vec<u8>> = rows.iter().map(|r| r.as_ref().to_vec()).collect();
             if distinct.len() * 4 > sample.num_rows() {
                 out.push(field.name().clone());
             }
