@@ -18,11 +18,9 @@ use std::time::Instant;
 
 use arrow::array::{ArrayRef, Date32Array, Float64Array, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema};
-use datafusion::execution::SessionStateBuilder;
 use datafusion::physical_plan::displayable;
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
-use futures::TryStreamExt;
-use gpusort_distributed::{DistributedSortOptions, LoopbackWorkers, coordinator_session, serve_worker_on_loopback};
+use gpusort_distributed::{LoopbackCluster, collect_with_metrics};
 use parquet::arrow::ArrowWriter;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -95,24 +93,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     };
 
-    let mut ports = vec![];
-    for _ in 0..workers {
-        ports.push(serve_worker_on_loopback().await?.0);
-    }
-    println!("{workers} workers on 127.0.0.1, ports {ports:?}");
-
-    let state = coordinator_session(
-        SessionStateBuilder::new()
-            .with_default_features()
-            .with_config(SessionConfig::new()),
-        LoopbackWorkers { ports },
-        DistributedSortOptions {
-            workers,
-            ranges_per_worker,
-            sample_per_partition: 0,
-        },
-    );
-    let ctx = SessionContext::new_with_state(state);
+    let cluster = LoopbackCluster::try_new(workers).await?;
+    println!("{workers} workers on 127.0.0.1, ports {:?}", cluster.workers().ports);
+    let ctx = cluster.context(SessionConfig::new(), ranges_per_worker);
     ctx.register_parquet("lineitem", &path, ParquetReadOptions::default())
         .await?;
 
@@ -127,13 +110,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     let start = Instant::now();
-    let batches: Vec<RecordBatch> = ctx.sql(&sql).await?.execute_stream().await?.try_collect().await?;
+    let (batches, metrics) = collect_with_metrics(ctx.sql(&sql).await?).await?;
     let elapsed = start.elapsed();
     let total: usize = batches.iter().map(|b| b.num_rows()).sum();
     println!(
         "{total} rows in {elapsed:.2?} ({:.1} M rows/s), sample and sort",
         total as f64 / elapsed.as_secs_f64() / 1e6
     );
+    if let Some(m) = metrics {
+        println!(
+            "rows per range {:?}: largest / mean {:.3}; sorts on the GPU {}, on the CPU {}",
+            m.range_rows,
+            m.imbalance(),
+            m.gpu_sorts,
+            m.cpu_sorts
+        );
+    }
 
     // Check: the same query on one node gives the same keys in the same order.
     let single = SessionContext::new();

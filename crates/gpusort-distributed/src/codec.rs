@@ -23,7 +23,8 @@ use datafusion_proto::protobuf::PhysicalSortExprNode;
 use gpusort::partition::Splitters;
 use prost::Message;
 
-use crate::exec::{OrderedConcatExec, RangeRouteExec, RowPositionExec, SampleExec};
+use crate::exec::{OrderedConcatExec, RangeRouteExec, RowPositionExec};
+use crate::sample::SampleExec;
 
 /// A `PhysicalExtensionCodec` for [`GpuSortExec`] (sort expressions, `fetch`,
 /// `preserve_partitioning` and its `gpusort.*` options, so a worker sorts as the coordinator

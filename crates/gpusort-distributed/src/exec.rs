@@ -1,11 +1,10 @@
-//! The plan nodes of the range-partitioned sort: row positions, the key sample, the range
-//! each row goes to, and the in-order concatenation of the sorted ranges.
+//! The plan nodes of the range-partitioned sort: row positions, the range each row goes to,
+//! and the in-order concatenation of the sorted ranges (the key sample is in `sample.rs`).
 
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
-use arrow::array::{Array, ArrayRef, RecordBatch, UInt32Array, UInt64Array};
-use arrow::compute::{concat_batches, take};
+use arrow::array::{Array, ArrayRef, RecordBatch, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
@@ -14,7 +13,8 @@ use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::{EquivalenceProperties, LexOrdering, PhysicalExpr, PhysicalSortExpr};
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::execution_plan::EmissionType;
+use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, Label, MetricBuilder, MetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning, PlanProperties,
@@ -22,7 +22,7 @@ use datafusion::physical_plan::{
 };
 use datafusion_distributed::DistributedTaskContext;
 use futures::StreamExt;
-use gpusort::partition::{Reservoir, Splitters};
+use gpusort::partition::Splitters;
 
 use crate::route::route_values;
 
@@ -30,6 +30,11 @@ use crate::route::route_values;
 pub const POSITION_COLUMN: &str = "__gpusort_position";
 /// The column [`RangeRouteExec`] adds: the hash-partition value of each row's range.
 pub const ROUTE_COLUMN: &str = "__gpusort_route";
+/// [`RangeRouteExec`]'s counter of the rows it sends to a range, one per range, labelled
+/// [`RANGE_LABEL`] with the range's number.
+pub const RANGE_ROWS_METRIC: &str = "range_rows";
+/// The label of [`RANGE_ROWS_METRIC`]: the range's number.
+pub const RANGE_LABEL: &str = "range";
 
 /// Rows of one file range fit in this many bits of a position; the range's number is above.
 const ROW_BITS: u32 = 40;
@@ -49,13 +54,13 @@ fn plain_properties(schema: SchemaRef, input: &Arc<dyn ExecutionPlan>, partition
     ))
 }
 
-fn one_child(name: &str, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
+pub(crate) fn one_child(name: &str, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
     let [child] = <[_; 1]>::try_from(children)
         .map_err(|c| DataFusionError::Internal(format!("{name} has one child, got {}", c.len())))?;
     Ok(child)
 }
 
-fn apply_sort_exprs(
+pub(crate) fn apply_sort_exprs(
     exprs: &[PhysicalSortExpr],
     f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
 ) -> Result<TreeNodeRecursion> {
@@ -67,7 +72,7 @@ fn apply_sort_exprs(
     Ok(TreeNodeRecursion::Continue)
 }
 
-fn evaluate_keys(exprs: &[PhysicalSortExpr], batch: &RecordBatch) -> Result<Vec<ArrayRef>> {
+pub(crate) fn evaluate_keys(exprs: &[PhysicalSortExpr], batch: &RecordBatch) -> Result<Vec<ArrayRef>> {
     exprs
         .iter()
         .map(|e| e.expr.evaluate(batch)?.into_array(batch.num_rows()))
@@ -184,189 +189,13 @@ pub fn keep_file_order(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn Execution
     .map(|t| t.data)
 }
 
-/// Keeps a uniform sample (a seeded reservoir of `capacity` rows per partition) of its
-/// input's sort keys and positions: one batch per partition, columns `k0, k1, ...` (the values
-/// of `keys`) and [`POSITION_COLUMN`].
-#[derive(Debug)]
-pub struct SampleExec {
-    input: Arc<dyn ExecutionPlan>,
-    keys: Vec<PhysicalSortExpr>,
-    position: usize,
-    capacity: usize,
-    properties: Arc<PlanProperties>,
-}
-
-impl SampleExec {
-    /// Samples `capacity` rows of each partition of `input`: the values of `keys` and the
-    /// position in column `position`.
-    pub fn try_new(
-        input: Arc<dyn ExecutionPlan>,
-        keys: Vec<PhysicalSortExpr>,
-        position: usize,
-        capacity: usize,
-    ) -> Result<Self> {
-        let in_schema = input.schema();
-        let mut fields = keys
-            .iter()
-            .enumerate()
-            .map(|(i, k)| Ok(Field::new(format!("k{i}"), k.expr.data_type(&in_schema)?, true)))
-            .collect::<Result<Vec<_>>>()?;
-        fields.push(Field::new(POSITION_COLUMN, DataType::UInt64, false));
-        let schema = Arc::new(Schema::new(fields));
-        let partitions = input.output_partitioning().partition_count();
-        let properties = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(schema),
-            Partitioning::UnknownPartitioning(partitions),
-            EmissionType::Final,
-            Boundedness::Bounded,
-        ));
-        Ok(Self {
-            input,
-            keys,
-            position,
-            capacity,
-            properties,
-        })
-    }
-
-    /// The sort keys sampled.
-    pub fn keys(&self) -> &[PhysicalSortExpr] {
-        &self.keys
-    }
-    /// The input column of the positions.
-    pub fn position(&self) -> usize {
-        self.position
-    }
-    /// Rows kept per partition.
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-}
-
-impl DisplayAs for SampleExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        let keys: Vec<String> = self.keys.iter().map(|k| k.to_string()).collect();
-        write!(
-            f,
-            "SampleExec: keys=[{}], rows_per_partition={}",
-            keys.join(", "),
-            self.capacity
-        )
-    }
-}
-
-/// The rows a reservoir keeps, in chunks of taken rows, with the slot table into them.
-struct SampleRows {
-    chunks: Vec<RecordBatch>,
-    slots: Vec<(usize, usize)>,
-    stored: usize,
-}
-
-impl SampleRows {
-    fn live(&self, schema: &SchemaRef) -> Result<RecordBatch> {
-        let all = concat_batches(schema, &self.chunks)?;
-        let offsets: Vec<usize> = self
-            .chunks
-            .iter()
-            .scan(0, |o, c| {
-                let start = *o;
-                *o += c.num_rows();
-                Some(start)
-            })
-            .collect();
-        let idx = UInt32Array::from_iter_values(self.slots.iter().map(|(c, r)| (offsets[*c] + r) as u32));
-        let columns = all
-            .columns()
-            .iter()
-            .map(|c| take(c.as_ref(), &idx, None))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
-        Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
-    }
-}
-
-impl ExecutionPlan for SampleExec {
-    fn name(&self) -> &str {
-        "SampleExec"
-    }
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-    fn apply_expressions(
-        &self,
-        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        apply_sort_exprs(&self.keys, f)
-    }
-    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
-        Ok(Arc::new(Self::try_new(
-            one_child(self.name(), children)?,
-            self.keys.clone(),
-            self.position,
-            self.capacity,
-        )?))
-    }
-    fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
-        let task = DistributedTaskContext::from_ctx(&context);
-        let seed = ((task.task_index as u64) << 32) ^ partition as u64;
-        let mut input = self.input.execute(partition, context)?;
-        let schema = self.schema();
-        let keys = self.keys.clone();
-        let (position, capacity) = (self.position, self.capacity);
-        let out = Arc::clone(&schema);
-        let stream = futures::stream::once(async move {
-            let mut reservoir = Reservoir::new(capacity, seed);
-            let mut rows = SampleRows {
-                chunks: vec![],
-                slots: vec![],
-                stored: 0,
-            };
-            while let Some(batch) = input.next().await {
-                let batch = batch?;
-                let kept = reservoir.offer(batch.num_rows());
-                if kept.is_empty() {
-                    continue;
-                }
-                // The last pick of a slot wins; take each picked row once.
-                let mut take_rows: Vec<u32> = vec![];
-                let chunk = rows.chunks.len();
-                for (row, slot) in kept {
-                    let at = take_rows.len();
-                    take_rows.push(row as u32);
-                    if slot == rows.slots.len() {
-                        rows.slots.push((chunk, at));
-                    } else {
-                        rows.slots[slot] = (chunk, at);
-                    }
-                }
-                let idx = UInt32Array::from(take_rows);
-                let mut columns = evaluate_keys(&keys, &batch)?
-                    .iter()
-                    .map(|c| take(c.as_ref(), &idx, None))
-                    .collect::<std::result::Result<Vec<_>, _>>()?;
-                columns.push(take(batch.column(position).as_ref(), &idx, None)?);
-                rows.stored += idx.len();
-                rows.chunks.push(RecordBatch::try_new(Arc::clone(&out), columns)?);
-                if rows.stored > 4 * capacity + 1024 {
-                    let live = rows.live(&out)?;
-                    rows.slots = (0..live.num_rows()).map(|r| (0, r)).collect();
-                    rows.stored = live.num_rows();
-                    rows.chunks = vec![live];
-                }
-            }
-            rows.live(&out)
-        });
-        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
-    }
-}
-
 /// Appends [`ROUTE_COLUMN`] to its input's rows: for each row, the range of `ranges` that the
 /// splitters put its `(keys, position)` in, written as the value DataFusion's hash
 /// repartitioning into `ranges` partitions sends to that partition ([`route_values`]), so a
 /// `RepartitionExec` hashing that column (under datafusion-distributed's shuffle) sends range
-/// `r` to partition `r`.
+/// `r` to partition `r`. It counts the rows it sends to each range ([`RANGE_ROWS_METRIC`]), a
+/// metric that datafusion-distributed sends back to the coordinator
+/// ([`crate::RangeSortMetrics`]).
 #[derive(Debug)]
 pub struct RangeRouteExec {
     input: Arc<dyn ExecutionPlan>,
@@ -374,6 +203,8 @@ pub struct RangeRouteExec {
     position: usize,
     splitters: Arc<Splitters>,
     routes: Arc<OnceLock<Vec<u64>>>,
+    metrics: ExecutionPlanMetricsSet,
+    range_rows: Arc<OnceLock<Vec<Count>>>,
     properties: Arc<PlanProperties>,
 }
 
@@ -395,8 +226,25 @@ impl RangeRouteExec {
             position,
             splitters,
             routes: Arc::new(OnceLock::new()),
+            metrics: ExecutionPlanMetricsSet::new(),
+            range_rows: Arc::new(OnceLock::new()),
             properties,
         }
+    }
+
+    /// The counters of rows sent to each range, shared by the partitions.
+    fn range_counters(&self) -> Vec<Count> {
+        self.range_rows
+            .get_or_init(|| {
+                (0..self.splitters.num_ranges())
+                    .map(|r| {
+                        MetricBuilder::new(&self.metrics)
+                            .with_label(Label::new(RANGE_LABEL, r.to_string()))
+                            .global_counter(RANGE_ROWS_METRIC)
+                    })
+                    .collect()
+            })
+            .clone()
     }
 
     /// The sort keys.
@@ -452,12 +300,16 @@ impl ExecutionPlan for RangeRouteExec {
             Arc::clone(&self.splitters),
         )))
     }
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         let ranges = self.splitters.num_ranges();
         if self.routes.get().is_none() {
             let _ = self.routes.set(route_values(ranges)?);
         }
         let routes = Arc::clone(&self.routes);
+        let counters = self.range_counters();
         let splitters = Arc::clone(&self.splitters);
         let keys = self.keys.clone();
         let position = self.position;
@@ -470,6 +322,9 @@ impl ExecutionPlan for RangeRouteExec {
                 .assign(&key_columns, positions_of(&batch, position)?)
                 .map_err(|e| DataFusionError::External(Box::new(e)))?;
             let routes = routes.get().expect("set before the stream");
+            let mut rows = vec![0usize; counters.len()];
+            assigned.iter().for_each(|&r| rows[r as usize] += 1);
+            counters.iter().zip(rows).for_each(|(c, n)| c.add(n));
             let values = UInt64Array::from_iter_values(assigned.iter().map(|&r| routes[r as usize]));
             let mut columns = batch.columns().to_vec();
             columns.push(Arc::new(values));

@@ -33,17 +33,27 @@
 //! plan and [`worker`]'s plan rewrite turn off DataFusion's file stealing between scan
 //! partitions for these scans).
 //!
+//! **Splitter quality.** [`RangeRouteExec`] counts the rows it sends to each range; the
+//! workers' metrics travel back to the coordinator, and [`RangeSortMetrics`] reads them from
+//! the executed plan ([`collect_with_metrics`]): rows per range, largest over mean, and where
+//! the range sorts ran. The partitions' key samples are thinned to one uniform sample of the
+//! input first ([`thin_to_uniform`]), so a small scan partition does not pull the splitters.
+//!
 //! # Setting it up
 //!
 //! The coordinator's session: [`coordinator_session`]; each worker: [`worker`] (an Arrow Flight
 //! service to serve with tonic). Both register [`GpuSortCodec`], the codec of
 //! `GpuSortExec` (its sort expressions, `fetch`, partitioning and `gpusort.*` options) and of
-//! this crate's nodes.
+//! this crate's nodes. [`LoopbackCluster`] starts workers on 127.0.0.1 in this process, for
+//! examples, tests and benches on one machine.
 
 mod codec;
 mod exec;
+mod loopback;
+mod metrics;
 mod planner;
 mod route;
+mod sample;
 
 use std::sync::Arc;
 
@@ -56,10 +66,14 @@ use datafusion_distributed::{
 
 pub use codec::GpuSortCodec;
 pub use exec::{
-    OrderedConcatExec, POSITION_COLUMN, ROUTE_COLUMN, RangeRouteExec, RowPositionExec, SampleExec, keep_file_order,
+    OrderedConcatExec, POSITION_COLUMN, RANGE_LABEL, RANGE_ROWS_METRIC, ROUTE_COLUMN, RangeRouteExec, RowPositionExec,
+    keep_file_order,
 };
+pub use loopback::{LoopbackCluster, LoopbackWorkers, serve_worker_on_loopback};
+pub use metrics::{RangeSortMetrics, collect_with_metrics, sorts_by_device};
 pub use planner::{DistributedSortOptions, RangeSortPlanner};
 pub use route::route_values;
+pub use sample::{SEEN_COLUMN, SampleExec, thin_to_uniform};
 
 /// The coordinator's session: gpusort's rule and options ([`datafusion_gpusort::register`]),
 /// the [`RangeSortPlanner`] under datafusion-distributed's planner, the workers `resolver`
@@ -91,41 +105,4 @@ pub fn worker() -> Worker {
             })
             .build())
     })
-}
-
-/// The workers on this machine's loopback ports (`http://127.0.0.1:PORT`).
-#[derive(Debug, Clone)]
-pub struct LoopbackWorkers {
-    /// Their ports.
-    pub ports: Vec<u16>,
-}
-
-impl WorkerResolver for LoopbackWorkers {
-    fn get_urls(&self) -> datafusion::error::Result<Vec<url::Url>> {
-        self.ports
-            .iter()
-            .map(|port| {
-                url::Url::parse(&format!("http://127.0.0.1:{port}"))
-                    .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))
-            })
-            .collect()
-    }
-}
-
-/// Starts a [`worker`] on a free port of 127.0.0.1, served on the current tokio runtime
-/// until the returned task is aborted (or the runtime ends); returns the port.
-pub async fn serve_worker_on_loopback() -> std::io::Result<(u16, tokio::task::JoinHandle<()>)> {
-    let listener = tokio::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0)).await?;
-    let port = listener.local_addr()?.port();
-    let incoming = tonic::transport::server::TcpIncoming::from(listener);
-    let task = tokio::spawn(async move {
-        let served = tonic::transport::Server::builder()
-            .add_service(worker().into_worker_server())
-            .serve_with_incoming(incoming)
-            .await;
-        if let Err(e) = served {
-            log::error!(target: "gpusort::distributed", "worker on port {port}: {e}");
-        }
-    });
-    Ok((port, task))
 }

@@ -33,7 +33,8 @@ use datafusion_distributed::{NetworkCoalesceExec, NetworkShuffleExec};
 use datafusion_gpusort::{GpuSortConfig, GpuSortExec};
 use gpusort::partition::Splitters;
 
-use crate::exec::{OrderedConcatExec, POSITION_COLUMN, ROUTE_COLUMN, RangeRouteExec, RowPositionExec, SampleExec};
+use crate::exec::{OrderedConcatExec, POSITION_COLUMN, ROUTE_COLUMN, RangeRouteExec, RowPositionExec};
+use crate::sample::{SampleExec, thin_to_uniform};
 
 /// How [`RangeSortPlanner`] spreads a sort.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -290,7 +291,8 @@ impl RangeSortPlanner {
             .await?
             .collect()
             .await?;
-        let sample: RecordBatch = concat_batches(&sample_schema, &batches)?;
+        let kept: RecordBatch = concat_batches(&sample_schema, &batches)?;
+        let sample = thin_to_uniform(&kept, self.options.sample_capacity())?;
         let n = keys.len();
         let sample_keys: Vec<ArrayRef> = sample.columns()[..n].to_vec();
         let sample_positions = sample
@@ -303,8 +305,9 @@ impl RangeSortPlanner {
             .map_err(|e| DataFusionError::External(Box::new(e)))?;
         log::debug!(
             target: "gpusort::distributed",
-            "{} sample rows, {} ranges on {workers} workers",
+            "{} sample rows ({} kept by the partitions), {} ranges on {workers} workers",
             sample.num_rows(),
+            kept.num_rows(),
             splitters.num_ranges()
         );
 

@@ -6,10 +6,9 @@ use std::sync::Arc;
 use arrow::array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
 use arrow::compute::concat_batches;
 use arrow::datatypes::{DataType, Field, Schema};
-use datafusion::execution::SessionStateBuilder;
 use datafusion::physical_plan::displayable;
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
-use gpusort_distributed::{DistributedSortOptions, LoopbackWorkers, coordinator_session, serve_worker_on_loopback};
+use gpusort_distributed::{LoopbackCluster, collect_with_metrics};
 use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
 use rand::rngs::SmallRng;
@@ -97,25 +96,8 @@ async fn three_workers_sort_like_one_node() {
     write_table(&path);
     let path = path.to_str().unwrap();
 
-    let mut ports = vec![];
-    let mut servers = vec![];
-    for _ in 0..3 {
-        let (port, task) = serve_worker_on_loopback().await.unwrap();
-        ports.push(port);
-        servers.push(task);
-    }
-
-    let config = SessionConfig::new().with_target_partitions(4);
-    let state = coordinator_session(
-        SessionStateBuilder::new().with_default_features().with_config(config),
-        LoopbackWorkers { ports },
-        DistributedSortOptions {
-            workers: 3,
-            ranges_per_worker: 2,
-            sample_per_partition: 0,
-        },
-    );
-    let distributed = SessionContext::new_with_state(state);
+    let cluster = LoopbackCluster::try_new(3).await.unwrap();
+    let distributed = cluster.context(SessionConfig::new().with_target_partitions(4), 2);
     distributed
         .register_parquet("t", path, ParquetReadOptions::default())
         .await
@@ -242,10 +224,78 @@ async fn three_workers_sort_like_one_node() {
     let got = collect(&distributed, "SELECT id FROM t ORDER BY f, id LIMIT 5").await;
     let want = collect(&single, "SELECT id FROM t ORDER BY f, id LIMIT 5").await;
     assert_eq!(got.column(0).to_data(), want.column(0).to_data());
+}
 
-    for s in servers {
-        s.abort();
+/// The rows each range got travel back from the workers, counted as they were routed: for a
+/// key of distinct values (`id`, in file order) each range holds exactly the ids from its
+/// splitter to the next; for skewed keys (`zipf`: its heaviest value alone holds more than a
+/// range's share; `same`: one value) the counts agree with the sorted result at every
+/// splitter, and the ranges are even because ties split by position.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rows_per_range_reach_the_coordinator() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.parquet");
+    write_table(&path);
+    let cluster = LoopbackCluster::try_new(3).await.unwrap();
+    let ctx = cluster.context(SessionConfig::new().with_target_partitions(4), 2);
+    ctx.register_parquet("t", path.to_str().unwrap(), ParquetReadOptions::default())
+        .await
+        .unwrap();
+    for key in ["id", "zipf", "same"] {
+        let sql = format!("SELECT * FROM t ORDER BY {key}");
+        let (batches, metrics) = collect_with_metrics(ctx.sql(&sql).await.unwrap()).await.unwrap();
+        let m = metrics.unwrap_or_else(|| panic!("{sql}: no range sort"));
+        let got = concat_batches(&batches[0].schema(), &batches).unwrap();
+        let sorted = got
+            .column_by_name(key)
+            .unwrap()
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap();
+        println!(
+            "{sql}: rows per range {:?}, largest / mean {:.3}",
+            m.range_rows,
+            m.imbalance()
+        );
+        assert_eq!(m.range_rows.len(), 6, "{sql}");
+        assert_eq!(m.rows(), ROWS, "{sql}: {:?}", m.range_rows);
+        let bounds = m.splitters.keys()[0].as_any().downcast_ref::<Int64Array>().unwrap();
+        let mut before = 0;
+        for (r, rows) in m.range_rows.iter().enumerate().take(5) {
+            before += rows;
+            // Rows before splitter r: all keys below its key, some keys equal to it.
+            let k = bounds.value(r);
+            let below = sorted.values().iter().filter(|&&v| v < k).count();
+            let up_to = sorted.values().iter().filter(|&&v| v <= k).count();
+            if key == "id" {
+                assert_eq!(before, below, "{sql}: range {r} of {:?}", m.range_rows);
+            }
+            assert!(
+                (below..=up_to).contains(&before),
+                "{sql}: range {r} of {:?}",
+                m.range_rows
+            );
+        }
+        let largest = *m.range_rows.iter().max().unwrap() as f64;
+        assert!((m.imbalance() - largest / (ROWS as f64 / 6.0)).abs() < 1e-9);
+        assert!(m.imbalance() < 1.3, "{sql}: {:?}", m.range_rows);
+        let sorting = m.range_rows.iter().filter(|&&n| n > 0).count();
+        assert!(m.gpu_sorts + m.cpu_sorts >= sorting, "{sql}: {m:?}");
     }
+    // The heaviest zipf value holds more than 1.3 ranges' share: ranges of whole key values
+    // would be uneven past the bound above.
+    let heaviest = collect(
+        &ctx,
+        "SELECT count(*) AS n FROM t GROUP BY zipf ORDER BY n DESC LIMIT 1",
+    )
+    .await;
+    let heaviest = heaviest
+        .column(0)
+        .as_any()
+        .downcast_ref::<Int64Array>()
+        .unwrap()
+        .value(0);
+    assert!(heaviest as f64 > 1.3 * ROWS as f64 / 6.0, "{heaviest}");
 }
 
 /// The nodes one by one: the codec's round trips and the route values (here rather than in
