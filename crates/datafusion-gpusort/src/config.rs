@@ -161,6 +161,12 @@ extensions_options! {
         /// `n` (the `topk` bench measures the crossover). Larger `n` sort in `GpuSortExec`; 0
         /// sends every TopK there.
         pub topk_max_fetch: usize, default = 1000
+        /// Output batches' string and binary view columns keep only the bytes of their own
+        /// rows (a copy: slices of the sorted columns share all their buffers, which operators
+        /// that concatenate batches copy again each time). False hands out the slices as they
+        /// are, for a consumer that encodes each batch and drops it, e.g. a Parquet writer:
+        /// no copy, and the sorted buffers are freed with the last batch.
+        pub compact_output_views: bool, default = true
     }
 }
 

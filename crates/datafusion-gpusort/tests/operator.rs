@@ -212,3 +212,30 @@ async fn output_metrics_count_rows_batches_and_the_sorted_bytes_once() {
         "output_bytes {bytes}, the output holds {held}"
     );
 }
+
+#[tokio::test]
+async fn output_views_are_compacted_unless_asked_not_to() {
+    use arrow::array::{Array, AsArray, RecordBatch};
+    let ctx = context(true, 2000, 3);
+    // Values of 30+ bytes: not inlined in the views, so they live in data buffers.
+    let sql = "SELECT a, arrow_cast(concat(b, '-longer-than-twelve-bytes'), 'Utf8View') AS v FROM t ORDER BY a, v";
+    assert!(plan(&ctx, sql).await.contains("GpuSortExec"));
+    let (compacted, batches) = rows(&ctx, sql).await;
+    ctx.sql("SET gpusort.compact_output_views = false").await.unwrap();
+    let (sliced, slices) = rows(&ctx, sql).await;
+    assert_eq!(compacted, sliced);
+    assert_eq!(batches.len(), 20, "2000 rows in batches of 100");
+    let held = |b: &RecordBatch| -> usize {
+        let v = b.column(1).as_string_view();
+        v.data_buffers().iter().map(|d| d.len()).sum()
+    };
+    let own = |b: &RecordBatch| -> usize {
+        let v = b.column(1).as_string_view();
+        (0..v.len()).filter(|&i| v.is_valid(i)).map(|i| v.value(i).len()).sum()
+    };
+    for (c, s) in batches.iter().zip(&slices) {
+        assert!(own(c) > 0 && held(c) <= own(c), "compacted: holds {} for {} bytes", held(c), own(c));
+        // A slice keeps the sorted column's buffers: about twenty batches' bytes.
+        assert!(held(s) >= 10 * own(s), "slice: holds {} for {} bytes", held(s), own(s));
+    }
+}
