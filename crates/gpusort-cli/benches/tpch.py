@@ -214,7 +214,8 @@ def main():
     ap.add_argument("--extra", default="", help="more arguments for every gpusort run")
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--timeline", action="store_true", help="print gpusort's --timeline of its last run of each")
+    ap.add_argument("--timeline", action="store_true",
+                    help="print gpusort's --timeline of its last run of each, and of the cold run")
     ap.add_argument("--sql-bench", help="the sql_parquet bench binary (for sql-copy, df-copy, sql-collect)")
     ap.add_argument("--csv")
     ap.add_argument("--svg")
@@ -252,7 +253,8 @@ def main():
             walls, best = [], None
             runs = args.runs + (1 if c == "gpu" and first_gpu else 0)
             for r in range(runs):
-                timeline = ["--timeline"] if args.timeline and r == runs - 1 else []
+                cold = c == "gpu" and first_gpu and r == 0
+                timeline = ["--timeline"] if args.timeline and (r == runs - 1 or cold) else []
                 wall, phases, log = run_gpusort(args.gpusort, gpusort_args[c] + extra + timeline, inp, out,
                                                 order_by, env)
                 if phases is None:
