@@ -19,6 +19,13 @@
 #             (keys only, 8-bit digits; ByField m = 2 and 20)
 #   dist      the paper bench's key-distribution table (presorted keys against random keys and a
 #             device copy), then the CPU backend's (`presorted` bench)
+#   dist-tpch the distributed ORDER BY bench (.gpu/tpch_workers: crates/gpusort-distributed/benches/
+#             tpch_workers.rs) on TPC-H lineitem at scale $SF (default 10; SF=1 for a quick run), made
+#             once in /tmp/tpch/sf$SF with tpchgen-cli (the wheel .gpu/tpchgen_cli-*.whl, as
+#             device-tpch.sh installs it): $DIST_WORKERS loopback workers in one process sharing the
+#             GPU (default 1,2,4), beside single-node gpusort and stock DataFusion, ORDER BY
+#             $DIST_ORDER_BY (default l_shipdate, l_orderkey, l_linenumber), $RUNS runs (default 2).
+#             Log: dist_tpch_sf$SF.txt
 #   ab        before/after of a restructuring: .gpu/paper_before and .gpu/paper (and .gpu/sql_before
 #             and .gpu/sql when both are there) run alternately, $AB_ROUNDS times each (default 2),
 #             with $AB_PAPER_ARGS (default: the issue goal rows) and $AB_SQL_ENV
@@ -78,6 +85,18 @@ for step in $STEPS; do
     dist)
       timeout "${BENCH_TIMEOUT:-300}" .gpu/paper --only dist --reps "${DIST_REPS:-7}" 2>&1 | tee "$OUT/dist.txt" | tail -12
       [ -x .gpu/presorted ] && timeout 300 .gpu/presorted 2>&1 | tee "$OUT/presorted_cpu.txt" | tail -10 ;;
+    dist-tpch)
+      sf=${SF:-10}; data=/tmp/tpch/sf$sf
+      if [ ! -f "$data/lineitem.parquet" ]; then
+        [ -x /tmp/site/bin/tpchgen-cli ] ||
+          python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/tpchgen_cli-*.whl
+        mkdir -p "$data"; t=$SECONDS
+        PYTHONPATH=/tmp/site /tmp/site/bin/tpchgen-cli parquet -s "$sf" --tables lineitem --output-dir "$data"
+        echo "tpchgen-cli: SF$sf lineitem in $((SECONDS - t)) s"
+      fi
+      timeout "${BENCH_TIMEOUT:-540}" .gpu/tpch_workers "$data/lineitem.parquet" --workers "${DIST_WORKERS:-1,2,4}" \
+        --order-by "${DIST_ORDER_BY:-l_shipdate, l_orderkey, l_linenumber}" --runs "${RUNS:-2}" 2>&1 \
+        | tee "$OUT/dist_tpch_sf$sf.txt" | tail -14 ;;
     ab)
       pargs=${AB_PAPER_ARGS:-"--fields 2,20 --bits 8 --reps 7"}
       for r in $(seq "${AB_ROUNDS:-2}"); do
