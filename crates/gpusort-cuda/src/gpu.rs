@@ -18,6 +18,7 @@ use crate::device::{self, DeviceInfo};
 use crate::error::{CudaSortError, Result};
 use crate::kernels::{BLOCK, CacheOutcome, KernelCache, KernelTuning, Kernels, LoadingKernels};
 use crate::options::GpuOptions;
+use crate::presorted::ScanBufPool;
 use crate::shapes::{KernelShapes, SmemLimits};
 use crate::table::SortSwitches;
 
@@ -48,6 +49,8 @@ pub struct Gpu {
     mem_pool: Option<usize>,
     /// What it was opened with (each sort's [`SortSwitches`] start from it).
     options: GpuOptions,
+    /// The presorted scan's result buffers, reused from sort to sort (`presorted.rs`).
+    pub(crate) scan_bufs: ScanBufPool,
 }
 
 impl Gpu {
@@ -106,6 +109,7 @@ impl Gpu {
             shapes,
             options,
             mem_pool,
+            scan_bufs: ScanBufPool::default(),
         })
     }
 

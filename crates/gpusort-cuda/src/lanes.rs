@@ -281,6 +281,13 @@ impl LaneSet {
         table.keys = keys.into_iter().map(|(_, x)| x).collect();
         perm
     }
+
+    /// Puts every lane's input buffer back into `table`, as [`Self::take`] found it, before
+    /// any pass wrote one (a sort that stops after its host work, `presorted.rs`); the row
+    /// index and every second buffer are dropped.
+    pub(crate) fn restore_input(self, table: &mut DeviceTable) {
+        self.restore(table, |lane| (lane.role != Role::Index).then_some(0));
+    }
 }
 
 #[cfg(test)]

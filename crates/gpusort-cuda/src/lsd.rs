@@ -18,6 +18,7 @@ use crate::gpu::Gpu;
 use crate::lanes::{
     DoubleBuffer, LANE_DIGIT, LANE_IOTA, Lane, LaneSet, PassInputs, Records, Role, mark_lane_pairs, scatter_smem,
 };
+use crate::presorted::{OrderScan, Passes};
 use crate::table::{DeviceTable, GpuSortPlan};
 
 /// The lane tables of every pass of a sort, worked out on the host before any launch.
@@ -35,14 +36,17 @@ struct PassTables {
 impl Gpu {
     /// Runs the LSD passes of `plan` over `table` (GRS, or SRTS for SRTS and MSD plans): the
     /// key words always move, the row index when `needs_index`, the payload when `direct`.
-    /// Returns the permutation when the index moved.
+    /// Returns the permutation when the index moved. The host work done, it waits for `order`
+    /// before the first kernel and stops there, the table as it came, where the rows are
+    /// already sorted or reversed.
     pub(crate) fn run_passes(
         &self,
         table: &mut DeviceTable,
         plan: &GpuSortPlan,
         direct: bool,
         needs_index: bool,
-    ) -> Result<Option<CudaSlice<u32>>> {
+        order: &mut OrderScan<'_>,
+    ) -> Result<Passes> {
         let n = table.num_rows;
         let s = &self.stream;
         let mut set = LaneSet::take(table, |_| true, true, direct, direct);
@@ -76,6 +80,10 @@ impl Gpu {
                 inputs.dyn_smem
             )));
         }
+        if let Some(found) = order.settle()? {
+            set.restore_input(table);
+            return Ok(Passes::Skipped(found));
+        }
         match plan.strategy.algorithm {
             Algorithm::Grs => self.grs(&inputs)?,
             Algorithm::Srts | Algorithm::Msd => {
@@ -87,7 +95,7 @@ impl Gpu {
         // The lane tables must outlive the kernels that read them.
         s.synchronize()?;
         drop(lane_buf);
-        Ok(perm)
+        Ok(Passes::Ran(perm))
     }
 
     /// Pass by pass, what moves from which buffer to which: a key word while a later pass

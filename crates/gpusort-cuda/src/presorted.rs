@@ -6,8 +6,19 @@
 //! order; this check costs one read of the key words. Reversed input with equal neighbours,
 //! a few sorted runs and few distinct keys take the radix passes on the device (the CPU
 //! backend finishes those shapes too, see `gpusort::cpu`).
+//!
+//! The scan is off the sort's critical path: [`Gpu::start_order_scan`] enqueues it (its counts
+//! zeroed by an async memset in a buffer the [`Gpu`] keeps, then copied into pinned host memory
+//! behind an event) and returns at once; the passes do their host work (lane buffers, lane
+//! tables) while it runs, and [`OrderScan::settle`] waits for the event only before their first
+//! kernel (`lsd.rs`, `msd`), when the scan is long done for random keys. No allocation, no
+//! pageable copy and no stream synchronization remain on the path of a sort that takes its
+//! passes.
 
-use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, PushKernelArg};
+use std::sync::Mutex;
+
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaEvent, CudaSlice, DevicePtr, DeviceRepr, PinnedHostSlice, PushKernelArg};
 use gpusort::plan::InputOrder;
 
 use crate::error::Result;
@@ -22,41 +33,166 @@ struct ScanWords([u64; ORDER_SCAN_MAX_WORDS]);
 // SAFETY: a plain array of device addresses, laid out as the kernel's struct of 8 pointers.
 unsafe impl DeviceRepr for ScanWords {}
 
+/// Words `order_scan` reports: descents, ascents, equal neighbours, and the stop flag.
+const SCAN_WORDS: usize = 4;
+
+/// The order four counts of `order_scan` (descents, ascents, equal neighbours, the stop flag)
+/// say the rows are in, when it lets a sort skip its passes: no descent, sorted; no ascent and
+/// no equal neighbours, strictly decreasing (reversed); else (or stopped early) `None`.
+pub(crate) fn order_of(counts: [u64; SCAN_WORDS]) -> Option<InputOrder> {
+    let [descents, ascents, equal, stopped] = counts;
+    match (descents, ascents, equal, stopped) {
+        (_, _, _, 1..) => None,
+        (0, _, _, _) => Some(InputOrder::Sorted),
+        (_, 0, 0, _) => Some(InputOrder::Reversed),
+        _ => None,
+    }
+}
+
+/// What one scan reports through: the counts on the device, their copy in pinned host memory
+/// and the event recorded after the copy. Kept by the [`Gpu`] ([`ScanBufPool`]) and reused, so
+/// a scan allocates nothing.
+struct ScanBufs {
+    counts: CudaSlice<u64>,
+    host: PinnedHostSlice<u64>,
+    arrived: CudaEvent,
+}
+
+/// The [`ScanBufs`] no scan uses now: one per sort that scans at once on the device (usually
+/// one), made when first needed.
+#[derive(Default)]
+pub(crate) struct ScanBufPool(Mutex<Vec<ScanBufs>>);
+
+impl std::fmt::Debug for ScanBufPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let free = self.0.lock().map_or(0, |v| v.len());
+        f.debug_struct("ScanBufPool").field("free", &free).finish()
+    }
+}
+
+impl ScanBufPool {
+    /// A free set, or a new one on `gpu`'s stream.
+    fn take(&self, gpu: &Gpu) -> Result<ScanBufs> {
+        if let Some(b) = self.0.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+            return Ok(b);
+        }
+        Ok(ScanBufs {
+            counts: gpu.stream.alloc_zeros::<u64>(SCAN_WORDS)?,
+            // SAFETY: the host words are read only after a copy into them has arrived. Plain
+            // page-locked memory (flags 0): write-combined memory is slow to read on the host.
+            host: unsafe { gpu.context().alloc_pinned_with_flags::<u64>(SCAN_WORDS, 0) }?,
+            // Not a blocking-sync event: the wait spins, no sleep and wake-up on the sort's path.
+            arrived: gpu.context().new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))?,
+        })
+    }
+
+    /// Returns a set. Work still queued on it is ordered before the next scan's on the stream.
+    fn put(&self, bufs: ScanBufs) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).push(bufs);
+    }
+}
+
+/// What a sort's passes did: ran, returning the permutation when the row index moved, or
+/// stopped before their first kernel because the order scan found the rows sorted or reversed
+/// (every lane back in the table as it came).
+pub(crate) enum Passes {
+    /// The passes ran.
+    Ran(Option<CudaSlice<u32>>),
+    /// No pass ran: the rows are already in this order.
+    Skipped(InputOrder),
+}
+
+/// An order scan under way ([`Gpu::start_order_scan`]), or none (scan off, nothing to scan).
+pub(crate) struct OrderScan<'a> {
+    /// The scan not yet waited for.
+    pending: Option<(&'a Gpu, ScanBufs)>,
+    /// What it found, once settled.
+    found: Option<InputOrder>,
+}
+
+impl OrderScan<'_> {
+    /// No scan: it settles to `None` (the passes run).
+    pub(crate) fn off() -> Self {
+        Self {
+            pending: None,
+            found: None,
+        }
+    }
+
+    /// Waits for the scan's counts (the first time; later calls return the same) and returns
+    /// the order they show when it lets the sort skip its passes.
+    pub(crate) fn settle(&mut self) -> Result<Option<InputOrder>> {
+        if let Some((gpu, bufs)) = self.pending.take() {
+            bufs.arrived.synchronize()?;
+            let mut counts = [0u64; SCAN_WORDS];
+            // The copy has arrived (it is before `arrived` on the stream); the slice's own
+            // event was never recorded, so reading it does not wait.
+            counts.copy_from_slice(&bufs.host.as_slice()?[..SCAN_WORDS]);
+            gpu.scan_bufs.put(bufs);
+            self.found = order_of(counts);
+        }
+        Ok(self.found)
+    }
+
+    /// What [`Self::settle`] found (`None` before it was called).
+    pub(crate) fn found(&self) -> Option<InputOrder> {
+        self.found
+    }
+}
+
+impl Drop for OrderScan<'_> {
+    fn drop(&mut self) {
+        // Never waited for (an error on the way): the next scan's work follows it on the stream.
+        if let Some((gpu, bufs)) = self.pending.take() {
+            gpu.scan_bufs.put(bufs);
+        }
+    }
+}
+
 impl Gpu {
-    /// The order of `n` rows by the key `words` of `keys` (the words that vary, most
-    /// significant first; the others are equal in every row and may be one-word stand-ins)
-    /// when it lets a sort skip its passes: sorted, or strictly decreasing (reversed).
-    /// Synchronizes the stream to read four counts; random keys stop the scan within a row or
-    /// two a thread.
-    pub(crate) fn input_order(&self, keys: &[CudaSlice<u32>], words: &[usize], n: usize) -> Result<Option<InputOrder>> {
+    /// Enqueues the scan of the order of `n` rows by the key `words` of `keys` (the words that
+    /// vary, most significant first; the others are equal in every row and may be one-word
+    /// stand-ins) and returns without waiting: [`OrderScan::settle`] says whether the rows are
+    /// sorted or strictly decreasing. Random keys stop the scan within a row or two a thread.
+    pub(crate) fn start_order_scan(&self, keys: &[CudaSlice<u32>], words: &[usize], n: usize) -> Result<OrderScan<'_>> {
         let n32 = rows_u32(n)?;
         if n < 2 || words.is_empty() || words.len() > ORDER_SCAN_MAX_WORDS {
-            return Ok(None);
+            return Ok(OrderScan::off());
         }
         let s = &self.stream;
         let mut ptrs = ScanWords([0; ORDER_SCAN_MAX_WORDS]);
         for (p, &w) in ptrs.0.iter_mut().zip(words) {
             *p = keys[w].device_ptr(s).0;
         }
-        let counts = s.alloc_zeros::<u64>(4)?;
-        let (counts_p, nwords) = (counts.device_ptr(s).0, words.len() as u32);
+        let kernels = self.kernels()?;
+        let mut bufs = self.scan_bufs.take(self)?;
+        s.memset_zeros(&mut bufs.counts)?;
+        let (counts_p, nwords) = (bufs.counts.device_ptr(s).0, words.len() as u32);
         // SAFETY: `ptrs` holds `nwords` arrays of n words each (key words that vary hold every
         // row); `counts` holds 4 words.
-        unsafe {
-            s.launch_builder(&self.kernels()?.order_scan)
+        let launched = unsafe {
+            s.launch_builder(&kernels.order_scan)
                 .arg(&n32)
                 .arg(&ptrs)
                 .arg(&nwords)
                 .arg(&counts_p)
-                .launch(self.grid_for(n))?
+                .launch(self.grid_for(n))
         };
-        let c = s.clone_dtoh(&counts)?;
-        let (descents, ascents, equal, unordered) = (c[0], c[1], c[2], c[3]);
-        Ok(match (descents, ascents, equal, unordered) {
-            (_, _, _, 1..) => None,
-            (0, _, _, _) => Some(InputOrder::Sorted),
-            (_, 0, 0, _) => Some(InputOrder::Reversed),
-            _ => None,
+        // The copy goes straight to the pinned words (no wait on, nor record of, their own
+        // event: `arrived` stands for it).
+        let queued = launched
+            .and_then(|_| bufs.host.as_mut_slice())
+            // SAFETY: `counts` holds SCAN_WORDS words, the host slice as many; it is read only
+            // after `arrived`, recorded after the copy, has completed.
+            .and_then(|dst| unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, counts_p, s.cu_stream()) })
+            .and_then(|_| bufs.arrived.record(s));
+        if let Err(e) = queued {
+            self.scan_bufs.put(bufs);
+            return Err(e.into());
+        }
+        Ok(OrderScan {
+            pending: Some((self, bufs)),
+            found: None,
         })
     }
 
@@ -107,5 +243,27 @@ impl Gpu {
                 .launch(self.grid_for(n / 2))?
         };
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_say_sorted_reversed_or_neither() {
+        // [descents, ascents, equal neighbours, stopped]
+        assert_eq!(order_of([0, 9, 0, 0]), Some(InputOrder::Sorted));
+        assert_eq!(order_of([0, 4, 5, 0]), Some(InputOrder::Sorted));
+        assert_eq!(order_of([0, 0, 9, 0]), Some(InputOrder::Sorted), "all equal");
+        assert_eq!(order_of([9, 0, 0, 0]), Some(InputOrder::Reversed));
+        assert_eq!(
+            order_of([8, 0, 1, 0]),
+            None,
+            "reversed with a tie is not stable reversed"
+        );
+        assert_eq!(order_of([3, 6, 0, 0]), None);
+        assert_eq!(order_of([0, 0, 0, 1]), None, "stopped early");
+        assert_eq!(order_of([9, 0, 0, 1]), None, "stopped early");
     }
 }

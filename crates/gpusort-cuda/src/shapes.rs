@@ -14,6 +14,8 @@
 
 use std::fmt;
 
+use gpusort::plan::{Algorithm, Strategy};
+
 use crate::device::DeviceInfo;
 use crate::kernels::{
     BLOCK, KernelTuning, MSD_LOCAL_BLOCK, MSD_LOCAL_CAP, MSD_LOCAL_MAX_SEGS, MSD_LOCAL_MAX_WORDS, MSD_RANK_SMEM,
@@ -201,6 +203,33 @@ impl KernelShapes {
         }
     }
 
+    /// The most key words the MSD hybrid's block-local sort holds with values staged
+    /// `stage_width` bytes wide (4, or 8 for lanes wider than 4 bytes), where its partition
+    /// scatter fits too; 0 where the MSD hybrid cannot run at all.
+    pub fn msd_key_words(&self, stage_width: usize) -> usize {
+        let stage = stage_width.clamp(4, MAX_STAGE_WIDTH);
+        let scatter_fits = msd_scatter_smem(false, BLOCK as usize * self.ipt, stage) <= self.limits.per_block;
+        if scatter_fits {
+            self.msd_local_words[(stage > 4) as usize]
+        } else {
+            0
+        }
+    }
+
+    /// The strategy a sort planned as `planned` runs with these shapes, for a key whose passes
+    /// read `key_words` words and lanes staged `stage_width` bytes wide (the widest moved lane,
+    /// 4 to 8): the MSD hybrid where its kernels hold that key ([`Self::msd_key_words`]), else
+    /// SRTS with the same record move; GRS and SRTS as planned. The one place this is decided:
+    /// [`Gpu::sort`](crate::Gpu::sort) runs it and reports it, and the plan (`GpuSortExec`'s
+    /// EXPLAIN) names it.
+    pub fn runnable(&self, planned: Strategy, key_words: usize, stage_width: usize) -> Strategy {
+        if planned.algorithm == Algorithm::Msd && key_words > self.msd_key_words(stage_width) {
+            Strategy::new(Algorithm::Srts, planned.record_move)
+        } else {
+            planned
+        }
+    }
+
     /// `tuning` with the tiles of these shapes: unchanged where they are as asked (so the H100's
     /// programs are the prebuilt ones).
     pub fn tuning(&self, tuning: &KernelTuning) -> KernelTuning {
@@ -342,6 +371,30 @@ mod tests {
             "96 KiB a block, 97 KiB an SM: tiles 256 x 16; one sweep 256 x 12 (2 blocks/SM); MSD partition \
              digits up to 8 bits, MSD block-local sorts of keys up to 1 words (4-byte lanes), 0 (8-byte lanes)"
         );
+    }
+
+    /// A planned MSD sort runs MSD only where the block-local sort holds the key at the lanes'
+    /// staging (the shapes' `msd_local_words`: 4 / 4 words on the H100, 3 / 3 at 163 KiB, 1 / 0
+    /// at 99 KiB, none at 64 KiB), else SRTS with the same record move; GRS and SRTS run as
+    /// planned.
+    #[test]
+    fn msd_runs_where_the_shapes_hold_its_key() {
+        for (kib, held) in [(227, [4, 4]), (163, [3, 3]), (99, [1, 0]), (96, [1, 0]), (64, [0, 0])] {
+            let sh = shapes(kib);
+            for (stage, held) in [(4, held[0]), (8, held[1])] {
+                assert_eq!(sh.msd_key_words(stage), held, "{kib} KiB, stage {stage}");
+                for words in 1..=MSD_LOCAL_MAX_WORDS + 1 {
+                    for planned in Strategy::ALL {
+                        let runs = sh.runnable(planned, words, stage);
+                        let want = match planned.algorithm {
+                            Algorithm::Msd if words > held => Strategy::new(Algorithm::Srts, planned.record_move),
+                            _ => planned,
+                        };
+                        assert_eq!(runs, want, "{kib} KiB, stage {stage}, {words} words, {planned}");
+                    }
+                }
+            }
+        }
     }
 
     /// Every shape fits its limits, whatever the tuning, and smaller limits never get larger tiles.

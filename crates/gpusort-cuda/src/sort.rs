@@ -4,14 +4,14 @@
 //! and SRTS, `msd` for the MSD hybrid) and then the gathers of the indirect strategy
 //! (`gather.rs`, `kernels/gather.cu`); it launches no kernel of its own. Before the passes, one
 //! read of the key (`presorted.rs`) finds input already in order (nothing moves) or strictly
-//! reversed (everything is reversed in place).
+//! reversed (everything is reversed in place); the sort waits for it only once the passes' host
+//! work is done, just before their first kernel.
 
-use cudarc::driver::CudaSlice;
 use gpusort::plan::{Algorithm, InputOrder, RecordMove, Strategy};
 
 use crate::error::{CudaSortError, Result};
 use crate::gpu::{Gpu, rows_u32};
-use crate::kernels::MSD_LOCAL_MAX_WORDS;
+use crate::presorted::{OrderScan, Passes};
 use crate::shapes::{msd_local_smem, msd_scatter_smem};
 use crate::table::{DeviceTable, GpuSortPlan, GpuSortResult};
 
@@ -24,15 +24,18 @@ impl Gpu {
         let end = self.event()?;
         start.record(&self.stream)?;
         let mut perm = None;
-        let mut input_order = None;
+        let mut order = OrderScan::off();
+        let mut strategy = plan.strategy;
         if n > 1 && !plan.passes.is_empty() {
             if plan.switches.presorted {
-                input_order = self.input_order(&table.keys, &plan.key_words(), n)?;
+                // Enqueued, not waited for: the passes wait just before their first kernel.
+                order = self.start_order_scan(&table.keys, &plan.key_words(), n)?;
             }
-            perm = match input_order {
-                Some(InputOrder::Sorted) => None,
-                Some(_) => self.reverse_table(table, plan.want_perm)?,
-                None => self.run_sort(table, plan)?,
+            strategy = self.strategy_run(table, plan)?;
+            perm = match self.run_sort(table, plan, strategy, &mut order)? {
+                Passes::Ran(perm) => perm,
+                Passes::Skipped(InputOrder::Sorted) => None,
+                Passes::Skipped(_) => self.reverse_table(table, plan.want_perm)?,
             };
         }
         if plan.want_perm && perm.is_none() {
@@ -43,7 +46,8 @@ impl Gpu {
         Ok(GpuSortResult {
             perm: if plan.want_perm { perm } else { None },
             kernel_ms: start.elapsed_ms(&end)?,
-            input_order,
+            input_order: order.found(),
+            strategy,
         })
     }
 
@@ -80,44 +84,59 @@ impl Gpu {
         Ok(())
     }
 
-    /// Whether the MSD hybrid's kernels fit the device for a key of `words` words: its
-    /// block-local sort and its 256-bin partition scatter, with the staging the lanes of `table`
-    /// need (`MsdRun::start`: the moved columns' widths when `direct`, 4 to 8 bytes).
-    fn msd_fits(&self, words: usize, table: &DeviceTable, direct: bool) -> Result<bool> {
-        let widest = if direct {
-            table.columns.iter().map(|c| c.width).max().unwrap_or(4)
-        } else {
-            4
-        };
-        let stage = widest.clamp(4, 8);
+    /// Whether the loaded MSD kernels take a key of `words` words with values staged `stage`
+    /// bytes wide: their block-local sort and 256-bin partition scatter. The shapes promise it
+    /// wherever [`KernelShapes::runnable`](crate::shapes::KernelShapes::runnable) names the
+    /// MSD hybrid (the GPU test `shapes_fit_the_device` checks their estimates); this guard only
+    /// keeps a short estimate from failing a sort.
+    fn msd_loaded_fits(&self, words: usize, stage: usize) -> Result<bool> {
         let smem = &self.kernels()?.smem;
         Ok(msd_local_smem(words, stage) <= smem.msd_local as usize
             && msd_scatter_smem(false, self.tile, stage) <= smem.msd_scatter[0] as usize)
     }
 
-    /// The passes of the plan's algorithm, then the gathers; returns the permutation when the
-    /// row index moved.
-    fn run_sort(&self, table: &mut DeviceTable, plan: &GpuSortPlan) -> Result<Option<CudaSlice<u32>>> {
+    /// The strategy that runs `plan` over `table`: [`KernelShapes::runnable`] of the device's
+    /// shapes (the MSD hybrid where its kernels hold the key, else SRTS), the function the
+    /// plan's name comes from too.
+    ///
+    /// [`KernelShapes::runnable`]: crate::shapes::KernelShapes::runnable
+    pub(crate) fn strategy_run(&self, table: &DeviceTable, plan: &GpuSortPlan) -> Result<Strategy> {
+        let words = plan.key_words().len();
+        let stage = msd_stage_width(table, plan.strategy.record_move == RecordMove::Direct);
+        let run = self.shapes.runnable(plan.strategy, words, stage);
+        if run.algorithm == Algorithm::Msd && !self.msd_loaded_fits(words, stage)? {
+            return Ok(Strategy::new(Algorithm::Srts, run.record_move));
+        }
+        Ok(run)
+    }
+
+    /// The passes of `strategy` (what [`Self::strategy_run`] says runs `plan`), then the
+    /// gathers; returns the permutation when the row index moved, or, with nothing moved, the
+    /// order `order` found the rows in.
+    fn run_sort(
+        &self,
+        table: &mut DeviceTable,
+        plan: &GpuSortPlan,
+        strategy: Strategy,
+        order: &mut OrderScan<'_>,
+    ) -> Result<Passes> {
         let direct = plan.strategy.record_move == RecordMove::Direct;
-        let words = plan.key_words();
-        let msd = plan.strategy.algorithm == Algorithm::Msd
-            && words.len() <= MSD_LOCAL_MAX_WORDS
-            && self.msd_fits(words.len(), table, direct)?;
+        let msd = strategy.algorithm == Algorithm::Msd;
         // The MSD sort moves ByField columns directly but gathers Hybrid records once.
         let gathers_records = !direct || (msd && table.records.is_some());
         let needs_index = plan.want_perm || !direct || gathers_records;
-        let perm = if msd {
-            self.run_msd(table, plan, direct, needs_index)?
-        } else if plan.strategy.algorithm == Algorithm::Msd {
-            // Keys of more words than a block-local sort holds, or an MSD sort whose kernels
-            // do not fit the device's shared memory: SRTS.
-            let srts = GpuSortPlan {
-                strategy: Strategy::new(Algorithm::Srts, plan.strategy.record_move),
+        let passes = if msd {
+            self.run_msd(table, plan, direct, needs_index, order)?
+        } else {
+            let plan = GpuSortPlan {
+                strategy,
                 ..plan.clone()
             };
-            self.run_passes(table, &srts, direct, needs_index)?
-        } else {
-            self.run_passes(table, plan, direct, needs_index)?
+            self.run_passes(table, &plan, direct, needs_index, order)?
+        };
+        let perm = match passes {
+            Passes::Ran(perm) => perm,
+            skipped => return Ok(skipped),
         };
         if gathers_records {
             let p = perm.as_ref().expect("indirect sorts make a permutation");
@@ -127,6 +146,18 @@ impl Gpu {
                 self.gather_payload(table, p, plan.pack_gathers)?;
             }
         }
-        Ok(perm)
+        Ok(Passes::Ran(perm))
     }
+}
+
+/// Bytes a value of the lanes the MSD sort moves takes in its staging: the widest ByField column
+/// when `direct` (Hybrid records are gathered once, not moved), else the row index; 4 to 8
+/// (`MsdRun::start`).
+fn msd_stage_width(table: &DeviceTable, direct: bool) -> usize {
+    let widest = if direct {
+        table.columns.iter().map(|c| c.width).max().unwrap_or(4)
+    } else {
+        4
+    };
+    widest.clamp(4, 8)
 }

@@ -130,6 +130,10 @@ pub struct GpuSortResult {
     pub kernel_ms: f32,
     /// The order the key was found in when that replaced the passes (sorted or reversed).
     pub input_order: Option<InputOrder>,
+    /// The strategy that ran (or would have run, where the input was presorted): the plan's,
+    /// or SRTS where the device's shapes do not hold the MSD hybrid for this key
+    /// ([`KernelShapes::runnable`](crate::shapes::KernelShapes::runnable)).
+    pub strategy: Strategy,
 }
 
 #[cfg(test)]

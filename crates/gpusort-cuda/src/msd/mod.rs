@@ -26,6 +26,7 @@ use crate::error::{CudaSortError, Result};
 use crate::gpu::Gpu;
 use crate::kernels::{BLOCK, MSD_BINS, MSD_LOCAL_CAP, MSD_LOCAL_MAX_WORDS};
 use crate::lanes::{LANE_DIGIT, LANE_IOTA, Lane, LaneSet, Role};
+use crate::presorted::{OrderScan, Passes};
 use crate::profile::Profile;
 use crate::table::{DeviceTable, GpuSortPlan};
 
@@ -72,14 +73,17 @@ struct PartitionCounts {
 
 impl Gpu {
     /// The MSD sort of `table` following `plan` (see the module docs); returns the permutation
-    /// when the index moved. The key must read at most [`MSD_LOCAL_MAX_WORDS`] words.
+    /// when the index moved. The key must read at most [`MSD_LOCAL_MAX_WORDS`] words. Its
+    /// buffers allocated, it waits for `order` and stops there, the table as it came, where the
+    /// rows are already sorted or reversed.
     pub(crate) fn run_msd(
         &self,
         table: &mut DeviceTable,
         plan: &GpuSortPlan,
         direct: bool,
         needs_index: bool,
-    ) -> Result<Option<CudaSlice<u32>>> {
+        order: &mut OrderScan<'_>,
+    ) -> Result<Passes> {
         let n = table.num_rows;
         let key = MsdKey::new(&plan.passes);
         if key.words() > MSD_LOCAL_MAX_WORDS {
@@ -90,6 +94,10 @@ impl Gpu {
         }
         let local_rows = plan.switches.msd_local_rows;
         let mut run = MsdRun::start(self, table, plan, direct, needs_index, n > local_rows)?;
+        if let Some(found) = order.settle()? {
+            run.set.restore_input(table);
+            return Ok(Passes::Skipped(found));
+        }
         // Partition digits of more than 8 bits only where their scatter fits the device.
         let wide_fits =
             msd_scatter_smem(true, self.tile, run.stage_width) <= self.kernels()?.smem.msd_scatter[1] as usize;
@@ -100,7 +108,7 @@ impl Gpu {
         };
         let sched = schedule(n, &plan.passes, local_rows, max_bits, |level| run.partition(level))?;
         run.local_sorts(&sched, local_rows, plan.keep_keys)?;
-        run.finish(table, sched.levels % 2)
+        run.finish(table, sched.levels % 2).map(Passes::Ran)
     }
 }
 

@@ -372,6 +372,8 @@ impl GpuSortSession {
         };
         let result = gpu.sort(&mut table, &sort_plan)?;
         stats.input_order = result.input_order;
+        // The strategy that ran: SRTS where the device's shapes do not hold the planned MSD.
+        stats.strategy = Some(result.strategy);
         marks.log_sorted(result.kernel_ms)?;
         let perm_dev = result.perm.expect("asked for the permutation");
         let mut perm = PinnedPool::global().transfer_buffer(4 * n);
