@@ -21,9 +21,10 @@ use futures::{StreamExt, TryStreamExt};
 use gpusort::Strategy;
 use gpusort::plan::{Layout, payload_fields};
 
-use crate::config::{GpuSortConfig, StrategyChoice};
+use crate::config::{DeviceChoice, GpuSortConfig, StrategyChoice};
 use crate::metrics::GpuSortMetrics;
 use crate::sorter::GpuSorter;
+use crate::strategy_name;
 
 /// Sorts its input by `expr` on the GPU, keeping the first `fetch` rows — a drop-in for
 /// DataFusion's `SortExec` with the same semantics (stable order, `fetch` = TopK,
@@ -104,10 +105,16 @@ impl GpuSortExec {
         &self.options
     }
 
-    /// The strategy the planner will use for a GPU sort (the rule calibrated on the H100 unless set).
+    /// The strategy a GPU sort will run (the rule calibrated on the H100 unless set): a planned
+    /// MSD hybrid is named SRTS where the device's kernel shapes do not hold it, by the
+    /// function the sort itself asks ([`gpusort_cuda::shapes::KernelShapes::runnable`]).
     pub fn planned_strategy(&self) -> String {
         match self.options.strategy {
-            StrategyChoice::Fixed(s) => s.to_string(),
+            StrategyChoice::Fixed(s) => match self.options.device {
+                DeviceChoice::Cpu => s.to_string(),
+                DeviceChoice::Auto => self.strategy_on_device(s, 0),
+                DeviceChoice::Gpu(ordinal) => self.strategy_on_device(s, ordinal),
+            },
             StrategyChoice::Cpu => "cpu".into(),
             StrategyChoice::Auto => {
                 // Sort expressions that are not columns become extra key columns.
@@ -115,6 +122,16 @@ impl GpuSortExec {
                 let columns = self.schema().fields().len() + extra;
                 Strategy::calibrated_default(Layout::ByField, payload_fields(columns, self.expr.len())).to_string()
             }
+        }
+    }
+
+    /// What `planned` runs on GPU `ordinal` for this sort's key types and columns.
+    fn strategy_on_device(&self, planned: Strategy, ordinal: usize) -> String {
+        let schema = self.schema();
+        let key_types: Option<Vec<_>> = self.expr.iter().map(|e| e.expr.data_type(&schema).ok()).collect();
+        match key_types {
+            Some(types) => strategy_name::on_device(planned, ordinal, &schema, &types),
+            None => planned.to_string(),
         }
     }
 

@@ -27,6 +27,7 @@ mod rule;
 mod run;
 mod run_store;
 mod sorter;
+mod strategy_name;
 
 use std::sync::Arc;
 
