@@ -54,6 +54,55 @@ fn plain_properties(schema: SchemaRef, input: &Arc<dyn ExecutionPlan>, partition
     ))
 }
 
+/// The [`ExecutionPlan`] methods this crate's nodes write alike, for a node with one child in
+/// its field `input` and its properties in `properties`: `name`; `apply_expressions` over the
+/// sort expressions in the field `exprs` names (none for `exprs = []`);
+/// `maintains_input_order` (`keeps_order`); and `with_new_children` through `rebuild`, a
+/// function from the node and its new child to the new node.
+macro_rules! one_child_methods {
+    ($name:literal, exprs = [$($exprs:ident)?], keeps_order = $keeps:literal, rebuild = $rebuild:expr) => {
+        fn name(&self) -> &str {
+            $name
+        }
+        fn properties(&self) -> &::std::sync::Arc<::datafusion::physical_plan::PlanProperties> {
+            &self.properties
+        }
+        fn children(&self) -> Vec<&::std::sync::Arc<dyn ::datafusion::physical_plan::ExecutionPlan>> {
+            vec![&self.input]
+        }
+        fn apply_expressions(
+            &self,
+            f: &mut dyn FnMut(
+                &::std::sync::Arc<dyn ::datafusion::physical_expr::PhysicalExpr>,
+            ) -> ::datafusion::error::Result<::datafusion::common::tree_node::TreeNodeRecursion>,
+        ) -> ::datafusion::error::Result<::datafusion::common::tree_node::TreeNodeRecursion> {
+            let exprs: &[::datafusion::physical_expr::PhysicalSortExpr] = one_child_methods!(@exprs self $($exprs)?);
+            $crate::exec::apply_sort_exprs(exprs, f)
+        }
+        fn maintains_input_order(&self) -> Vec<bool> {
+            vec![$keeps]
+        }
+        fn with_new_children(
+            self: ::std::sync::Arc<Self>,
+            children: Vec<::std::sync::Arc<dyn ::datafusion::physical_plan::ExecutionPlan>>,
+        ) -> ::datafusion::error::Result<::std::sync::Arc<dyn ::datafusion::physical_plan::ExecutionPlan>> {
+            let rebuild: fn(
+                &Self,
+                ::std::sync::Arc<dyn ::datafusion::physical_plan::ExecutionPlan>,
+            ) -> ::datafusion::error::Result<Self> = $rebuild;
+            let child = $crate::exec::one_child(self.name(), children)?;
+            Ok(::std::sync::Arc::new(rebuild(&self, child)?))
+        }
+    };
+    (@exprs $node:tt) => {
+        &[]
+    };
+    (@exprs $node:tt $field:ident) => {
+        &$node.$field
+    };
+}
+pub(crate) use one_child_methods;
+
 pub(crate) fn one_child(name: &str, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
     let [child] = <[_; 1]>::try_from(children)
         .map_err(|c| DataFusionError::Internal(format!("{name} has one child, got {}", c.len())))?;
@@ -117,27 +166,12 @@ impl DisplayAs for RowPositionExec {
 }
 
 impl ExecutionPlan for RowPositionExec {
-    fn name(&self) -> &str {
-        "RowPositionExec"
-    }
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-    fn maintains_input_order(&self) -> Vec<bool> {
-        vec![true]
-    }
-    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
-        Ok(Arc::new(Self::new(one_child(self.name(), children)?)))
-    }
+    one_child_methods!(
+        "RowPositionExec",
+        exprs = [],
+        keeps_order = true,
+        rebuild = |_, input| Ok(Self::new(input))
+    );
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         let task = DistributedTaskContext::from_ctx(&context);
         let range = (partition * task.task_count + task.task_index) as u64;
@@ -274,32 +308,12 @@ impl DisplayAs for RangeRouteExec {
 }
 
 impl ExecutionPlan for RangeRouteExec {
-    fn name(&self) -> &str {
-        "RangeRouteExec"
-    }
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-    fn apply_expressions(
-        &self,
-        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        apply_sort_exprs(&self.keys, f)
-    }
-    fn maintains_input_order(&self) -> Vec<bool> {
-        vec![true]
-    }
-    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
-        Ok(Arc::new(Self::new(
-            one_child(self.name(), children)?,
-            self.keys.clone(),
-            self.position,
-            Arc::clone(&self.splitters),
-        )))
-    }
+    one_child_methods!(
+        "RangeRouteExec",
+        exprs = [keys],
+        keeps_order = true,
+        rebuild = |s, input| Ok(Self::new(input, s.keys.clone(), s.position, Arc::clone(&s.splitters)))
+    );
     fn metrics(&self) -> Option<MetricsSet> {
         Some(self.metrics.clone_inner())
     }
@@ -375,30 +389,12 @@ impl DisplayAs for OrderedConcatExec {
 }
 
 impl ExecutionPlan for OrderedConcatExec {
-    fn name(&self) -> &str {
-        "OrderedConcatExec"
-    }
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-    fn apply_expressions(
-        &self,
-        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        apply_sort_exprs(&self.ordering, f)
-    }
-    fn maintains_input_order(&self) -> Vec<bool> {
-        vec![true]
-    }
-    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
-        Ok(Arc::new(Self::new(
-            one_child(self.name(), children)?,
-            self.ordering.clone(),
-        )))
-    }
+    one_child_methods!(
+        "OrderedConcatExec",
+        exprs = [ordering],
+        keeps_order = true,
+        rebuild = |s, input| Ok(Self::new(input, s.ordering.clone()))
+    );
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         if partition != 0 {
             return Err(DataFusionError::Internal(format!(

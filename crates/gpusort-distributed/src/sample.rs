@@ -7,10 +7,9 @@ use std::sync::Arc;
 use arrow::array::{Array, BooleanArray, RecordBatch, UInt32Array, UInt64Array};
 use arrow::compute::{concat_batches, filter_record_batch, take};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
-use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr, PhysicalSortExpr};
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalSortExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
@@ -21,7 +20,7 @@ use datafusion_distributed::DistributedTaskContext;
 use futures::StreamExt;
 use gpusort::partition::Reservoir;
 
-use crate::exec::{POSITION_COLUMN, apply_sort_exprs, evaluate_keys, one_child};
+use crate::exec::{POSITION_COLUMN, evaluate_keys, one_child_methods};
 
 /// The column of [`SampleExec`]'s output that says how many rows the partition a sample row
 /// comes from saw.
@@ -130,29 +129,12 @@ impl SampleRows {
 }
 
 impl ExecutionPlan for SampleExec {
-    fn name(&self) -> &str {
-        "SampleExec"
-    }
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-    fn apply_expressions(
-        &self,
-        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        apply_sort_exprs(&self.keys, f)
-    }
-    fn with_new_children(self: Arc<Self>, children: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
-        Ok(Arc::new(Self::try_new(
-            one_child(self.name(), children)?,
-            self.keys.clone(),
-            self.position,
-            self.capacity,
-        )?))
-    }
+    one_child_methods!(
+        "SampleExec",
+        exprs = [keys],
+        keeps_order = false,
+        rebuild = |s, input| Self::try_new(input, s.keys.clone(), s.position, s.capacity)
+    );
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         let task = DistributedTaskContext::from_ctx(&context);
         let seed = ((task.task_index as u64) << 32) ^ partition as u64;

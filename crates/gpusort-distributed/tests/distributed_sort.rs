@@ -321,7 +321,7 @@ mod nodes {
     };
     use gpusort::partition::Splitters;
     use gpusort_distributed::{
-        GpuSortCodec, OrderedConcatExec, RangeRouteExec, RowPositionExec, SampleExec, route_values,
+        GpuSortCodec, OrderedConcatExec, RangeRouteExec, RowPositionExec, SampleExec, route_values, thin_to_uniform,
     };
 
     fn roundtrip(plan: Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
@@ -445,5 +445,37 @@ mod nodes {
                 })
                 .unwrap();
         }
+    }
+
+    #[test]
+    fn samples_weigh_by_the_rows_their_partition_saw() {
+        // Partition A saw 10,000 rows and kept 200 (each stands for 50 rows); B saw 200 and kept
+        // them all (each stands for 1): all of A's stay, about 1 in 50 of B's.
+        let n = 400u64;
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k0", DataType::Int64, true),
+            Field::new("position", DataType::UInt64, false),
+            Field::new("seen", DataType::UInt64, false),
+        ]));
+        let seen = (0..n).map(|i| if i < 200 { 10_000 } else { 200 });
+        let batch = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int64Array::from_iter_values((0..n).map(|i| i as i64))),
+                Arc::new(UInt64Array::from_iter_values(0..n)),
+                Arc::new(UInt64Array::from_iter_values(seen)),
+            ],
+        )
+        .unwrap();
+        let thinned = thin_to_uniform(&batch, 200).unwrap();
+        assert_eq!(thinned.num_columns(), 2);
+        let positions = thinned.column(1).as_any().downcast_ref::<UInt64Array>().unwrap();
+        let from_a = positions.values().iter().filter(|&&p| p < 200).count();
+        let from_b = positions.len() - from_a;
+        assert_eq!(from_a, 200);
+        assert!(from_b <= 12, "{from_b} of B's 200 rows kept, about 4 expected");
+        // Partitions that kept all they saw, or as much as they saw: nothing to thin.
+        let even = batch.slice(200, 200);
+        assert_eq!(thin_to_uniform(&even, 200).unwrap().num_rows(), 200);
     }
 }
