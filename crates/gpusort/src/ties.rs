@@ -7,10 +7,17 @@
 //! positions; it is ordered by comparing the full values of that column and of every later
 //! sort column, with the input row as the final tie-break (which keeps the sort stable).
 //! Groups are independent and are sorted in parallel.
+//!
+//! When every later sort field is exact, a group needs less: the radix sort has already put
+//! its rows in the order of the later fields and then of the input row, so a stable sort by
+//! the bytes past the prefix alone (which all its rows share) finishes it, with no
+//! comparison of the prefix again nor of the later columns ([`tail_sort`]).
 
 use std::ops::Range;
 
+use arrow::array::{Array, AsArray};
 use arrow::compute::{LexicographicalComparator, SortColumn};
+use arrow::datatypes::DataType;
 use rayon::prelude::*;
 
 use crate::error::Result;
@@ -50,6 +57,7 @@ pub fn resolve_ties(
             continue;
         }
         let FieldEncoding::Bytes {
+            common_prefix,
             prefix_bytes,
             len_min,
             len_max,
@@ -92,6 +100,12 @@ pub fn resolve_ties(
         if groups.is_empty() {
             continue;
         }
+        let later_exact = layout.fields()[s + 1..].iter().all(|f| f.exact);
+        if later_exact && tail_sort(&sort_columns[s], common_prefix + prefix_bytes, &groups, perm) {
+            resolved.extend(groups);
+            resolved.sort_by_key(|r| r.start);
+            continue;
+        }
         let cmp = LexicographicalComparator::try_new(&sort_columns[s..])?;
         let base = perm.as_mut_ptr() as usize;
         groups.par_iter().for_each(|g| {
@@ -108,6 +122,44 @@ pub fn resolve_ties(
         resolved.sort_by_key(|r| r.start);
     }
     Ok(resolved)
+}
+
+/// Orders each group of `perm` (disjoint ranges whose rows share `column`'s first `skip`
+/// bytes and are longer) by the bytes after them, stably, in `column`'s direction. False,
+/// with nothing done, where `column` is not a string or binary array.
+fn tail_sort<'a>(column: &'a SortColumn, skip: usize, groups: &[Range<usize>], perm: &mut [u32]) -> bool {
+    let values: &'a dyn Array = column.values.as_ref();
+    let bytes: &(dyn Fn(usize) -> &'a [u8] + Sync) = match values.data_type() {
+        DataType::Utf8 => &|i| values.as_string::<i32>().value(i).as_bytes(),
+        DataType::LargeUtf8 => &|i| values.as_string::<i64>().value(i).as_bytes(),
+        DataType::Utf8View => &|i| values.as_string_view().value(i).as_bytes(),
+        DataType::Binary => &|i| values.as_binary::<i32>().value(i),
+        DataType::LargeBinary => &|i| values.as_binary::<i64>().value(i),
+        DataType::BinaryView => &|i| values.as_binary_view().value(i),
+        DataType::FixedSizeBinary(_) => &|i| values.as_fixed_size_binary().value(i),
+        _ => return false,
+    };
+    let descending = column.options.is_some_and(|o| o.descending);
+    let tail = |row: &u32| &bytes(*row as usize)[skip..];
+    let order = |a: &u32, b: &u32| {
+        if descending {
+            tail(b).cmp(tail(a))
+        } else {
+            tail(a).cmp(tail(b))
+        }
+    };
+    let base = perm.as_mut_ptr() as usize;
+    groups.par_iter().for_each(|g| {
+        // SAFETY: groups are disjoint ranges of `perm`.
+        let slice = unsafe { std::slice::from_raw_parts_mut((base as *mut u32).add(g.start), g.len()) };
+        // Stable: rows of equal values keep the later fields' order and then the input's.
+        if slice.len() > 4096 {
+            slice.par_sort_by(order);
+        } else {
+            slice.sort_by(order);
+        }
+    });
+    true
 }
 
 /// True when `g` lies inside one of the sorted, disjoint `ranges`.

@@ -259,6 +259,64 @@ fn presorted_inputs_match_the_reference() {
 
 /// Nested keys sort by Arrow's row format bytes, which carry the key's direction: rows whose
 /// bytes tie on the key's truncated prefix are ordered by those bytes ascending (DataFusion's
+/// Tie groups ordered by the bytes past the prefix alone (every later field exact) and by
+/// the full comparison (a later string field also truncated), for string views, large
+/// binaries and a fixed-size binary, with equal full values that must keep the later keys'
+/// order and then the input's.
+#[test]
+fn tie_groups_sort_by_their_tails_or_in_full() {
+    let n = 20_000;
+    let stems = [
+        "https://example.com/a/very/long/shared/path/",
+        "https://example.com/a/very/long/other/",
+    ];
+    let s1 = StringViewArray::from_iter(
+        (0..n).map(|i| (i % 17 != 3).then(|| format!("{}{}", stems[i % 2], (i * 7919) % 61))),
+    );
+    let s2 = LargeBinaryArray::from_iter(
+        (0..n).map(|i| (i % 19 != 4).then(|| format!("{}{}", "b".repeat(30), (i * 104729) % 53).into_bytes())),
+    );
+    let fixed = FixedSizeBinaryArray::try_from_iter((0..n).map(|i| {
+        let mut v = [7u8; 24];
+        v[20..].copy_from_slice(&[(i % 41) as u8, 0, 0, ((i * 7) % 3) as u8]);
+        v
+    }))
+    .unwrap();
+    let k = Int32Array::from_iter_values((0..n as i32).map(|i| i % 5));
+    let b = batch(vec![Arc::new(s1), Arc::new(s2), Arc::new(fixed), Arc::new(k)]);
+    let specs = [
+        SortSpec::new([SortKey::sql(0, false), SortKey::sql(3, true)]),
+        SortSpec::new([
+            SortKey::new(0, true, true),
+            SortKey::sql(1, false),
+            SortKey::sql(3, false),
+        ]),
+        SortSpec::new([SortKey::sql(3, false), SortKey::new(1, true, false)]),
+        SortSpec::new([SortKey::sql(2, true), SortKey::sql(3, false)]),
+    ];
+    for (k, spec) in specs.iter().enumerate() {
+        let want = reference(&b, spec);
+        for max_prefix_bytes in [0, 3, 8, 32] {
+            for strategy in [Strategy::SRTS_DIRECT, Strategy::GRS_INDIRECT] {
+                let out = sort_with(&b, spec, strategy, max_prefix_bytes);
+                assert_eq!(
+                    out.indices.values(),
+                    &want[..],
+                    "spec {k}, prefix {max_prefix_bytes}, {strategy}"
+                );
+                // Past the common prefix, s1 needs 14 bytes, s2 2 and the fixed binary 4.
+                let truncated =
+                    max_prefix_bytes == 0 || (k < 2 && max_prefix_bytes < 14) || (k == 3 && max_prefix_bytes < 4);
+                assert_eq!(
+                    out.stats.tie_groups > 0,
+                    truncated,
+                    "spec {k}, prefix {max_prefix_bytes}"
+                );
+            }
+        }
+    }
+}
+
 /// `array_query.slt`: `ORDER BY column2 DESC` over `[2, 3]`, `NULL`, `[4, 5]`).
 #[test]
 fn nested_keys_descending_resolve_truncated_ties() {
