@@ -17,6 +17,12 @@
 #   tune      per engine variant in $TUNE_VARIANTS (comma-separated GPUSORT_* settings, kernels.rs
 #             KernelTuning, or "default"): the one-sweep GPU test, then the paper bench's goal rows
 #             (keys only, 8-bit digits; ByField m = 2 and 20)
+#   tune-profile  `gpusort tune` (.gpu/gpusort; budget $TUNE_BUDGET, default 2m): the empirical
+#             search on this GPU, its table in $OUT/tune_profile.txt, its progress in
+#             tune_progress.txt, the profile it writes into the kernel cache copied to $OUT; then
+#             the paper bench's goal rows (keys; ByField and Hybrid m = 2, 20; 8-bit digits) with
+#             the profile and without it (GPUSORT_TUNING=off), alternately, $TUNE_ROUNDS times
+#             (default 2), in $OUT/tune_paper.txt. The old `tune` step times hand-picked variants.
 #   dist      the paper bench's key-distribution table (presorted keys against random keys and a
 #             device copy), then the CPU backend's (`presorted` bench)
 #   dist-tpch the distributed ORDER BY bench (.gpu/tpch_workers: crates/gpusort-distributed/benches/
@@ -81,6 +87,21 @@ for step in $STEPS; do
         env $settings timeout 150 .gpu/paper --only keys --bits 8 --reps 7 > "$OUT/tune_$f.txt" 2>&1
         env $settings timeout 150 .gpu/paper --only records --fields 2,20 --bits 8 --reps 7 >> "$OUT/tune_$f.txt" 2>&1
         grep -E "^\| (u32|u64|ByField|Hybrid) |panicked|error" "$OUT/tune_$f.txt"
+      done ;;
+    tune-profile)
+      timeout 400 .gpu/gpusort tune --budget "${TUNE_BUDGET:-2m}" > "$OUT/tune_profile.txt" 2> "$OUT/tune_progress.txt"
+      echo "gpusort tune: exit $?"; cat "$OUT/tune_profile.txt"; tail -3 "$OUT/tune_progress.txt"
+      cp "$GPUSORT_KERNEL_CACHE"/tuning-*.txt "$OUT/" 2>/dev/null || echo "no profile in $GPUSORT_KERNEL_CACHE"
+      .gpu/gpusort info | grep -E "^(GPU|tuning) "
+      for r in $(seq "${TUNE_ROUNDS:-2}"); do
+        for v in tuned defaults; do
+          te=; [ $v = defaults ] && te=GPUSORT_TUNING=off
+          echo "== paper, $v, round $r" | tee -a "$OUT/tune_paper.txt"
+          for only in keys records; do
+            env $te timeout 200 .gpu/paper --only $only --fields 2,20 --bits 8 --reps 7 2>&1 \
+              | grep -E "^# |^\| (u32|u64|ByField|Hybrid) |panicked" | tee -a "$OUT/tune_paper.txt"
+          done
+        done
       done ;;
     dist)
       timeout "${BENCH_TIMEOUT:-300}" .gpu/paper --only dist --reps "${DIST_REPS:-7}" 2>&1 | tee "$OUT/dist.txt" | tail -12

@@ -7,7 +7,8 @@ use std::path::Path;
 use datafusion::physical_plan::displayable;
 use datafusion_gpusort::{DeviceChoice, StrategyChoice};
 use gpusort_cuda::device::{self, DeviceInfo, GpuUnavailable};
-use gpusort_cuda::{Gpu, GpuOptions, KernelCache};
+use gpusort_cuda::tune::{self, PROFILE_VAR};
+use gpusort_cuda::{CudaSortError, Gpu, GpuOptions, KernelCache, TuningProfile};
 
 use crate::error::Result;
 use crate::plan::{PlanArgs, SortPlan, format_size};
@@ -25,8 +26,10 @@ pub fn info() -> String {
             for ordinal in 0..count {
                 match device::probe(ordinal) {
                     Ok(info) => {
+                        let options = GpuOptions::for_device(&info, KernelCache::from_env().dir());
                         let _ = writeln!(s, "GPU          {info}");
-                        let _ = writeln!(s, "shapes       {}", shapes(&info));
+                        let _ = writeln!(s, "shapes       {}", shapes(&info, &options));
+                        let _ = writeln!(s, "tuning       {}", tuning(&options));
                     }
                     Err(why) => {
                         let _ = writeln!(s, "GPU          cuda:{ordinal} is not usable: {why}");
@@ -61,17 +64,42 @@ pub fn info() -> String {
     s
 }
 
-/// The kernels' shapes on the device, under the `GPUSORT_*` settings (`GPUSORT_SMEM_CAP`, the
-/// tile sizes).
-fn shapes(info: &DeviceInfo) -> String {
-    match GpuOptions::from_env() {
+/// The kernels' shapes on the device, under its options (`GPUSORT_SMEM_CAP`, the tile sizes of
+/// the `GPUSORT_*` settings and its tuning profile).
+fn shapes(info: &DeviceInfo, options: &Result<GpuOptions, CudaSortError>) -> String {
+    match options {
         Ok(options) => {
             let cap = options
                 .smem_cap
                 .map_or(String::new(), |c| format!(" (GPUSORT_SMEM_CAP={} KiB)", c >> 10));
-            format!("{}{cap}", Gpu::shapes_for(info, &options))
+            format!("{}{cap}", Gpu::shapes_for(info, options))
         }
         Err(e) => format!("unknown: {e}"),
+    }
+}
+
+/// The device's tuning profile (`gpusort tune`): which file, what it sets, its speedup; or none.
+fn tuning(options: &Result<GpuOptions, CudaSortError>) -> String {
+    let options = match options {
+        Ok(o) => o,
+        Err(e) => return format!("unknown: {e}"),
+    };
+    let Some(path) = &options.tuning_profile else {
+        let how = if std::env::var(PROFILE_VAR).is_ok_and(|v| v.trim() == "off") {
+            "GPUSORT_TUNING=off"
+        } else {
+            "no profile for this GPU and driver; `gpusort tune` writes one"
+        };
+        return format!("none: built-in defaults ({how})");
+    };
+    match TuningProfile::read(path) {
+        Ok(p) => format!(
+            "{} ({}; {:.3}x over the defaults when tuned; GPUSORT_* variables override it)",
+            path.display(),
+            tune::describe(&p.settings),
+            p.speedup
+        ),
+        Err(e) => format!("{} ({e})", path.display()),
     }
 }
 
@@ -92,9 +120,11 @@ fn kernel_cache(dir: Option<&Path>) -> String {
     match std::fs::read_dir(dir) {
         Ok(entries) => {
             let (mut files, mut bytes) = (0, 0);
+            // Compiled kernels only (the directory holds tuning profiles too).
             for entry in entries.flatten() {
                 if let Ok(meta) = entry.metadata()
                     && meta.is_file()
+                    && entry.path().extension().is_some_and(|e| e == "cubin")
                 {
                     files += 1;
                     bytes += meta.len();
@@ -237,6 +267,42 @@ mod tests {
             "{line}"
         );
         // Only GPUSORT_* variables the test does not set: the line is there.
-        assert!(!shapes(&info).is_empty());
+        assert!(!shapes(&info, &GpuOptions::from_env()).is_empty());
+    }
+
+    /// `gpusort info`'s tuning line: the profile that applies, what it sets and its speedup; or
+    /// none, and the built-in defaults.
+    #[test]
+    fn tuning_line_names_the_profile_or_the_defaults() {
+        let line = tuning(&Ok(GpuOptions::default()));
+        assert!(line.starts_with("none: built-in defaults ("), "{line}");
+        let dir = std::env::temp_dir().join(format!("gpusort-info-tuning-{}", std::process::id()));
+        let profile = TuningProfile {
+            key: gpusort_cuda::tune::ProfileKey {
+                gpu: "NVIDIA H200".into(),
+                multiprocessors: 132,
+                driver_version: 13000,
+            },
+            settings: [("GPUSORT_ONESWEEP_IPT".to_string(), "24".to_string())].into(),
+            speedup: 1.0346,
+            search_seconds: 110.0,
+            measured: vec![],
+        };
+        let path = profile.write_to(&dir).unwrap();
+        let options = GpuOptions {
+            tuning_profile: Some(path.clone()),
+            ..GpuOptions::default()
+        };
+        let line = tuning(&Ok(options));
+        assert_eq!(
+            line,
+            format!(
+                "{} (GPUSORT_ONESWEEP_IPT=24; 1.035x over the defaults when tuned; GPUSORT_* variables override it)",
+                path.display()
+            )
+        );
+        let _ = std::fs::remove_dir_all(dir);
+        let err = tuning(&Err(CudaSortError::Tuning("x.txt: line 3".into())));
+        assert!(err.starts_with("unknown: tuning: x.txt"), "{err}");
     }
 }

@@ -6,6 +6,7 @@
 //! gpusort sort INPUT... -o OUTPUT --order-by "a DESC NULLS LAST, b"   sort into one file
 //! gpusort explain INPUT... --order-by "..."                           the plan it would run
 //! gpusort info                                                         the GPU, driver, NVRTC, kernel cache
+//! gpusort tune [--budget 2m] [--dry-run]                               tune the kernels for this GPU
 //! ```
 //!
 //! The binary (`src/main.rs`) parses [`Cli`] and calls [`run`]; the tests and the
@@ -21,6 +22,7 @@ pub mod progress;
 pub mod report;
 pub mod sort;
 pub mod timeline;
+pub mod tune;
 pub mod writer;
 
 use clap::{Parser, Subcommand};
@@ -30,6 +32,7 @@ pub use plan::{PlanArgs, SortPlan};
 pub use progress::ProgressMode;
 pub use report::{PhaseTimes, PlanMetrics, SortReport};
 pub use sort::SortArgs;
+pub use tune::TuneArgs;
 
 /// `gpusort`'s command line.
 #[derive(Debug, Parser)]
@@ -41,7 +44,8 @@ pub use sort::SortArgs;
         gpusort sort data/*.parquet -o sorted.parquet --order-by \"ts DESC NULLS LAST, id\"\n  \
         gpusort sort big.parquet -o out.parquet -k \"customer, amount DESC\" --memory-limit 8g --compression 'zstd(3)'\n  \
         gpusort explain data/ --order-by \"id\"\n  \
-        gpusort info"
+        gpusort info\n  \
+        gpusort tune --budget 2m"
 )]
 pub struct Cli {
     /// What to do.
@@ -59,10 +63,13 @@ pub enum Command {
     /// Show the GPU gpusort would use (or why there is none), the driver and NVRTC versions,
     /// and where compiled kernels are cached
     Info,
+    /// Search the kernels' settings that sort fastest on this GPU (within a time budget, every
+    /// output checked) and write them as a tuning profile that later sorts on it apply
+    Tune(TuneArgs),
 }
 
-/// Runs `cli`: output on stdout (`info`, `explain`), progress and the summary on stderr
-/// (`sort`). A closed or full stderr loses the progress and the summary, not the sort; a
+/// Runs `cli`: output on stdout (`info`, `explain`, `tune`'s table), progress and the summary
+/// on stderr (`sort`, `tune`). A closed or full stderr loses the progress and the summary, not the sort; a
 /// stdout that cannot be written is a [`CliError::Stdout`].
 pub async fn run(cli: Cli) -> Result<()> {
     match cli.command {
@@ -75,6 +82,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         }
         Command::Explain(args) => to_stdout(&info::explain(&args).await?)?,
         Command::Info => to_stdout(&info::info())?,
+        Command::Tune(args) => to_stdout(&tune::tune(&args)?)?,
     }
     Ok(())
 }

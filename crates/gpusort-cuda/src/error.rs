@@ -28,6 +28,10 @@ pub enum CudaSortError {
     /// Compiling the kernels failed.
     #[error("compiling the CUDA kernels failed: {0}")]
     Compile(String),
+    /// A tuning profile cannot be read or written, or the tuning search cannot go on
+    /// ([`crate::tune`]).
+    #[error("tuning: {0}")]
+    Tuning(String),
     /// The request cannot run on the GPU backend.
     #[error("not supported on the GPU: {0}")]
     Unsupported(String),

@@ -55,15 +55,26 @@ pub struct Gpu {
 
 impl Gpu {
     /// Opens device `ordinal`: a context, a stream, and the kernels (from `cache`, or
-    /// compiled by NVRTC and stored there), with the options the `GPUSORT_*` variables set
-    /// ([`GpuOptions::from_env`], read now and only now).
+    /// compiled by NVRTC and stored there), with the options of the device's tuning profile (in
+    /// `cache`'s directory) and the `GPUSORT_*` variables ([`GpuOptions::for_device`], read now
+    /// and only now).
     pub fn open(ordinal: usize, cache: &KernelCache) -> Result<Self> {
-        Self::open_with(ordinal, cache, GpuOptions::from_env()?)
+        Self::open_for(ordinal, cache, |info| GpuOptions::for_device(info, cache.dir()))
     }
 
     /// As [`Self::open`], with `options`.
     pub fn open_with(ordinal: usize, cache: &KernelCache, options: GpuOptions) -> Result<Self> {
+        Self::open_for(ordinal, cache, |_| Ok(options))
+    }
+
+    /// As [`Self::open`], with the options `options` gives the device.
+    fn open_for(
+        ordinal: usize,
+        cache: &KernelCache,
+        options: impl FnOnce(&DeviceInfo) -> Result<GpuOptions>,
+    ) -> Result<Self> {
         let (ctx, info) = device::open(ordinal)?;
+        let options = options(&info)?;
         // Sorts order their work on their own stream; cudarc's per-buffer events are not needed.
         // SAFETY: every buffer of this context is used on `stream` or synchronized explicitly.
         unsafe { ctx.disable_event_tracking() };

@@ -23,6 +23,7 @@
 //! | `sort` | — | [`Gpu::sort`]: a plan's passes, then its gathers |
 //! | `memory` | — | device memory a sort needs |
 //! | `options` | — | [`GpuOptions`]: the `GPUSORT_*` settings, read once when a device opens |
+//! | [`tune`] | — | `gpusort tune`: the empirical search over the kernels' settings, the tuning profile |
 //!
 //! Dependencies point one way: `backend` -> `session` -> `sort` -> `lsd`/`msd`/`gather` ->
 //! the families -> `lanes` -> `gpu` -> `kernels`/`device`.
@@ -54,6 +55,7 @@ mod sort;
 mod srts;
 mod table;
 pub mod transfer;
+pub mod tune;
 
 pub use backend::{CudaBackend, MAX_DIGIT_BITS};
 pub use device::{DeviceInfo, GpuUnavailable, probe};
@@ -65,3 +67,4 @@ pub use options::GpuOptions;
 pub use pinned::{FRESH_PIN_MAX, HostBuffer, PinnedPool, PinnedPoolStats};
 pub use session::{GPU_STRING_PREFIX_BYTES, GpuSortSession};
 pub use table::{DeviceColumn, DeviceRecords, DeviceTable, GpuSortPlan, GpuSortResult, SortSwitches};
+pub use tune::{TuneOutcome, Tuner, TuningProfile};

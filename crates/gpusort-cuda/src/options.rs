@@ -2,11 +2,19 @@
 //! choose, read once when a device is opened ([`Gpu::open`](crate::Gpu::open), which
 //! [`CudaBackend`](crate::CudaBackend) calls) instead of wherever each was needed. The README's
 //! table lists them. No kernel: the kernels' compile-time settings are [`KernelTuning`].
+//!
+//! When a device opens, the tuning profile `gpusort tune` wrote for it ([`crate::tune`]) gives
+//! the settings it chose: built-in defaults < the device's profile < `GPUSORT_*` variables.
+
+use std::path::{Path, PathBuf};
 
 use gpusort::parse_byte_size;
+use gpusort::plan::{Layout, Strategy, payload_fields};
 
+use crate::device::DeviceInfo;
 use crate::error::{CudaSortError, Result};
 use crate::kernels::{KernelTuning, MSD_MAX_DIGIT_BITS};
+use crate::tune::{PROFILE_VAR, ProfileKey, TuningProfile};
 
 /// The GPU backend's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,7 +45,18 @@ pub struct GpuOptions {
     /// (`GPUSORT_DEVICE_BUDGET`, e.g. `40g`; default: the free memory when the device opens,
     /// less a sixteenth; see [`crate::memory::DeviceBudget`]).
     pub device_budget: Option<usize>,
+    /// The tuning profile whose settings apply ([`Self::for_device`]; `GPUSORT_TUNING` names
+    /// another file, or `off`), if any.
+    pub tuning_profile: Option<PathBuf>,
+    /// Most fields besides the key a sort moves directly, with every pass; beyond, it sorts key
+    /// and index and gathers the fields once (`GPUSORT_DIRECT_MAX_FIELDS`; the H100's crossover
+    /// [`DIRECT_MAX_FIELDS`] by default, `gpusort tune` measures the device's).
+    pub direct_max_fields: usize,
 }
+
+/// The ByField crossover of [`Strategy::calibrated_default`], measured on the H100: direct up
+/// to 2 payload fields.
+pub const DIRECT_MAX_FIELDS: usize = 2;
 
 impl Default for GpuOptions {
     fn default() -> Self {
@@ -51,6 +70,8 @@ impl Default for GpuOptions {
             smem_cap: None,
             presorted: true,
             device_budget: None,
+            tuning_profile: None,
+            direct_max_fields: DIRECT_MAX_FIELDS,
         }
     }
 }
@@ -109,7 +130,59 @@ impl GpuOptions {
             smem_cap,
             presorted: var("GPUSORT_PRESORTED").as_deref() != Some("0"),
             device_budget,
+            tuning_profile: None,
+            direct_max_fields: match var("GPUSORT_DIRECT_MAX_FIELDS") {
+                None => DIRECT_MAX_FIELDS,
+                Some(v) => v.trim().parse::<usize>().ok().filter(|m| *m <= 1024).ok_or_else(|| {
+                    CudaSortError::Unsupported(format!("GPUSORT_DIRECT_MAX_FIELDS={v} (0 to 1024 fields)"))
+                })?,
+            },
         })
+    }
+
+    /// The strategy of a sort of `num_columns` columns by `sort_keys` keys (ByField, as Arrow
+    /// batches are): `requested`, else SRTS-direct up to [`Self::direct_max_fields`] fields
+    /// besides the key and SRTS-indirect beyond: [`Strategy::calibrated_default`] with this
+    /// device's crossover.
+    pub fn planned_strategy(&self, requested: Option<Strategy>, num_columns: usize, sort_keys: usize) -> Strategy {
+        requested.unwrap_or_else(|| {
+            let m = payload_fields(num_columns, sort_keys);
+            match Strategy::calibrated_default(Layout::ByField, m) {
+                s if s == Strategy::SRTS_DIRECT || s == Strategy::SRTS_INDIRECT => {
+                    if m <= self.direct_max_fields {
+                        Strategy::SRTS_DIRECT
+                    } else {
+                        Strategy::SRTS_INDIRECT
+                    }
+                }
+                s => s,
+            }
+        })
+    }
+
+    /// The options of device `info`: its tuning profile's settings (the file `GPUSORT_TUNING`
+    /// names, else the device's in `cache_dir`, the kernel cache; [`TuningProfile::find`]) under
+    /// the `GPUSORT_*` variables. Without a profile for this GPU and driver, [`Self::from_env`].
+    pub fn for_device(info: &DeviceInfo, cache_dir: Option<&Path>) -> Result<Self> {
+        Self::for_device_with_vars(info, cache_dir, |name| std::env::var(name).ok())
+    }
+
+    /// As [`Self::for_device`], reading variables through `var`.
+    pub fn for_device_with_vars(
+        info: &DeviceInfo,
+        cache_dir: Option<&Path>,
+        var: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self> {
+        let key = ProfileKey::of(info);
+        let Some((path, profile)) = TuningProfile::find(&key, cache_dir, var(PROFILE_VAR).as_deref())? else {
+            return Self::from_vars(var);
+        };
+        // The variables' own errors first, so that a bad variable is not blamed on the file.
+        Self::from_vars(&var)?;
+        let mut options = Self::from_vars(|name| var(name).or_else(|| profile.setting(name)))
+            .map_err(|e| CudaSortError::Tuning(format!("{}: {e}", path.display())))?;
+        options.tuning_profile = Some(path);
+        Ok(options)
     }
 }
 
@@ -159,5 +232,120 @@ mod tests {
         }
         let err = GpuOptions::from_vars(vars(&[("GPUSORT_IPT", "0")])).unwrap_err();
         assert!(err.to_string().contains("GPUSORT_IPT=0"), "{err}");
+    }
+
+    fn h100() -> DeviceInfo {
+        DeviceInfo {
+            ordinal: 0,
+            name: "NVIDIA H100 80GB HBM3".into(),
+            compute_capability: (9, 0),
+            multiprocessors: 132,
+            total_memory: 80 << 30,
+            smem_per_block: 227 << 10,
+            smem_per_sm: 228 << 10,
+            registers_per_sm: 65536,
+            l2_bytes: 50 << 20,
+            free_memory: 79 << 30,
+            driver_version: 13000,
+            nvrtc_version: (13, 0),
+        }
+    }
+
+    /// By default the planned strategy is the calibrated rule's; a device's crossover moves it.
+    #[test]
+    fn the_planned_strategy_follows_the_device_s_crossover() {
+        let d = GpuOptions::default();
+        for m in 0..40 {
+            assert_eq!(
+                d.planned_strategy(None, m + 1, 1),
+                Strategy::calibrated_default(Layout::ByField, m),
+                "{m}"
+            );
+        }
+        let o = GpuOptions::from_vars(|n| (n == "GPUSORT_DIRECT_MAX_FIELDS").then(|| "5".to_string())).unwrap();
+        assert_eq!(o.direct_max_fields, 5);
+        assert_eq!(o.planned_strategy(None, 6, 1), Strategy::SRTS_DIRECT);
+        assert_eq!(o.planned_strategy(None, 7, 1), Strategy::SRTS_INDIRECT);
+        assert_eq!(
+            o.planned_strategy(Some(Strategy::GRS_DIRECT), 7, 1),
+            Strategy::GRS_DIRECT
+        );
+        let err = GpuOptions::from_vars(|n| (n == "GPUSORT_DIRECT_MAX_FIELDS").then(|| "x".to_string())).unwrap_err();
+        assert!(err.to_string().contains("GPUSORT_DIRECT_MAX_FIELDS=x"), "{err}");
+    }
+
+    /// Built-in defaults < the device's tuning profile < `GPUSORT_*` variables; a profile of
+    /// another GPU or driver, or `GPUSORT_TUNING=off`, leaves the defaults.
+    #[test]
+    fn a_device_s_tuning_profile_sits_between_the_defaults_and_the_variables() {
+        let dir = std::env::temp_dir().join(format!("gpusort-options-profile-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let info = h100();
+        let vars = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string())
+        };
+        // No profile yet: the defaults.
+        let o = GpuOptions::for_device_with_vars(&info, Some(&dir), vars(&[])).unwrap();
+        assert_eq!(o, GpuOptions::default());
+        let profile = TuningProfile {
+            key: ProfileKey::of(&info),
+            settings: [
+                ("GPUSORT_ONESWEEP_IPT".to_string(), "24".to_string()),
+                ("GPUSORT_PAIR_LANES".to_string(), "0".to_string()),
+            ]
+            .into(),
+            speedup: 1.05,
+            search_seconds: 100.0,
+            measured: vec![],
+        };
+        let path = profile.write_to(&dir).unwrap();
+        let o = GpuOptions::for_device_with_vars(&info, Some(&dir), vars(&[])).unwrap();
+        assert_eq!((o.tuning.onesweep_ipt, o.pair_lanes), (Some(24), false));
+        assert_eq!(o.tuning_profile.as_ref(), Some(&path));
+        assert_eq!((o.tuning.ipt, o.onesweep), (KernelTuning::default().ipt, true));
+        // A variable overrides its line of the profile; the profile's other lines still apply.
+        let o = GpuOptions::for_device_with_vars(&info, Some(&dir), vars(&[("GPUSORT_ONESWEEP_IPT", "16")])).unwrap();
+        assert_eq!((o.tuning.onesweep_ipt, o.pair_lanes), (Some(16), false));
+        // Off: none.
+        let o = GpuOptions::for_device_with_vars(&info, Some(&dir), vars(&[("GPUSORT_TUNING", "off")])).unwrap();
+        assert_eq!(o, GpuOptions::default());
+        // Another driver or GPU: the H100's profile is not theirs.
+        for other in [
+            DeviceInfo {
+                driver_version: 12080,
+                ..info.clone()
+            },
+            DeviceInfo {
+                name: "NVIDIA H200".into(),
+                multiprocessors: 132,
+                ..info.clone()
+            },
+        ] {
+            let o = GpuOptions::for_device_with_vars(&other, Some(&dir), vars(&[])).unwrap();
+            assert_eq!(o, GpuOptions::default(), "{}", other.name);
+            let named = |n: &str| (n == "GPUSORT_TUNING").then(|| path.display().to_string());
+            assert_eq!(
+                GpuOptions::for_device_with_vars(&other, None, named).unwrap(),
+                GpuOptions::default()
+            );
+        }
+        // A bad value in the profile is an error that names the file; a bad variable names the variable.
+        let bad = TuningProfile {
+            settings: [("GPUSORT_IPT".to_string(), "0".to_string())].into(),
+            ..profile
+        };
+        bad.write_to(&dir).unwrap();
+        let err = GpuOptions::for_device_with_vars(&info, Some(&dir), vars(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&path.display().to_string()) && err.contains("GPUSORT_IPT=0"),
+            "{err}"
+        );
+        let err = GpuOptions::for_device_with_vars(&info, Some(&dir), vars(&[("GPUSORT_MSD_BITS", "99")]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("GPUSORT_MSD_BITS=99") && !err.contains("tuning"), "{err}");
+        let _ = std::fs::remove_dir_all(dir);
     }
 }
