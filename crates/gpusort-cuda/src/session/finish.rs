@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use arrow::array::{Array, ArrayRef, RecordBatch, RecordBatchOptions, UInt32Array};
 use arrow::buffer::{BooleanBuffer, NullBuffer, ScalarBuffer};
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr, result};
-use gpusort::backend::planned_strategy;
 use gpusort::cpu::gather::{concat_column, fixed_array, gather_column};
 use gpusort::keys::{KeyLayout, OrdinalKind, native_ordinal_kind};
 use gpusort::plan::{RecordMove, Strategy, radix_passes};
@@ -154,7 +153,11 @@ impl GpuSortSession {
             rows: n,
             ..Default::default()
         };
-        let strategy = planned_strategy(self.strategy, self.schema.fields().len(), self.spec.len());
+        // The device's crossover: the calibrated rule, or its tuning profile's.
+        let strategy = self
+            .gpu
+            .options()
+            .planned_strategy(self.strategy, self.schema.fields().len(), self.spec.len());
         if n == 0 {
             stats.strategy = Some(strategy);
             return Ok(SortOutput {
