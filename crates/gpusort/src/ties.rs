@@ -127,19 +127,52 @@ pub fn resolve_ties(
 /// Orders each group of `perm` (disjoint ranges whose rows share `column`'s first `skip`
 /// bytes and are longer) by the bytes after them, stably, in `column`'s direction. False,
 /// with nothing done, where `column` is not a string or binary array.
-fn tail_sort<'a>(column: &'a SortColumn, skip: usize, groups: &[Range<usize>], perm: &mut [u32]) -> bool {
-    let values: &'a dyn Array = column.values.as_ref();
-    let bytes: &(dyn Fn(usize) -> &'a [u8] + Sync) = match values.data_type() {
-        DataType::Utf8 => &|i| values.as_string::<i32>().value(i).as_bytes(),
-        DataType::LargeUtf8 => &|i| values.as_string::<i64>().value(i).as_bytes(),
-        DataType::Utf8View => &|i| values.as_string_view().value(i).as_bytes(),
-        DataType::Binary => &|i| values.as_binary::<i32>().value(i),
-        DataType::LargeBinary => &|i| values.as_binary::<i64>().value(i),
-        DataType::BinaryView => &|i| values.as_binary_view().value(i),
-        DataType::FixedSizeBinary(_) => &|i| values.as_fixed_size_binary().value(i),
-        _ => return false,
-    };
+fn tail_sort(column: &SortColumn, skip: usize, groups: &[Range<usize>], perm: &mut [u32]) -> bool {
     let descending = column.options.is_some_and(|o| o.descending);
+    let values = column.values.as_ref();
+    // Each type's accessor on its own (downcast once, not per comparison).
+    match values.data_type() {
+        DataType::Utf8 => {
+            let a = values.as_string::<i32>();
+            sort_tails(&|i| a.value(i).as_bytes(), skip, descending, groups, perm)
+        }
+        DataType::LargeUtf8 => {
+            let a = values.as_string::<i64>();
+            sort_tails(&|i| a.value(i).as_bytes(), skip, descending, groups, perm)
+        }
+        DataType::Utf8View => {
+            let a = values.as_string_view();
+            sort_tails(&|i| a.value(i).as_bytes(), skip, descending, groups, perm)
+        }
+        DataType::Binary => {
+            let a = values.as_binary::<i32>();
+            sort_tails(&|i| a.value(i), skip, descending, groups, perm)
+        }
+        DataType::LargeBinary => {
+            let a = values.as_binary::<i64>();
+            sort_tails(&|i| a.value(i), skip, descending, groups, perm)
+        }
+        DataType::BinaryView => {
+            let a = values.as_binary_view();
+            sort_tails(&|i| a.value(i), skip, descending, groups, perm)
+        }
+        DataType::FixedSizeBinary(_) => {
+            let a = values.as_fixed_size_binary();
+            sort_tails(&|i| a.value(i), skip, descending, groups, perm)
+        }
+        _ => return false,
+    }
+    true
+}
+
+/// [`tail_sort`] over one column type's byte accessor.
+fn sort_tails<'a, F: Fn(usize) -> &'a [u8] + Sync>(
+    bytes: &F,
+    skip: usize,
+    descending: bool,
+    groups: &[Range<usize>],
+    perm: &mut [u32],
+) {
     let tail = |row: &u32| &bytes(*row as usize)[skip..];
     let order = |a: &u32, b: &u32| {
         if descending {
@@ -159,7 +192,6 @@ fn tail_sort<'a>(column: &'a SortColumn, skip: usize, groups: &[Range<usize>], p
             slice.sort_by(order);
         }
     });
-    true
 }
 
 /// True when `g` lies inside one of the sorted, disjoint `ranges`.
