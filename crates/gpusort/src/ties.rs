@@ -165,7 +165,7 @@ fn tail_sort(column: &SortColumn, skip: usize, groups: &[Range<usize>], perm: &m
     true
 }
 
-/// [`tail_sort`] over one column type's byte accessor.
+/// [`tail_sort`] over one column type's byte accessor: each group refined in parallel.
 fn sort_tails<'a, F: Fn(usize) -> &'a [u8] + Sync>(
     bytes: &F,
     skip: usize,
@@ -173,25 +173,100 @@ fn sort_tails<'a, F: Fn(usize) -> &'a [u8] + Sync>(
     groups: &[Range<usize>],
     perm: &mut [u32],
 ) {
-    let tail = |row: &u32| &bytes(*row as usize)[skip..];
-    let order = |a: &u32, b: &u32| {
-        if descending {
-            tail(b).cmp(tail(a))
-        } else {
-            tail(a).cmp(tail(b))
-        }
-    };
     let base = perm.as_mut_ptr() as usize;
     groups.par_iter().for_each(|g| {
         // SAFETY: groups are disjoint ranges of `perm`.
-        let slice = unsafe { std::slice::from_raw_parts_mut((base as *mut u32).add(g.start), g.len()) };
-        // Stable: rows of equal values keep the later fields' order and then the input's.
-        if slice.len() > 4096 {
-            slice.par_sort_by(order);
-        } else {
-            slice.sort_by(order);
-        }
+        let rows = unsafe { std::slice::from_raw_parts_mut((base as *mut u32).add(g.start), g.len()) };
+        refine(bytes, skip, descending, rows, 0);
     });
+}
+
+/// Refinements of a group by the next 8 bytes before its rows are compared in full.
+const REFINE_DEPTH: usize = 4;
+
+/// Orders `rows`, whose values share their first `skip` bytes and are longer, by the bytes
+/// after them, keeping the order of equal values. Each step sorts a gathered key of the next
+/// 8 bytes (big-endian, zero-padded), the length left (up to 9: more than 8) and the row's
+/// place, which reads every value once instead of once per comparison; the runs still equal
+/// with more bytes to come take the next 8, and after [`REFINE_DEPTH`] steps a comparison
+/// sort of the rest of the values finishes them.
+fn refine<'a, F: Fn(usize) -> &'a [u8] + Sync>(
+    bytes: &F,
+    skip: usize,
+    descending: bool,
+    rows: &mut [u32],
+    depth: usize,
+) {
+    if rows.len() < 2 {
+        return;
+    }
+    if depth == REFINE_DEPTH {
+        return compare_tails(bytes, skip, descending, rows);
+    }
+    let flip = if descending { u64::MAX } else { 0 };
+    let mut keyed: Vec<(u64, u32, u32)> = rows
+        .iter()
+        .enumerate()
+        .map(|(place, &r)| {
+            let tail = &bytes(r as usize)[skip..];
+            let mut word = [0u8; 8];
+            let take = tail.len().min(8);
+            word[..take].copy_from_slice(&tail[..take]);
+            let left = tail.len().min(9) as u32;
+            let left = if descending { 9 - left } else { left };
+            (u64::from_be_bytes(word) ^ flip, left, place as u32)
+        })
+        .collect();
+    if keyed.len() > 1 << 14 {
+        keyed.par_sort_unstable();
+    } else {
+        keyed.sort_unstable();
+    }
+    let before = rows.to_vec();
+    for (dst, k) in rows.iter_mut().zip(&keyed) {
+        *dst = before[k.2 as usize];
+    }
+    // Runs of equal keys whose values go on past these 8 bytes.
+    let more = if descending { 0 } else { 9 };
+    let mut start = 0;
+    while start < keyed.len() {
+        let mut end = start + 1;
+        while end < keyed.len() && keyed[end].0 == keyed[start].0 && keyed[end].1 == keyed[start].1 {
+            end += 1;
+        }
+        if end - start >= 2 && keyed[start].1 == more {
+            refine(bytes, skip + 8, descending, &mut rows[start..end], depth + 1);
+        }
+        start = end;
+    }
+}
+
+/// Orders `rows` (as [`refine`]) by comparing the bytes past `skip` in full.
+fn compare_tails<'a, F: Fn(usize) -> &'a [u8] + Sync>(bytes: &F, skip: usize, descending: bool, rows: &mut [u32]) {
+    let tail = |row: u32| &bytes(row as usize)[skip..];
+    // Rows and their places: an unstable sort by (tail, place) is a stable sort by tail.
+    let order = |a: &u64, b: &u64| {
+        let (ra, rb) = (*a as u32, *b as u32);
+        let by_tail = if descending {
+            tail(rb).cmp(tail(ra))
+        } else {
+            tail(ra).cmp(tail(rb))
+        };
+        by_tail.then((a >> 32).cmp(&(b >> 32)))
+    };
+    let mut keyed: Vec<u64> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, &r)| ((i as u64) << 32) | r as u64)
+        .collect();
+    if keyed.len() > 1 << 14 {
+        keyed.par_sort_unstable_by(order);
+    } else {
+        keyed.sort_unstable_by(order);
+    }
+    for (dst, k) in rows.iter_mut().zip(&keyed) {
+        *dst = *k as u32;
+    }
 }
 
 /// True when `g` lies inside one of the sorted, disjoint `ranges`.

@@ -283,7 +283,16 @@ fn tie_groups_sort_by_their_tails_or_in_full() {
     }))
     .unwrap();
     let k = Int32Array::from_iter_values((0..n as i32).map(|i| i % 5));
-    let b = batch(vec![Arc::new(s1), Arc::new(s2), Arc::new(fixed), Arc::new(k)]);
+    // Values equal for 80 bytes past a varying first byte: refined 8 bytes at a time, then
+    // compared in full.
+    let long = StringArray::from_iter_values((0..n).map(|i| format!("{}{}{}", i % 3, "y".repeat(80), (i * 7) % 50)));
+    let b = batch(vec![
+        Arc::new(s1),
+        Arc::new(s2),
+        Arc::new(fixed),
+        Arc::new(k),
+        Arc::new(long),
+    ]);
     let specs = [
         SortSpec::new([SortKey::sql(0, false), SortKey::sql(3, true)]),
         SortSpec::new([
@@ -293,6 +302,8 @@ fn tie_groups_sort_by_their_tails_or_in_full() {
         ]),
         SortSpec::new([SortKey::sql(3, false), SortKey::new(1, true, false)]),
         SortSpec::new([SortKey::sql(2, true), SortKey::sql(3, false)]),
+        SortSpec::new([SortKey::sql(4, false), SortKey::sql(3, true)]),
+        SortSpec::new([SortKey::sql(4, true), SortKey::sql(3, false)]),
     ];
     for (k, spec) in specs.iter().enumerate() {
         let want = reference(&b, spec);
@@ -305,8 +316,10 @@ fn tie_groups_sort_by_their_tails_or_in_full() {
                     "spec {k}, prefix {max_prefix_bytes}, {strategy}"
                 );
                 // Past the common prefix, s1 needs 14 bytes, s2 2 and the fixed binary 4.
-                let truncated =
-                    max_prefix_bytes == 0 || (k < 2 && max_prefix_bytes < 14) || (k == 3 && max_prefix_bytes < 4);
+                let truncated = max_prefix_bytes == 0
+                    || (k < 2 && max_prefix_bytes < 14)
+                    || (k == 3 && max_prefix_bytes < 4)
+                    || k >= 4;
                 assert_eq!(
                     out.stats.tie_groups > 0,
                     truncated,
