@@ -234,7 +234,12 @@ async fn output_views_are_compacted_unless_asked_not_to() {
         (0..v.len()).filter(|&i| v.is_valid(i)).map(|i| v.value(i).len()).sum()
     };
     for (c, s) in batches.iter().zip(&slices) {
-        assert!(own(c) > 0 && held(c) <= own(c), "compacted: holds {} for {} bytes", held(c), own(c));
+        assert!(
+            own(c) > 0 && held(c) <= own(c),
+            "compacted: holds {} for {} bytes",
+            held(c),
+            own(c)
+        );
         // A slice keeps the sorted column's buffers: about twenty batches' bytes.
         assert!(held(s) >= 10 * own(s), "slice: holds {} for {} bytes", held(s), own(s));
     }

@@ -123,6 +123,7 @@ mod whole {
     use arrow::array::RecordBatch;
     use arrow::row::{RowConverter, SortField};
     use gpusort_cli::order_by::OrderBy;
+    use gpusort_cli::timeline::cpu_seconds;
     use gpusort_cli::writer::{Codec, SortedParquetWriter, WriteOptions};
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterPropertiesBuilder};
@@ -174,17 +175,6 @@ mod whole {
             }
         }
         Ok(out)
-    }
-
-    fn cpu_seconds() -> f64 {
-        let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-        // SAFETY: `getrusage` fills the struct it is given; on failure it stays zeroed.
-        let usage = unsafe {
-            libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr());
-            usage.assume_init()
-        };
-        let s = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
-        s(usage.ru_utime) + s(usage.ru_stime)
     }
 
     pub fn run(path: &str) -> Result<(), Box<dyn std::error::Error>> {

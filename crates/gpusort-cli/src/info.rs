@@ -238,20 +238,7 @@ mod tests {
     /// `gpusort info`'s shapes line of an H100: today's tiles, every strategy.
     #[test]
     fn shapes_line_of_an_h100() {
-        let info = DeviceInfo {
-            ordinal: 0,
-            name: "NVIDIA H100 80GB HBM3".into(),
-            compute_capability: (9, 0),
-            multiprocessors: 132,
-            total_memory: 80 << 30,
-            smem_per_block: 227 << 10,
-            smem_per_sm: 228 << 10,
-            registers_per_sm: 65536,
-            l2_bytes: 50 << 20,
-            free_memory: 79 << 30,
-            driver_version: 13000,
-            nvrtc_version: (13, 0),
-        };
+        let info = DeviceInfo::h100_example();
         let line = Gpu::shapes_for(&info, &GpuOptions::default()).to_string();
         assert!(
             line.starts_with("227 KiB a block, 228 KiB an SM: tiles 256 x 16; one sweep 256 x 20 (3 blocks/SM)"),

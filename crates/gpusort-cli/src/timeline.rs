@@ -38,7 +38,7 @@ impl log::Log for TimelineLogger {
 }
 
 /// User and system CPU seconds of the whole process so far (0 where `getrusage` fails).
-fn cpu_seconds() -> f64 {
+pub fn cpu_seconds() -> f64 {
     let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
     // SAFETY: `getrusage` fills the struct it is given; on failure it stays zeroed.
     let usage = unsafe {

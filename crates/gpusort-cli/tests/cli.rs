@@ -767,7 +767,10 @@ fn take_rows(batch: &RecordBatch, indices: &UInt32Array) -> RecordBatch {
 fn ctrl_c_removes_the_temporary_file_and_exits_130() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("in.parquet");
-    write_parquet(&input, &people(300_000, 11));
+    // Enough rows that the sort cannot finish between the temporary file's appearance and
+    // the signal, even with this test's thread descheduled on a loaded 2-core machine (with
+    // 300,000 rows it once exited 0 there).
+    write_parquet(&input, &people(1_000_000, 11));
     let out_dir = tempfile::tempdir().unwrap();
     let out = out_dir.path().join("out.parquet");
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_gpusort"))

@@ -90,6 +90,26 @@ pub struct DeviceInfo {
 }
 
 impl DeviceInfo {
+    /// The attributes of an H100 80GB HBM3 (132 SMs, 227 KiB of shared memory a block, driver
+    /// and NVRTC 13.0, 79 GiB free): a device to plan for without one, in tests and examples
+    /// (kernel shapes, tuning profiles, `gpusort info`).
+    pub fn h100_example() -> Self {
+        Self {
+            ordinal: 0,
+            name: "NVIDIA H100 80GB HBM3".into(),
+            compute_capability: (9, 0),
+            multiprocessors: 132,
+            total_memory: 80 << 30,
+            smem_per_block: 227 << 10,
+            smem_per_sm: 228 << 10,
+            registers_per_sm: 65536,
+            l2_bytes: 50 << 20,
+            free_memory: 79 << 30,
+            driver_version: 13000,
+            nvrtc_version: (13, 0),
+        }
+    }
+
     /// The architecture name NVRTC compiles for, e.g. `sm_90`.
     pub fn arch(&self) -> String {
         format!("sm_{}{}", self.compute_capability.0, self.compute_capability.1)
@@ -279,20 +299,7 @@ mod tests {
             e.to_string(),
             "NVRTC 13.0 does not compile for sm_70 (device Tesla V100-SXM2-16GB); an NVRTC of CUDA 12 does"
         );
-        let info = DeviceInfo {
-            ordinal: 0,
-            name: "NVIDIA H100 80GB HBM3".into(),
-            compute_capability: (9, 0),
-            multiprocessors: 132,
-            total_memory: 80 << 30,
-            smem_per_block: 227 << 10,
-            smem_per_sm: 228 << 10,
-            registers_per_sm: 65536,
-            l2_bytes: 50 << 20,
-            free_memory: 79 << 30,
-            driver_version: 13000,
-            nvrtc_version: (13, 0),
-        };
+        let info = DeviceInfo::h100_example();
         assert_eq!(info.arch(), "sm_90");
         assert!(info.to_string().contains("132 SMs, 227 KiB shared memory per block"));
         assert!(info.to_string().contains("driver 13.0"));

@@ -235,20 +235,7 @@ mod tests {
     }
 
     fn h100() -> DeviceInfo {
-        DeviceInfo {
-            ordinal: 0,
-            name: "NVIDIA H100 80GB HBM3".into(),
-            compute_capability: (9, 0),
-            multiprocessors: 132,
-            total_memory: 80 << 30,
-            smem_per_block: 227 << 10,
-            smem_per_sm: 228 << 10,
-            registers_per_sm: 65536,
-            l2_bytes: 50 << 20,
-            free_memory: 79 << 30,
-            driver_version: 13000,
-            nvrtc_version: (13, 0),
-        }
+        DeviceInfo::h100_example()
     }
 
     /// By default the planned strategy is the calibrated rule's; a device's crossover moves it.

@@ -15,7 +15,7 @@
 
 use std::ops::Range;
 
-use arrow::array::{Array, AsArray};
+use arrow::array::AsArray;
 use arrow::compute::{LexicographicalComparator, SortColumn};
 use arrow::datatypes::DataType;
 use rayon::prelude::*;
