@@ -30,13 +30,26 @@ fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
-/// `gpusort` with `args`, its kernel cache off and its system temporary directory `tmp`.
+/// `gpusort` with `args`, its kernel cache off, its system temporary directory `tmp`, and the
+/// stop signals at their default disposition whatever the test runner's: a runner started in
+/// the background or under `nohup` ignores SIGINT or SIGHUP, which gpusort then rightly keeps
+/// ignoring.
 fn gpusort(args: &[&str], tmp: &Path) -> Command {
+    use std::os::unix::process::CommandExt as _;
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpusort"));
     cmd.args(args)
         .env("GPUSORT_KERNEL_CACHE", "off")
         .env("TMPDIR", tmp)
         .stdin(Stdio::null());
+    // SAFETY: signal(2) is async-signal-safe, as code between fork and exec must be.
+    unsafe {
+        cmd.pre_exec(|| {
+            for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                libc::signal(signal, libc::SIG_DFL);
+            }
+            Ok(())
+        });
+    }
     cmd
 }
 
