@@ -68,3 +68,16 @@ pub use pinned::{FRESH_PIN_MAX, HostBuffer, PinnedPool, PinnedPoolStats};
 pub use session::{GPU_STRING_PREFIX_BYTES, GpuSortSession};
 pub use table::{DeviceColumn, DeviceRecords, DeviceTable, GpuSortPlan, GpuSortResult, SortSwitches};
 pub use tune::{TuneOutcome, Tuner, TuningProfile};
+
+/// For unit tests that need NVRTC or a GPU the machine lacks: [`not_run`](test_support::not_run).
+#[cfg(test)]
+pub(crate) mod test_support {
+    /// Says on stderr that `test` did not run because `missing` is absent, or panics under
+    /// `GPUSORT_REQUIRE_GPU=1` (the GPU machine's runs, where a skip would hide a failure).
+    pub(crate) fn not_run(test: &str, missing: impl std::fmt::Display) {
+        if std::env::var("GPUSORT_REQUIRE_GPU").as_deref() == Ok("1") {
+            panic!("GPUSORT_REQUIRE_GPU=1 but {missing}");
+        }
+        eprintln!("{test} NOT RUN: {missing} (set GPUSORT_REQUIRE_GPU=1 to make this a failure)");
+    }
+}
