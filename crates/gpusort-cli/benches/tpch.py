@@ -7,7 +7,8 @@ DuckDB's `COPY`, in one command on one machine, with every output checked agains
         [--sql-bench PATH/TO/sql_parquet] [--csv out.csv] [--svg phases.svg]
 
 Contenders: `gpu`, `cpu` (`gpusort sort --device cpu`), `gpu-4g` (`--gpu-memory-limit 4GiB`: the
-external sort, runs within 4 GiB of device memory, merged), `datafusion` (`gpusort sort
+external sort, runs within 4 GiB of device memory, merged), `gpu-cpu-zstd` (the GPU sort with
+its pages compressed on the CPU, `--compress-on cpu`: what nvCOMP saves), `datafusion` (`gpusort sort
 --no-gpusort`: DataFusion's SortExec into gpusort's writer), `duckdb`, and with `--sql-bench` (the
 `sql_parquet` bench binary) SQL through a DataFusion `SessionContext`: `sql-copy` (`COPY (SELECT
 * FROM 'file' ORDER BY ...) TO 'out.parquet'` with gpusort), `df-copy` (the same on stock
@@ -231,7 +232,9 @@ def main():
     extra = args.extra.split()
     gpusort_args = {"gpu": [], "cpu": ["--device", "cpu"], "datafusion": ["--no-gpusort"],
                     # larger than the GPU budget: sorted runs of at most 4 GB of device memory, merged
-                    "gpu-4g": ["--gpu-memory-limit", "4GiB"]}
+                    "gpu-4g": ["--gpu-memory-limit", "4GiB"],
+                    # the GPU sort, pages compressed by the Parquet writer on the CPU
+                    "gpu-cpu-zstd": ["--compress-on", "cpu"]}
     rows = []
     first_gpu = True
     for li in args.lists.split(","):

@@ -35,6 +35,9 @@ pub enum CudaSortError {
     /// The request cannot run on the GPU backend.
     #[error("not supported on the GPU: {0}")]
     Unsupported(String),
+    /// nvCOMP is absent or refused a compression ([`crate::nvcomp`]).
+    #[error("GPU compression: {0}")]
+    Compression(String),
     /// An error of the core crate (key encoding, planning).
     #[error(transparent)]
     Core(#[from] gpusort::GpusortError),

@@ -24,6 +24,7 @@
 //! | `memory` | — | device memory a sort needs |
 //! | `options` | — | [`GpuOptions`]: the `GPUSORT_*` settings, read once when a device opens |
 //! | [`tune`] | — | `gpusort tune`: the empirical search over the kernels' settings, the tuning profile |
+//! | [`nvcomp`] | — | zstd on the GPU through nvCOMP, loaded at run time: the tool's Parquet pages |
 //!
 //! Dependencies point one way: `backend` -> `session` -> `sort` -> `lsd`/`msd`/`gather` ->
 //! the families -> `lanes` -> `gpu` -> `kernels`/`device`.
@@ -43,6 +44,7 @@ mod lanes;
 mod lsd;
 mod memory;
 pub mod msd;
+pub mod nvcomp;
 pub mod onesweep;
 mod options;
 pub mod pinned;
@@ -63,6 +65,7 @@ pub use error::{CudaSortError, Result};
 pub use gpu::Gpu;
 pub use kernels::{KernelCache, KernelTuning};
 pub use memory::{BudgetRefusal, DeviceBudget, DeviceBudgetStats, DeviceReservation};
+pub use nvcomp::ZstdCompressor;
 pub use options::GpuOptions;
 pub use pinned::{FRESH_PIN_MAX, HostBuffer, PinnedPool, PinnedPoolStats};
 pub use session::{GPU_STRING_PREFIX_BYTES, GpuSortSession};

@@ -1,0 +1,488 @@
+//! zstd compression of many buffers at once on the GPU, through nvCOMP's batched API.
+//!
+//! The Parquet writer of the `gpusort` tool spends a third of its CPU time compressing pages
+//! with zstd. [`ZstdCompressor`] hands a whole row group's pages (about a thousand buffers of
+//! up to 1 MiB) to nvCOMP in one call: the pages are packed into one pinned buffer, cross PCIe
+//! in one copy, are compressed by `nvcompBatchedZstdCompressAsync` into slots sized by nvCOMP's
+//! bound for each page, and come back in one copy. Each output is one standard zstd frame: any
+//! zstd decoder (DuckDB, pyarrow, arrow-rs) reads it.
+//!
+//! nvCOMP is not linked: like the CUDA driver it is loaded at run time, from the path in
+//! `GPUSORT_NVCOMP` (the library, or a folder holding it) or else by the name
+//! `libnvcomp.so.6` (the `nvidia-libnvcomp-cu13` wheel ships it; put its `lib64` folder on
+//! `LD_LIBRARY_PATH`). Only nvCOMP 6 is accepted: the batched API's signatures changed between
+//! major versions. Without it, [`ZstdCompressor::try_new`] says why, and the caller compresses
+//! on the CPU.
+//!
+//! The device memory of a call (its inputs, outputs and nvCOMP's scratch: about twice the
+//! pages' bytes) is allocated on the call's stream and freed when it returns; it is not
+//! counted in the sort's [`DeviceBudget`](crate::DeviceBudget).
+
+use std::ffi::{CStr, c_char, c_void};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::sys::{CUdeviceptr, CUstream};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, result};
+
+use crate::error::{CudaSortError, Result};
+use crate::pinned::PinnedPool;
+
+/// The library's file name.
+pub const NVCOMP_LIBRARY: &str = "libnvcomp.so.6";
+/// The environment variable naming the library (or its folder).
+pub const NVCOMP_ENV: &str = "GPUSORT_NVCOMP";
+/// The largest buffer nvCOMP's zstd compresses (its documented limit: 16 MB).
+pub const MAX_CHUNK: usize = 16 << 20;
+
+/// The zstd frame of no bytes: magic number, a frame header with a one-byte content size
+/// of 0, and one last raw block of 0 bytes.
+const EMPTY_FRAME: [u8; 9] = [0x28, 0xb5, 0x2f, 0xfd, 0x20, 0x00, 0x01, 0x00, 0x00];
+
+/// `nvcompStatus_t`.
+type Status = i32;
+const SUCCESS: Status = 0;
+
+/// `nvcompBatchedZstdCompressOpts_t`: reserved bytes, zeroed.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CompressOpts {
+    reserved: [u8; 64],
+}
+const OPTS: CompressOpts = CompressOpts { reserved: [0; 64] };
+
+/// `nvcompAlignmentRequirements_t`.
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+struct Alignments {
+    input: usize,
+    output: usize,
+    temp: usize,
+}
+
+/// `nvcompProperties_t`.
+#[repr(C)]
+#[derive(Default)]
+struct Properties {
+    version: u32,
+    cudart_version: u32,
+}
+
+type GetProperties = unsafe extern "C" fn(*mut Properties) -> Status;
+type StatusString = unsafe extern "C" fn(Status) -> *const c_char;
+type GetAlignments = unsafe extern "C" fn(CompressOpts, *mut Alignments) -> Status;
+type GetTempSize = unsafe extern "C" fn(usize, usize, CompressOpts, *mut usize, usize, CUstream) -> Status;
+type GetMaxOutput = unsafe extern "C" fn(usize, CompressOpts, *mut usize) -> Status;
+type CompressAsync = unsafe extern "C" fn(
+    *const *const c_void,
+    *const usize,
+    usize,
+    usize,
+    *mut c_void,
+    usize,
+    *const *mut c_void,
+    *mut usize,
+    CompressOpts,
+    *mut Status,
+    CUstream,
+) -> Status;
+
+/// The entry points gpusort calls, resolved once.
+struct Api {
+    /// Keeps the entry points valid.
+    _library: libloading::Library,
+    path: PathBuf,
+    version: u32,
+    status_string: StatusString,
+    alignments: Alignments,
+    temp_size: GetTempSize,
+    max_output: GetMaxOutput,
+    compress: CompressAsync,
+}
+
+impl Api {
+    /// The library, loaded once per process (the error, if any, too).
+    fn get() -> std::result::Result<&'static Api, String> {
+        static API: OnceLock<std::result::Result<Api, String>> = OnceLock::new();
+        API.get_or_init(Api::load).as_ref().map_err(Clone::clone)
+    }
+
+    fn load() -> std::result::Result<Api, String> {
+        let path = library_path(std::env::var_os(NVCOMP_ENV).map(PathBuf::from));
+        // SAFETY: loading a library runs its initializers; nvCOMP's only set up its own state.
+        let library = unsafe { libloading::Library::new(&path) }.map_err(|e| {
+            format!(
+                "nvCOMP is not installed ({} could not be loaded: {e}; install the \
+                 nvidia-libnvcomp-cu13 wheel and set {NVCOMP_ENV} to its libnvcomp.so.6)",
+                path.display()
+            )
+        })?;
+        let symbol = |name: &str| format!("{}: no {name}", path.display());
+        // SAFETY: each symbol is typed with the signature of nvCOMP 6's headers, and the
+        // version is checked before any other is called.
+        unsafe {
+            let get_properties: GetProperties = entry(&library, "nvcompGetProperties").map_err(symbol)?;
+            let mut props = Properties::default();
+            check_launch(get_properties(&mut props), "nvcompGetProperties", None)?;
+            if props.version / 1000 != 6 {
+                return Err(format!(
+                    "{} is nvCOMP {}.{}: gpusort needs nvCOMP 6",
+                    path.display(),
+                    props.version / 1000,
+                    props.version % 1000 / 100
+                ));
+            }
+            let get_alignments: GetAlignments =
+                entry(&library, "nvcompBatchedZstdCompressGetRequiredAlignments").map_err(symbol)?;
+            let mut alignments = Alignments::default();
+            check_launch(get_alignments(OPTS, &mut alignments), "alignments", None)?;
+            Ok(Api {
+                status_string: entry(&library, "nvcompGetStatusString").map_err(symbol)?,
+                temp_size: entry(&library, "nvcompBatchedZstdCompressGetTempSize").map_err(symbol)?,
+                max_output: entry(&library, "nvcompBatchedZstdCompressGetMaxOutputChunkSize").map_err(symbol)?,
+                compress: entry(&library, "nvcompBatchedZstdCompressAsync").map_err(symbol)?,
+                alignments,
+                version: props.version,
+                path,
+                _library: library,
+            })
+        }
+    }
+
+    /// `Ok` for success, else the call and nvCOMP's words for `status`.
+    fn check(&self, status: Status, call: &str) -> Result<()> {
+        check_launch(status, call, Some(self.status_string)).map_err(CudaSortError::Compression)
+    }
+}
+
+/// The entry point `name` of `library`, as a function of type `F`.
+///
+/// # Safety
+/// `F` must be the symbol's true signature.
+unsafe fn entry<F: Copy>(library: &libloading::Library, name: &'static str) -> std::result::Result<F, &'static str> {
+    // SAFETY: the caller vouches for the type.
+    unsafe { library.get::<F>(name.as_bytes()) }
+        .map(|s| *s)
+        .map_err(|_| name)
+}
+
+fn check_launch(status: Status, call: &str, words: Option<StatusString>) -> std::result::Result<(), String> {
+    if status == SUCCESS {
+        return Ok(());
+    }
+    let text = words
+        // SAFETY: nvCOMP returns a static NUL-terminated string for every status.
+        .map(|f| unsafe { CStr::from_ptr(f(status)) }.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    Err(format!("nvCOMP {call} failed: status {status} {text}"))
+}
+
+/// Where to load nvCOMP from: `configured` (a file, or a folder holding the library), else the
+/// library's name for the dynamic loader to find.
+fn library_path(configured: Option<PathBuf>) -> PathBuf {
+    match configured {
+        Some(p) if p.is_dir() => p.join(NVCOMP_LIBRARY),
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => PathBuf::from(NVCOMP_LIBRARY),
+    }
+}
+
+/// Rounds `n` up to a multiple of `to` (a power of two or any positive number).
+fn align_up(n: usize, to: usize) -> usize {
+    n.div_ceil(to.max(1)) * to.max(1)
+}
+
+/// Where each buffer goes in a packed region: offsets aligned to `align`, and the total.
+fn pack(lens: impl IntoIterator<Item = usize>, align: usize) -> (Vec<usize>, usize) {
+    let mut end = 0;
+    let offsets = lens
+        .into_iter()
+        .map(|len| {
+            let at = align_up(end, align);
+            end = at + len;
+            at
+        })
+        .collect();
+    (offsets, end)
+}
+
+/// Compresses batches of buffers with zstd on one GPU; see the module doc. Calls from several
+/// threads run at once, each on a stream of its own.
+pub struct ZstdCompressor {
+    api: &'static Api,
+    ctx: Arc<CudaContext>,
+    /// Streams of finished calls, for the next ones.
+    streams: Mutex<Vec<Arc<CudaStream>>>,
+}
+
+impl std::fmt::Debug for ZstdCompressor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZstdCompressor")
+            .field("library", &self.api.path)
+            .field("version", &self.version())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ZstdCompressor {
+    /// A compressor on GPU `ordinal`; an error says why there is none (no nvCOMP, no GPU).
+    pub fn try_new(ordinal: usize) -> Result<Self> {
+        let api = Api::get().map_err(CudaSortError::Compression)?;
+        let ctx = CudaContext::new(ordinal)?;
+        PinnedPool::global().attach(&ctx);
+        Ok(Self {
+            api,
+            ctx,
+            streams: Mutex::default(),
+        })
+    }
+
+    /// nvCOMP's version, as "major.minor.patch".
+    pub fn version(&self) -> String {
+        let v = self.api.version;
+        format!("{}.{}.{}", v / 1000, v % 1000 / 100, v % 100)
+    }
+
+    /// The library file loaded.
+    pub fn library(&self) -> &Path {
+        &self.api.path
+    }
+
+    /// One zstd frame for each of `inputs`, in order. Every input must be at most
+    /// [`MAX_CHUNK`] bytes.
+    pub fn compress(&self, inputs: &[&[u8]]) -> Result<Vec<Vec<u8>>> {
+        if let Some(big) = inputs.iter().find(|i| i.len() > MAX_CHUNK) {
+            return Err(CudaSortError::Compression(format!(
+                "a buffer of {} bytes is over nvCOMP's zstd limit of {MAX_CHUNK}",
+                big.len()
+            )));
+        }
+        // Empty buffers get the empty frame here; nvCOMP compresses the rest.
+        let full: Vec<&[u8]> = inputs.iter().copied().filter(|i| !i.is_empty()).collect();
+        let mut frames = if full.is_empty() {
+            vec![]
+        } else {
+            let stream = self.take_stream()?;
+            let out = self.compress_on(&stream, &full)?;
+            self.streams.lock().unwrap_or_else(|p| p.into_inner()).push(stream);
+            out
+        }
+        .into_iter();
+        Ok(inputs
+            .iter()
+            .map(|i| match i.is_empty() {
+                true => EMPTY_FRAME.to_vec(),
+                false => frames.next().expect("a frame for each non-empty input"),
+            })
+            .collect())
+    }
+
+    fn take_stream(&self) -> Result<Arc<CudaStream>> {
+        let free = self.streams.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        match free {
+            Some(s) => Ok(s),
+            None => Ok(self.ctx.new_stream()?),
+        }
+    }
+
+    /// [`Self::compress`] on `stream`: pack, upload, compress, download the sizes and then
+    /// the frames.
+    fn compress_on(&self, stream: &Arc<CudaStream>, inputs: &[&[u8]]) -> Result<Vec<Vec<u8>>> {
+        let api = self.api;
+        let n = inputs.len();
+        let max_in = inputs.iter().map(|i| i.len()).max().unwrap_or(1);
+        let (in_at, in_total) = pack(inputs.iter().map(|i| i.len()), api.alignments.input.max(8));
+        let bounds = inputs
+            .iter()
+            .map(|i| {
+                let mut bound = 0;
+                // SAFETY: a plain query of nvCOMP's bound for a buffer of this size.
+                api.check(
+                    unsafe { (api.max_output)(i.len(), OPTS, &mut bound) },
+                    "max output size",
+                )?;
+                Ok(bound)
+            })
+            .collect::<Result<Vec<usize>>>()?;
+        let (out_at, out_total) = pack(bounds.iter().copied(), api.alignments.output.max(8));
+        let mut temp_bytes = 0;
+        // SAFETY: a query; it enqueues nothing on the stream.
+        api.check(
+            unsafe { (api.temp_size)(n, max_in, OPTS, &mut temp_bytes, in_total, stream.cu_stream()) },
+            "temp size",
+        )?;
+
+        // Device memory: inputs, outputs, scratch, and the per-buffer tables.
+        let d_in = alloc(stream, in_total)?;
+        let d_out = alloc(stream, out_total)?;
+        let d_temp = alloc(stream, align_up(temp_bytes.max(1), api.alignments.temp.max(8)))?;
+        // Tables: input pointers, input sizes, output pointers (uploaded); output sizes and
+        // statuses (downloaded).
+        let d_tables = alloc(stream, 8 * 5 * n)?;
+        let (in_base, out_base, tables) = (ptr(&d_in, stream), ptr(&d_out, stream), ptr(&d_tables, stream));
+
+        let mut staged = PinnedPool::global().alloc(in_total + 8 * 3 * n);
+        {
+            let bytes = staged.as_mut_slice();
+            for (input, &at) in inputs.iter().zip(&in_at) {
+                bytes[at..at + input.len()].copy_from_slice(input);
+            }
+            let words = &mut bytes[in_total..];
+            let table: Vec<u64> = (in_at.iter().map(|&a| in_base + a as u64))
+                .chain(inputs.iter().map(|i| i.len() as u64))
+                .chain(out_at.iter().map(|&a| out_base + a as u64))
+                .collect();
+            for (w, v) in words.chunks_exact_mut(8).zip(table) {
+                w.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        let s = stream.cu_stream();
+        // SAFETY: the device buffers are as large as the copies; `staged` outlives the
+        // stream's work (it is synchronized below before `staged` drops).
+        unsafe {
+            result::memcpy_htod_async(in_base, &staged.as_slice()[..in_total], s)?;
+            result::memcpy_htod_async(tables, &staged.as_slice()[in_total..], s)?;
+        }
+        let (in_ptrs, in_sizes, out_ptrs) = (tables, tables + 8 * n as u64, tables + 16 * n as u64);
+        let (out_sizes, statuses) = (tables + 24 * n as u64, tables + 32 * n as u64);
+        // SAFETY: every pointer is a device buffer of the sizes nvCOMP asked for above.
+        let launched = unsafe {
+            (api.compress)(
+                in_ptrs as *const *const c_void,
+                in_sizes as *const usize,
+                max_in,
+                n,
+                ptr(&d_temp, stream) as *mut c_void,
+                temp_bytes,
+                out_ptrs as *const *mut c_void,
+                out_sizes as *mut usize,
+                OPTS,
+                statuses as *mut Status,
+                s,
+            )
+        };
+        api.check(launched, "zstd compression")?;
+        let frames = self.download(stream, out_base, &out_at, out_sizes, n);
+        // The copies from `staged` are done (download synchronized) or failed.
+        stream.synchronize()?;
+        drop((staged, d_in, d_out, d_temp, d_tables));
+        frames
+    }
+
+    /// The compressed frames: their sizes and statuses first, then the frames in one copy of
+    /// the packed output region up to the end of the last frame.
+    fn download(
+        &self,
+        stream: &Arc<CudaStream>,
+        out_base: CUdeviceptr,
+        out_at: &[usize],
+        out_sizes: CUdeviceptr,
+        n: usize,
+    ) -> Result<Vec<Vec<u8>>> {
+        let mut meta = vec![0u64; 2 * n];
+        let s = stream.cu_stream();
+        // SAFETY: the tables hold 2n words after `out_sizes` (sizes, then 4-byte statuses).
+        unsafe { result::memcpy_dtoh_async(&mut meta[..], out_sizes, s)? };
+        stream.synchronize()?;
+        let sizes = &meta[..n];
+        let statuses: Vec<Status> = meta[n..]
+            .iter()
+            .flat_map(|w| [*w as u32 as i32, (*w >> 32) as u32 as i32])
+            .take(n)
+            .collect();
+        if let Some((i, &bad)) = statuses.iter().enumerate().find(|(_, s)| **s != SUCCESS) {
+            return Err(CudaSortError::Compression(format!(
+                "nvCOMP could not compress buffer {i} of {n}: {}",
+                check_launch(bad, "zstd", Some(self.api.status_string)).unwrap_err()
+            )));
+        }
+        let end = out_at
+            .iter()
+            .zip(sizes)
+            .map(|(&a, &len)| a + len as usize)
+            .max()
+            .unwrap_or(0);
+        let mut host = PinnedPool::global().alloc(end);
+        // SAFETY: the output region holds at least `end` bytes; synchronized before reading.
+        unsafe { result::memcpy_dtoh_async(host.as_mut_slice(), out_base, s)? };
+        stream.synchronize()?;
+        let bytes = host.as_slice();
+        Ok(out_at
+            .iter()
+            .zip(sizes)
+            .map(|(&a, &len)| bytes[a..a + len as usize].to_vec())
+            .collect())
+    }
+}
+
+/// `bytes` (at least one) of device memory on `stream`.
+fn alloc(stream: &Arc<CudaStream>, bytes: usize) -> Result<CudaSlice<u8>> {
+    // SAFETY: every byte read from it is written first (inputs, tables) or by nvCOMP.
+    Ok(unsafe { stream.alloc::<u8>(bytes.max(1)) }?)
+}
+
+fn ptr(slice: &CudaSlice<u8>, stream: &Arc<CudaStream>) -> CUdeviceptr {
+    slice.device_ptr(stream).0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packing_aligns_every_buffer() {
+        let (at, total) = pack([3, 0, 9, 8], 8);
+        assert_eq!(at, vec![0, 8, 8, 24]);
+        assert_eq!(total, 32);
+        assert_eq!(align_up(0, 8), 0);
+        assert_eq!(align_up(17, 4), 20);
+    }
+
+    #[test]
+    fn the_library_path_comes_from_the_setting() {
+        assert_eq!(library_path(None), PathBuf::from(NVCOMP_LIBRARY));
+        assert_eq!(library_path(Some(PathBuf::new())), PathBuf::from(NVCOMP_LIBRARY));
+        let dir = std::env::temp_dir();
+        assert_eq!(library_path(Some(dir.clone())), dir.join(NVCOMP_LIBRARY));
+        assert_eq!(
+            library_path(Some("/x/libnvcomp.so.6".into())),
+            PathBuf::from("/x/libnvcomp.so.6")
+        );
+    }
+
+    /// Frames from the GPU decode with the reference zstd decoder to the inputs: empty,
+    /// tiny, incompressible, very compressible, and a full 1 MiB page.
+    #[test]
+    fn gpu_frames_decode_to_their_inputs() {
+        let compressor = match ZstdCompressor::try_new(0) {
+            Ok(c) => c,
+            Err(e) => return crate::test_support::not_run("gpu_frames_decode_to_their_inputs", e),
+        };
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut noise = |n: usize| -> Vec<u8> {
+            (0..n)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    state as u8
+                })
+                .collect()
+        };
+        let text: Vec<u8> = b"l_comment: furiously regular deposits ".repeat(30_000);
+        let inputs: Vec<Vec<u8>> = vec![vec![], vec![7], noise(100_003), text, noise(1 << 20), vec![0; 4096]];
+        let refs: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
+        for _ in 0..2 {
+            let frames = compressor.compress(&refs).expect("compress");
+            assert_eq!(frames.len(), inputs.len());
+            for (frame, input) in frames.iter().zip(&inputs) {
+                let back = zstd::stream::decode_all(&frame[..]).expect("a standard zstd frame");
+                assert_eq!(&back, input);
+            }
+            assert!(frames[3].len() < inputs[3].len() / 10, "repeated text compresses");
+        }
+        assert!(compressor.compress(&[]).unwrap().is_empty());
+        let too_big = vec![0u8; MAX_CHUNK + 1];
+        assert!(compressor.compress(&[&too_big]).is_err());
+    }
+}
