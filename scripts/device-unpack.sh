@@ -14,4 +14,6 @@ PY
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export GPUSORT_KERNEL_CACHE=/tmp/gpusort-kernels
 # nvCOMP (zstd on the GPU) where an earlier command left it: scripts/device-nvcomp.sh.
-if [ -f /tmp/nvcomp/libnvcomp.so.6 ]; then export GPUSORT_NVCOMP=/tmp/nvcomp/libnvcomp.so.6; fi
+if [ -f /tmp/nvcomp/libnvcomp.so.6 ]; then
+  export GPUSORT_NVCOMP=/tmp/nvcomp/libnvcomp.so.6 GPUSORT_REQUIRE_NVCOMP=1
+fi

@@ -454,8 +454,13 @@ mod tests {
     /// tiny, incompressible, very compressible, and a full 1 MiB page.
     #[test]
     fn gpu_frames_decode_to_their_inputs() {
+        // nvCOMP is optional (the CPU compresses without it): its absence fails the test only
+        // under GPUSORT_REQUIRE_NVCOMP=1 (device-unpack.sh sets it where it carried nvCOMP).
         let compressor = match ZstdCompressor::try_new(0) {
             Ok(c) => c,
+            Err(e @ CudaSortError::Compression(_)) if std::env::var("GPUSORT_REQUIRE_NVCOMP").as_deref() != Ok("1") => {
+                return eprintln!("gpu_frames_decode_to_their_inputs did not run: {e}");
+            }
             Err(e) => return crate::test_support::not_run("gpu_frames_decode_to_their_inputs", e),
         };
         let mut state = 0x9e37_79b9_7f4a_7c15u64;
