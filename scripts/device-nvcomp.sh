@@ -12,4 +12,5 @@ import lzma, shutil
 with lzma.open(".gpu/libnvcomp.so.6.xz") as src, open("/tmp/nvcomp/libnvcomp.so.6", "wb") as dst:
     shutil.copyfileobj(src, dst, 1 << 24)
 PY
+rm .gpu/libnvcomp.so.6.xz
 ls -la /tmp/nvcomp
