@@ -17,6 +17,7 @@ pub mod info;
 pub mod inputs;
 pub mod interrupt;
 pub mod order_by;
+pub mod pages;
 pub mod plan;
 pub mod progress;
 pub mod report;

@@ -78,6 +78,7 @@ impl SortArgs {
             row_group_size: self.row_group_size,
             codec: self.compression,
             memory_budget: self.plan.memory_limit_bytes().map(writer_share),
+            page_compressor: None,
         }
     }
 }

@@ -7,6 +7,10 @@
 //! cut when its rows reach half the budget in memory, and row groups wait to be encoded while
 //! those in flight (their rows and their encoded pages, counted as twice their rows) would
 //! take more than the budget.
+//!
+//! With a [`PageCompressor`] ([`WriteOptions::page_compressor`]) the columns are encoded
+//! uncompressed and each row group's pages are then compressed in one batch, in the task that
+//! encoded it (see [`crate::pages`]).
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -25,10 +29,12 @@ use parquet::basic::Compression;
 use parquet::errors::ParquetError;
 use parquet::file::metadata::{KeyValue, SortingColumn};
 use parquet::file::properties::{WriterProperties, WriterPropertiesBuilder};
+use parquet::file::writer::{SerializedFileWriter, SerializedRowGroupWriter};
 use rayon::prelude::*;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use crate::order_by::OrderBy;
+use crate::pages::{CapturingPageStoreFactory, CompressedChunk, PageCompressor, compress_row_group};
 
 /// Rows per row group unless `--row-group-size` says otherwise (the Parquet writer's default).
 pub const DEFAULT_ROW_GROUP_SIZE: usize = 1024 * 1024;
@@ -146,11 +152,14 @@ impl std::fmt::Display for Codec {
 pub struct WriteOptions {
     /// Rows per row group.
     pub row_group_size: usize,
-    /// The codec of every column.
+    /// The codec of every column (unless `page_compressor` is set).
     pub codec: Codec,
     /// Bytes the row groups being encoded may hold (see the module doc); `None`: no bound
     /// but the number of row groups in flight.
     pub memory_budget: Option<usize>,
+    /// What compresses the pages, a row group at a time, in its codec (which then replaces
+    /// `codec`); `None`: the Parquet crate compresses each page with `codec` as it encodes it.
+    pub page_compressor: Option<Arc<dyn PageCompressor>>,
 }
 
 impl Default for WriteOptions {
@@ -159,6 +168,7 @@ impl Default for WriteOptions {
             row_group_size: DEFAULT_ROW_GROUP_SIZE,
             codec: Codec::default(),
             memory_budget: None,
+            page_compressor: None,
         }
     }
 }
@@ -257,8 +267,12 @@ impl SortedParquetWriter {
             return Err(ParquetError::General("the row group size must be at least 1".into()));
         }
         let sorting = sorting_columns(&schema, order_by)?;
+        let encoding_codec = match options.page_compressor {
+            Some(_) => Compression::UNCOMPRESSED,
+            None => options.codec.0,
+        };
         let props = properties
-            .set_compression(options.codec.0)
+            .set_compression(encoding_codec)
             .set_max_row_group_row_count(Some(options.row_group_size))
             .set_sorting_columns(sorting.clone())
             .set_key_value_metadata(Some(vec![KeyValue::new(
@@ -271,15 +285,14 @@ impl SortedParquetWriter {
         let (file_writer, factory) =
             ArrowWriter::try_new(file, Arc::clone(&schema), Some(props))?.into_serialized_writer()?;
         let (sender, receiver) = mpsc::channel::<RowGroup>(1);
-        let thread_schema = Arc::clone(&schema);
         let progress = WriteProgress {
             units: Arc::default(),
             columns: schema.fields().len().max(1) as u64,
         };
-        let units = Arc::clone(&progress.units);
+        let encoder = Encoder::new(&file_writer, factory, options, &schema, &progress);
         let thread = std::thread::Builder::new()
             .name("gpusort-writer".into())
-            .spawn(move || write_row_groups(file_writer, factory, thread_schema, receiver, units))
+            .spawn(move || write_row_groups(file_writer, encoder, receiver))
             .map_err(|e| ParquetError::External(Box::new(e)))?;
         Ok(Self {
             schema,
@@ -410,33 +423,119 @@ struct RowGroup {
     _permit: Option<OwnedSemaphorePermit>,
 }
 
+/// A row group's column chunks, in leaf order: as the Parquet crate encoded (and compressed)
+/// them, or with their pages compressed by a [`PageCompressor`].
+enum Chunks {
+    Encoded(Vec<ArrowColumnChunk>),
+    Compressed(Vec<CompressedChunk>),
+}
+
+impl Chunks {
+    fn append_to(self, row_group: &mut SerializedRowGroupWriter<'_, File>) -> Result<(), ParquetError> {
+        match self {
+            Chunks::Encoded(chunks) => chunks.into_iter().try_for_each(|c| c.append_to_row_group(row_group)),
+            Chunks::Compressed(chunks) => chunks.into_iter().try_for_each(|c| c.append_to_row_group(row_group)),
+        }
+    }
+}
+
+/// An encoded row group, with its share of the memory budget.
+type Encoded = (Result<Chunks, ParquetError>, Option<OwnedSemaphorePermit>);
+
+/// Starts the encoding of row groups, each on rayon's threads.
+struct Encoder {
+    factory: ArrowRowGroupWriterFactory,
+    /// The page compressor, and the page stores that keep the pages it compresses.
+    compressing: Option<(Arc<dyn PageCompressor>, Arc<CapturingPageStoreFactory>)>,
+    schema: SchemaRef,
+    /// Which top-level field each leaf column belongs to.
+    roots: Vec<usize>,
+    units: Arc<AtomicU64>,
+}
+
+impl Encoder {
+    fn new(
+        file_writer: &SerializedFileWriter<File>,
+        factory: ArrowRowGroupWriterFactory,
+        options: &WriteOptions,
+        schema: &SchemaRef,
+        progress: &WriteProgress,
+    ) -> Self {
+        let descr = file_writer.schema_descr();
+        let compressing = options
+            .page_compressor
+            .as_ref()
+            .map(|compressor| (Arc::clone(compressor), Arc::new(CapturingPageStoreFactory::new())));
+        let factory = match &compressing {
+            Some((_, stores)) => factory.with_page_store_factory(Arc::clone(stores) as _),
+            None => factory,
+        };
+        Self {
+            factory,
+            compressing,
+            schema: Arc::clone(schema),
+            roots: (0..descr.num_columns()).map(|i| descr.get_column_root_idx(i)).collect(),
+            units: Arc::clone(&progress.units),
+        }
+    }
+
+    /// Starts encoding row group `index` (and compressing its pages) on rayon's threads; its
+    /// chunks come back on the channel returned, with `permit`.
+    fn start(
+        &self,
+        index: usize,
+        group: Vec<RecordBatch>,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> Result<std_mpsc::Receiver<Encoded>, ParquetError> {
+        let writers = self.factory.create_column_writers(index);
+        // The stores created, even when a writer was not: the next row group has its own.
+        let captured = self.compressing.as_ref().map(|(_, stores)| stores.take_created());
+        let writers = writers?;
+        let compressing = match (&self.compressing, captured) {
+            (Some((compressor, _)), Some(pages)) => {
+                if pages.len() != writers.len() {
+                    return Err(ParquetError::General(format!(
+                        "{} column writers but {} page stores",
+                        writers.len(),
+                        pages.len()
+                    )));
+                }
+                Some((Arc::clone(compressor), pages))
+            }
+            _ => None,
+        };
+        let (done, result) = std_mpsc::channel::<Encoded>();
+        let (schema, roots, units) = (Arc::clone(&self.schema), self.roots.clone(), Arc::clone(&self.units));
+        rayon::spawn(move || {
+            let chunks = encode_row_group(writers, &roots, &schema, &group, &units);
+            // The rows go now; the permit stays with the encoded pages.
+            drop(group);
+            let chunks = match (chunks, compressing) {
+                (Ok(chunks), Some((compressor, pages))) => {
+                    compress_row_group(chunks, pages, compressor.as_ref()).map(Chunks::Compressed)
+                }
+                (chunks, _) => chunks.map(Chunks::Encoded),
+            };
+            let _ = done.send((chunks, permit));
+        });
+        Ok(result)
+    }
+}
+
 /// The writer thread: encodes each row group received (its columns in parallel, up to
 /// [`row_groups_in_flight`] row groups at once) and appends them in order. Returns the number
 /// of row groups.
 fn write_row_groups(
-    mut file_writer: parquet::file::writer::SerializedFileWriter<File>,
-    factory: ArrowRowGroupWriterFactory,
-    schema: SchemaRef,
+    mut file_writer: SerializedFileWriter<File>,
+    encoder: Encoder,
     mut receiver: mpsc::Receiver<RowGroup>,
-    units: Arc<AtomicU64>,
 ) -> Result<usize, ParquetError> {
-    // Which top-level field each leaf column belongs to.
-    let descr = file_writer.schema_descr();
-    let roots: Vec<usize> = (0..descr.num_columns()).map(|i| descr.get_column_root_idx(i)).collect();
-    type Encoded = (
-        Result<Vec<ArrowColumnChunk>, ParquetError>,
-        Option<OwnedSemaphorePermit>,
-    );
     let mut in_flight: VecDeque<std_mpsc::Receiver<Encoded>> = VecDeque::new();
     let mut index = 0;
     let in_flight_max = row_groups_in_flight();
-    let append = |file_writer: &mut parquet::file::writer::SerializedFileWriter<File>,
-                  chunks: Vec<ArrowColumnChunk>|
-     -> Result<(), ParquetError> {
+    let append = |file_writer: &mut SerializedFileWriter<File>, chunks: Chunks| -> Result<(), ParquetError> {
         let mut row_group = file_writer.next_row_group()?;
-        for chunk in chunks {
-            chunk.append_to_row_group(&mut row_group)?;
-        }
+        chunks.append_to(&mut row_group)?;
         let closed = row_group.close()?;
         crate::timeline::mark(format_args!(
             "writer: row group {} appended ({} rows)",
@@ -468,17 +567,8 @@ fn write_row_groups(
                     batches: group,
                     _permit: permit,
                 }) => {
-                    let writers = factory.create_column_writers(index)?;
+                    in_flight.push_back(encoder.start(index, group, permit)?);
                     index += 1;
-                    let (done, result) = std_mpsc::channel::<Encoded>();
-                    let (schema, roots, units) = (Arc::clone(&schema), roots.clone(), Arc::clone(&units));
-                    rayon::spawn(move || {
-                        let chunks = encode_row_group(writers, &roots, &schema, &group, &units);
-                        // The rows go now; the permit stays with the encoded pages.
-                        drop(group);
-                        let _ = done.send((chunks, permit));
-                    });
-                    in_flight.push_back(result);
                     continue;
                 }
                 None if in_flight.is_empty() => {
@@ -682,6 +772,7 @@ mod tests {
             row_group_size: 7,
             codec: "snappy".parse().unwrap(),
             memory_budget: None,
+            page_compressor: None,
         };
         let mut w =
             SortedParquetWriter::try_new(File::create(&path).unwrap(), Arc::clone(&schema), &order_by, &options)
