@@ -13,6 +13,7 @@
 //! `parquet_sort` benchmark call [`sort::sort`] directly.
 
 pub mod error;
+pub mod gpu_pages;
 pub mod info;
 pub mod inputs;
 pub mod interrupt;

@@ -16,6 +16,7 @@ use futures::StreamExt;
 use tempfile::NamedTempFile;
 
 use crate::error::{self, CliError, Result};
+use crate::gpu_pages::{self, CompressOn};
 use crate::interrupt;
 use crate::plan::{PlanArgs, SessionOptions, SortPlan, format_size};
 use crate::progress::{Monitor, ProgressMode};
@@ -44,6 +45,13 @@ pub struct SortArgs {
     #[arg(long, value_name = "CODEC", default_value = "zstd(3)")]
     pub compression: Codec,
 
+    /// Where zstd pages are compressed: auto (the GPU through nvCOMP when the sort may use a
+    /// GPU and nvCOMP loads, from GPUSORT_NVCOMP or libnvcomp.so.6; else the CPU), gpu (or an
+    /// error), cpu. nvCOMP's zstd has one level of its own: --compression's level applies on
+    /// the CPU
+    #[arg(long, value_name = "WHERE", default_value = "auto")]
+    pub compress_on: CompressOn,
+
     /// Replace OUTPUT if it exists
     #[arg(short, long)]
     pub force: bool,
@@ -66,6 +74,7 @@ impl SortArgs {
             output: output.into(),
             row_group_size: DEFAULT_ROW_GROUP_SIZE,
             compression: Codec::default(),
+            compress_on: CompressOn::default(),
             force: false,
             quiet: false,
             timeline: false,
@@ -103,7 +112,13 @@ pub async fn sort(args: &SortArgs, mode: ProgressMode) -> Result<SortReport> {
 
     // --memory-limit covers the sort and the writer: the writer keeps its share, DataFusion's
     // pool has the rest.
-    let write_options = args.write_options();
+    let pages = gpu_pages::choose(args.compress_on, args.compression, args.plan.gpusort_config().device)
+        .map_err(CliError::Usage)?;
+    if let Some(why) = &pages.why_cpu {
+        timeline::mark(format_args!("writer: {} ({why})", pages.label));
+    }
+    let mut write_options = args.write_options();
+    write_options.page_compressor = pages.compressor.clone();
     let session = SessionOptions {
         spill_dir: true,
         pool_bytes: write_options.memory_budget.map(|writer| {
@@ -188,7 +203,7 @@ pub async fn sort(args: &SortArgs, mode: ProgressMode) -> Result<SortReport> {
         output: output.clone(),
         output_bytes,
         row_groups: stats.row_groups,
-        codec: args.compression.to_string(),
+        codec: pages.label,
         sorting_columns: stats.sorting_columns,
         order_by: planned.order_by.to_sql(),
         times,

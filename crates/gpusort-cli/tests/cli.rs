@@ -232,7 +232,8 @@ fn sorts_orders_with_metadata_progress_and_summary() {
     );
     assert!(stderr.contains("  input    1 file, 4.09 MiB"), "{stderr}");
     assert!(
-        stderr.contains("1 row group, zstd(3), sorting_columns recorded"),
+        stderr.contains("1 row group, zstd(3) on the CPU, sorting_columns recorded")
+            || stderr.contains("1 row group, zstd on the GPU (nvCOMP 6."),
         "{stderr}"
     );
     assert!(stderr.contains("= planning "), "{stderr}");
