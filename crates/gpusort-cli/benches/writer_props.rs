@@ -9,7 +9,7 @@
 //! the tool runs it, where the single-thread figures leave out contention.
 //!
 //! ```text
-//! writer_props-<hash> FILE.parquet [--whole]
+//! writer_props-<hash> FILE.parquet [--whole [--only=CODEC ...]]
 //! ```
 
 use std::time::Instant;
@@ -56,7 +56,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .cloned()
         .ok_or("usage: writer_props FILE.parquet [--whole]")?;
     if args.iter().any(|a| a == "--whole") {
-        return whole::run(&path);
+        let only: Vec<String> = args
+            .iter()
+            .filter_map(|a| a.strip_prefix("--only="))
+            .map(String::from)
+            .collect();
+        return whole::run(&path, &only);
     }
     let rows: usize = std::env::var("BENCH_ROWS")
         .ok()
@@ -122,12 +127,12 @@ mod whole {
 
     use arrow::array::RecordBatch;
     use arrow::row::{RowConverter, SortField};
-    use datafusion_gpusort::DeviceChoice;
-    use gpusort_cli::gpu_pages::{self, CompressOn};
+    use gpusort_cli::gpu_pages::NvcompZstd;
     use gpusort_cli::order_by::OrderBy;
     use gpusort_cli::pages::{CpuZstd, PageCompressor};
     use gpusort_cli::timeline::cpu_seconds;
     use gpusort_cli::writer::{Codec, SortedParquetWriter, WriteOptions};
+    use gpusort_cuda::nvcomp::MAX_CHUNK;
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterPropertiesBuilder};
     use parquet::schema::types::ColumnPath;
@@ -163,31 +168,55 @@ mod whole {
             ("snappy", "snappy", |b, _| b),
             ("uncompressed", "uncompressed", |b, _| b),
             // Pages compressed apart from encoding (gpusort_cli::pages): on the CPU, then on
-            // the GPU through nvCOMP, where the encoding settings weigh differently.
+            // the GPU through nvCOMP in frames of several sizes, where the encoding settings
+            // weigh differently.
             ("default", PAGES_CPU, |b, _| b),
-            ("default", PAGES_GPU, |b, _| b),
-            ("no dictionary", PAGES_GPU, |b, _| b.set_dictionary_enabled(false)),
-            ("dictionary off where distinct > 1/4", PAGES_GPU, dict_off),
-            ("no statistics", PAGES_GPU, |b, _| {
+            ("default", "zstd, nvCOMP whole pages", |b, _| b),
+            ("default", "zstd, nvCOMP 256 KiB frames", |b, _| b),
+            ("default", "zstd, nvCOMP 64 KiB frames", |b, _| b),
+            ("default", "zstd, nvCOMP 16 KiB frames", |b, _| b),
+            ("no dictionary", "zstd, nvCOMP 64 KiB frames", |b, _| {
+                b.set_dictionary_enabled(false)
+            }),
+            (
+                "dictionary off where distinct > 1/4",
+                "zstd, nvCOMP 64 KiB frames",
+                dict_off,
+            ),
+            ("no statistics", "zstd, nvCOMP 64 KiB frames", |b, _| {
                 b.set_statistics_enabled(EnabledStatistics::None)
             }),
         ]
     }
 
-    /// Codec names of the variants whose pages are compressed apart from encoding.
+    /// The codec name of the variant whose pages are compressed apart, on the CPU.
     const PAGES_CPU: &str = "zstd(3), pages.rs CPU";
-    const PAGES_GPU: &str = "zstd, nvCOMP";
 
     /// The writer's options for `codec`: a codec of the Parquet writer, or pages compressed
-    /// apart ([`PAGES_CPU`], [`PAGES_GPU`]); `Err` with the reason a GPU variant cannot run.
-    fn options_for(codec: &str) -> Result<WriteOptions, String> {
+    /// apart ([`PAGES_CPU`], or "zstd, nvCOMP ..." on the GPU), with the GPU compressor for its
+    /// statistics; `Err` with the reason a GPU variant cannot run.
+    fn options_for(codec: &str) -> Result<(WriteOptions, Option<Arc<NvcompZstd>>), String> {
         let zstd3: Codec = "zstd(3)".parse()?;
-        let page_compressor: Option<Arc<dyn PageCompressor>> = match codec {
-            PAGES_CPU => Some(Arc::new(CpuZstd::new(3))),
-            PAGES_GPU => gpu_pages::choose(CompressOn::Gpu, zstd3, DeviceChoice::Auto)?.compressor,
+        let gpu = match codec.strip_prefix("zstd, nvCOMP ") {
+            Some("whole pages") => Some(MAX_CHUNK),
+            Some(frames) => Some(
+                frames
+                    .trim_end_matches(" KiB frames")
+                    .parse::<usize>()
+                    .map_err(|e| e.to_string())?
+                    << 10,
+            ),
+            None => None,
+        };
+        let gpu = gpu
+            .map(|frame| NvcompZstd::try_new(0, frame, 3).map(Arc::new))
+            .transpose()?;
+        let page_compressor: Option<Arc<dyn PageCompressor>> = match (&gpu, codec) {
+            (Some(g), _) => Some(Arc::clone(g) as Arc<dyn PageCompressor>),
+            (None, PAGES_CPU) => Some(Arc::new(CpuZstd::new(3))),
             _ => None,
         };
-        Ok(WriteOptions {
+        let options = WriteOptions {
             codec: if page_compressor.is_some() {
                 zstd3
             } else {
@@ -195,7 +224,8 @@ mod whole {
             },
             page_compressor,
             ..WriteOptions::default()
-        })
+        };
+        Ok((options, gpu))
     }
 
     /// Columns whose first 64Ki rows are more than a quarter distinct values.
@@ -213,7 +243,8 @@ mod whole {
         Ok(out)
     }
 
-    pub fn run(path: &str) -> Result<(), Box<dyn std::error::Error>> {
+    /// `only`: codec names to run (a substring each; the default variants always run).
+    pub fn run(path: &str, only: &[String]) -> Result<(), Box<dyn std::error::Error>> {
         let reader = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(path)?)?
             .with_batch_size(8192)
             .build()?;
@@ -231,7 +262,10 @@ mod whole {
         let order_by = OrderBy::try_new(schema.field(0).name(), &schema)?;
         let out = std::env::temp_dir().join("writer_props_whole.parquet");
         for (name, codec, props) in whole_variants() {
-            let options = match options_for(codec) {
+            if !only.is_empty() && !only.iter().any(|o| codec.contains(o.as_str())) && name != "default" {
+                continue;
+            }
+            let (options, gpu) = match options_for(codec) {
                 Ok(options) => options,
                 Err(why) => {
                     println!("| {name} | {codec} | not run: {why} | | | |");
@@ -251,8 +285,18 @@ mod whole {
             })?;
             let (wall, cpu) = (start.elapsed().as_secs_f64(), cpu_seconds() - cpu);
             let mib = std::fs::metadata(&out)?.len() as f64 / (1 << 20) as f64;
+            let nvcomp = gpu.map_or(String::new(), |g| {
+                let s = g.stats();
+                format!(
+                    " nvCOMP: {} calls of {:.0} buffers, {:.2} GB/s a call, {:.1} s in calls |",
+                    s.calls,
+                    s.buffers as f64 / s.calls.max(1) as f64,
+                    s.bytes_in as f64 / 1e9 / s.call_seconds.max(1e-9),
+                    s.call_seconds
+                )
+            });
             println!(
-                "| {name} | {codec} | {wall:.2} | {cpu:.1} | {:.1} | {mib:.0} |",
+                "| {name} | {codec} | {wall:.2} | {cpu:.1} | {:.1} | {mib:.0} |{nvcomp}",
                 cpu / wall
             );
         }

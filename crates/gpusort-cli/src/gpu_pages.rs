@@ -7,11 +7,11 @@ use std::sync::Arc;
 
 use datafusion_gpusort::DeviceChoice;
 use gpusort_cuda::ZstdCompressor;
-use gpusort_cuda::nvcomp::MAX_CHUNK;
-use parquet::basic::Compression;
+use gpusort_cuda::nvcomp::{CompressStats, MAX_CHUNK};
+use parquet::basic::{Compression, ZstdLevel};
 use parquet::errors::ParquetError;
 
-use crate::pages::{CpuZstd, PageCompressor};
+use crate::pages::PageCompressor;
 use crate::writer::Codec;
 
 /// `--compress-on`: where zstd pages are compressed.
@@ -38,18 +38,49 @@ impl FromStr for CompressOn {
     }
 }
 
-/// zstd frames from nvCOMP, and from the CPU for the rare page over nvCOMP's size limit.
+/// Bytes of page compressed into one zstd frame on the GPU unless told otherwise: nvCOMP's
+/// recommended chunk size. A 1 MiB page is one task of nvCOMP's, and a row group's pages too
+/// few tasks to fill the GPU: on TPC-H lineitem SF10, pages compressed whole took longer than
+/// the CPU's zstd (`writer_props --whole`, stop 23).
+pub const DEFAULT_FRAME_BYTES: usize = 64 << 10;
+
+/// zstd on the GPU through nvCOMP: each page cut into frames of `frame_bytes`, compressed all
+/// at once, and each page's frames concatenated (a zstd stream of several frames, which every
+/// zstd decoder reads as one).
 #[derive(Debug)]
 pub struct NvcompZstd {
     gpu: ZstdCompressor,
-    /// For pages over [`MAX_CHUNK`], at the level the user asked for.
-    cpu: CpuZstd,
+    frame_bytes: usize,
     level: i32,
+}
+
+impl NvcompZstd {
+    /// nvCOMP on GPU `ordinal`, with `frame_bytes` a frame (at most nvCOMP's
+    /// [`MAX_CHUNK`]); `level` is the level the file's metadata names (nvCOMP has its own).
+    pub fn try_new(ordinal: usize, frame_bytes: usize, level: i32) -> Result<Self, String> {
+        if !(1..=MAX_CHUNK).contains(&frame_bytes) {
+            return Err(format!(
+                "a zstd frame on the GPU is 1 to {MAX_CHUNK} bytes, not {frame_bytes}"
+            ));
+        }
+        ZstdLevel::try_new(level).map_err(|e| e.to_string())?;
+        let gpu = ZstdCompressor::try_new(ordinal).map_err(|e| e.to_string())?;
+        Ok(Self {
+            gpu,
+            frame_bytes,
+            level,
+        })
+    }
+
+    /// What nvCOMP did so far.
+    pub fn stats(&self) -> CompressStats {
+        self.gpu.stats()
+    }
 }
 
 impl PageCompressor for NvcompZstd {
     fn codec(&self) -> Compression {
-        Compression::ZSTD(parquet::basic::ZstdLevel::try_new(self.level).expect("a valid level"))
+        Compression::ZSTD(ZstdLevel::try_new(self.level).expect("checked in try_new"))
     }
 
     fn name(&self) -> String {
@@ -57,23 +88,48 @@ impl PageCompressor for NvcompZstd {
     }
 
     fn compress(&self, pages: &[&[u8]]) -> Result<Vec<Vec<u8>>, ParquetError> {
-        let (big, small): (Vec<usize>, Vec<usize>) = (0..pages.len()).partition(|&i| pages[i].len() > MAX_CHUNK);
-        let small_pages: Vec<&[u8]> = small.iter().map(|&i| pages[i]).collect();
-        let mut frames = self
-            .gpu
-            .compress(&small_pages)
-            .map_err(|e| ParquetError::External(Box::new(e)))?
-            .into_iter();
-        let big_pages: Vec<&[u8]> = big.iter().map(|&i| pages[i]).collect();
-        let mut big_frames = self.cpu.compress(&big_pages)?.into_iter();
-        Ok(pages
-            .iter()
-            .map(|p| match p.len() > MAX_CHUNK {
-                true => big_frames.next().expect("a frame per big page"),
-                false => frames.next().expect("a frame per page"),
-            })
-            .collect())
+        in_frames(pages, self.frame_bytes, |frames| {
+            self.gpu
+                .compress(frames)
+                .map_err(|e| ParquetError::External(Box::new(e)))
+        })
     }
+}
+
+/// Each of `pages` cut into pieces of at most `frame_bytes` (an empty page is one empty
+/// piece), all pieces compressed by one call of `compress`, and each page's compressed pieces
+/// concatenated in order.
+pub fn in_frames(
+    pages: &[&[u8]],
+    frame_bytes: usize,
+    compress: impl FnOnce(&[&[u8]]) -> Result<Vec<Vec<u8>>, ParquetError>,
+) -> Result<Vec<Vec<u8>>, ParquetError> {
+    let mut pieces: Vec<&[u8]> = Vec::with_capacity(pages.len());
+    let mut counts = Vec::with_capacity(pages.len());
+    for page in pages {
+        let before = pieces.len();
+        pieces.extend(page.chunks(frame_bytes.max(1)));
+        if page.is_empty() {
+            pieces.push(page);
+        }
+        counts.push(pieces.len() - before);
+    }
+    let frames = compress(&pieces)?;
+    if frames.len() != pieces.len() {
+        return Err(ParquetError::General(format!(
+            "the compressor returned {} frames for {} pieces",
+            frames.len(),
+            pieces.len()
+        )));
+    }
+    let mut frames = frames.into_iter();
+    Ok(counts
+        .into_iter()
+        .map(|n| match n {
+            1 => frames.next().expect("counted"),
+            _ => frames.by_ref().take(n).flatten().collect(),
+        })
+        .collect())
 }
 
 /// Where the pages are compressed, as [`choose`] found.
@@ -104,23 +160,15 @@ pub fn choose(on: CompressOn, codec: Codec, device: DeviceChoice) -> Result<Page
     let opened = match (on, device) {
         (CompressOn::Cpu, _) => Err("--compress-on cpu".to_string()),
         (_, DeviceChoice::Cpu) => Err("--device cpu".to_string()),
-        (_, DeviceChoice::Gpu(n)) => ZstdCompressor::try_new(n).map_err(|e| e.to_string()),
-        (_, DeviceChoice::Auto) => ZstdCompressor::try_new(0).map_err(|e| e.to_string()),
+        (_, DeviceChoice::Gpu(n)) => NvcompZstd::try_new(n, DEFAULT_FRAME_BYTES, level.compression_level()),
+        (_, DeviceChoice::Auto) => NvcompZstd::try_new(0, DEFAULT_FRAME_BYTES, level.compression_level()),
     };
     match opened {
-        Ok(gpu) => {
-            let level = level.compression_level();
-            let pages = NvcompZstd {
-                gpu,
-                cpu: CpuZstd::new(level),
-                level,
-            };
-            Ok(PagePath {
-                label: pages.name(),
-                compressor: Some(Arc::new(pages)),
-                why_cpu: None,
-            })
-        }
+        Ok(pages) => Ok(PagePath {
+            label: pages.name(),
+            compressor: Some(Arc::new(pages)),
+            why_cpu: None,
+        }),
         Err(why) if on == CompressOn::Gpu => Err(format!("--compress-on gpu: {why}")),
         Err(why) => Ok(PagePath {
             compressor: None,
@@ -133,6 +181,58 @@ pub fn choose(on: CompressOn, codec: Codec, device: DeviceChoice) -> Result<Page
 #[cfg(test)]
 mod tests {
     use super::*;
+    use parquet::file::properties::WriterVersion;
+
+    /// zstd on the CPU in frames of `.0` bytes: what [`NvcompZstd`] makes, without a GPU.
+    #[derive(Debug)]
+    struct FramedCpu(usize);
+
+    impl PageCompressor for FramedCpu {
+        fn codec(&self) -> Compression {
+            Compression::ZSTD(ZstdLevel::try_new(3).unwrap())
+        }
+        fn name(&self) -> String {
+            "zstd in frames on the CPU".into()
+        }
+        fn compress(&self, pages: &[&[u8]]) -> Result<Vec<Vec<u8>>, ParquetError> {
+            in_frames(pages, self.0, |pieces| {
+                Ok(pieces.iter().map(|p| zstd::bulk::compress(p, 3).unwrap()).collect())
+            })
+        }
+    }
+
+    #[test]
+    fn pages_cut_into_frames_decode_whole() {
+        let pages: Vec<Vec<u8>> = vec![vec![], b"abcdefghij".to_vec(), vec![5; 8], b"xyz".to_vec()];
+        let refs: Vec<&[u8]> = pages.iter().map(|p| p.as_slice()).collect();
+        let mut seen = vec![];
+        let out = in_frames(&refs, 4, |pieces| {
+            seen = pieces.iter().map(|p| p.len()).collect();
+            Ok(pieces.iter().map(|p| zstd::bulk::compress(p, 3).unwrap()).collect())
+        })
+        .unwrap();
+        assert_eq!(seen, vec![0, 4, 4, 2, 4, 4, 3]);
+        for (frame, page) in out.iter().zip(&pages) {
+            assert_eq!(&zstd::stream::decode_all(&frame[..]).unwrap(), page);
+        }
+        let short = in_frames(&refs, 4, |pieces| Ok(vec![vec![]; pieces.len() - 1]));
+        assert!(short.unwrap_err().to_string().contains("6 frames for 7 pieces"));
+    }
+
+    /// Pages of several zstd frames (2 KiB pages in 300-byte frames) read back through the
+    /// Parquet crate as the crate's own one-frame pages do, page by page, v1 and v2.
+    #[tokio::test]
+    async fn a_file_of_framed_pages_reads_as_the_parquet_crates() {
+        let dir = tempfile::tempdir().unwrap();
+        for version in [WriterVersion::PARQUET_1_0, WriterVersion::PARQUET_2_0] {
+            let (expected, actual) = (dir.path().join("crate.parquet"), dir.path().join("framed.parquet"));
+            crate::pages::tests::write(&expected, None, version).await.unwrap();
+            crate::pages::tests::write(&actual, Some(Arc::new(FramedCpu(300))), version)
+                .await
+                .unwrap();
+            crate::pages::tests::assert_same_file(&expected, &actual);
+        }
+    }
 
     #[test]
     fn compress_on_parses() {

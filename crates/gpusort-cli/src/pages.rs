@@ -42,14 +42,15 @@ use parquet::file::serialized_reader::SerializedPageReader;
 use parquet::file::writer::{SerializedPageWriter, SerializedRowGroupWriter, TrackedWrite};
 use rayon::prelude::*;
 
-/// Compresses many independent buffers at once (one standard frame of the codec each: e.g. a zstd frame
-/// that any zstd decoder reads). Implementations: the GPU (nvCOMP) and `CpuZstd` here.
+/// Compresses many independent buffers at once, each into what any decoder of the codec reads
+/// (for zstd: one frame, or several concatenated, as the zstd format allows). Implementations:
+/// the GPU (nvCOMP, [`crate::gpu_pages`]) and `CpuZstd` here.
 pub trait PageCompressor: Send + Sync + std::fmt::Debug {
     /// The Parquet codec the frames are in (e.g. Compression::ZSTD(level)) — written into the column metadata.
     fn codec(&self) -> Compression;
     /// Short human name for the summary, e.g. "zstd on the CPU" / "zstd on the GPU (nvCOMP)".
     fn name(&self) -> String;
-    /// One compressed frame per input, in order.
+    /// One compressed buffer per input, in order.
     fn compress(&self, pages: &[&[u8]]) -> Result<Vec<Vec<u8>>, ParquetError>;
 }
 
@@ -412,7 +413,7 @@ fn rewritten_close(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::fs::File;
     use std::path::Path;
 
@@ -539,7 +540,7 @@ mod tests {
     /// The test's rows written to `path`, the pages compressed by `compressor` (or by the
     /// Parquet crate with zstd(3)): small pages, row groups and dictionaries, page statistics
     /// in the page headers, a bloom filter on `cat`.
-    async fn write(
+    pub(crate) async fn write(
         path: &Path,
         compressor: Option<Arc<dyn PageCompressor>>,
         version: WriterVersion,
@@ -591,7 +592,7 @@ mod tests {
     }
 
     /// `actual` has the rows, pages, statistics and indexes of `expected`, its chunks zstd.
-    fn assert_same_file(expected: &Path, actual: &Path) {
+    pub(crate) fn assert_same_file(expected: &Path, actual: &Path) {
         let rows = read_all(expected);
         assert_eq!(rows.num_rows(), ROWS);
         assert_eq!(read_all(actual), rows);

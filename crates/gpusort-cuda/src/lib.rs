@@ -65,7 +65,7 @@ pub use error::{CudaSortError, Result};
 pub use gpu::Gpu;
 pub use kernels::{KernelCache, KernelTuning};
 pub use memory::{BudgetRefusal, DeviceBudget, DeviceBudgetStats, DeviceReservation};
-pub use nvcomp::ZstdCompressor;
+pub use nvcomp::{CompressStats, ZstdCompressor};
 pub use options::GpuOptions;
 pub use pinned::{FRESH_PIN_MAX, HostBuffer, PinnedPool, PinnedPoolStats};
 pub use session::{GPU_STRING_PREFIX_BYTES, GpuSortSession};

@@ -213,6 +213,22 @@ pub struct ZstdCompressor {
     ctx: Arc<CudaContext>,
     /// Streams of finished calls, for the next ones.
     streams: Mutex<Vec<Arc<CudaStream>>>,
+    stats: Mutex<CompressStats>,
+}
+
+/// What a [`ZstdCompressor`] did so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CompressStats {
+    /// Calls that compressed at least one buffer.
+    pub calls: u64,
+    /// Buffers compressed.
+    pub buffers: u64,
+    /// Bytes in.
+    pub bytes_in: u64,
+    /// Bytes out.
+    pub bytes_out: u64,
+    /// Seconds spent in calls, summed over the threads that made them.
+    pub call_seconds: f64,
 }
 
 impl std::fmt::Debug for ZstdCompressor {
@@ -234,7 +250,13 @@ impl ZstdCompressor {
             api,
             ctx,
             streams: Mutex::default(),
+            stats: Mutex::default(),
         })
+    }
+
+    /// What it did so far.
+    pub fn stats(&self) -> CompressStats {
+        *self.stats.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// nvCOMP's version, as "major.minor.patch".
@@ -262,9 +284,16 @@ impl ZstdCompressor {
         let mut frames = if full.is_empty() {
             vec![]
         } else {
+            let start = std::time::Instant::now();
             let stream = self.take_stream()?;
             let out = self.compress_on(&stream, &full)?;
             self.streams.lock().unwrap_or_else(|p| p.into_inner()).push(stream);
+            let mut stats = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+            stats.calls += 1;
+            stats.buffers += full.len() as u64;
+            stats.bytes_in += full.iter().map(|b| b.len() as u64).sum::<u64>();
+            stats.bytes_out += out.iter().map(|b| b.len() as u64).sum::<u64>();
+            stats.call_seconds += start.elapsed().as_secs_f64();
             out
         }
         .into_iter();
