@@ -9,7 +9,7 @@
 //! the tool runs it, where the single-thread figures leave out contention.
 //!
 //! ```text
-//! writer_props-<hash> FILE.parquet [--whole [--only=CODEC ...]]
+//! writer_props-<hash> FILE.parquet [--whole [--only=CODEC ...]] [--timeline]
 //! ```
 
 use std::time::Instant;
@@ -55,6 +55,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .find(|a| !a.starts_with("--"))
         .cloned()
         .ok_or("usage: writer_props FILE.parquet [--whole]")?;
+    if args.iter().any(|a| a == "--timeline") {
+        gpusort_cli::timeline::enable();
+    }
     if args.iter().any(|a| a == "--whole") {
         let only: Vec<String> = args
             .iter()
@@ -243,7 +246,8 @@ mod whole {
         Ok(out)
     }
 
-    /// `only`: codec names to run (a substring each; the default variants always run).
+    /// `only`: codec names to run (a substring each; the first variant, the reference, always
+    /// runs).
     pub fn run(path: &str, only: &[String]) -> Result<(), Box<dyn std::error::Error>> {
         let reader = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(path)?)?
             .with_batch_size(8192)
@@ -261,8 +265,8 @@ mod whole {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let order_by = OrderBy::try_new(schema.field(0).name(), &schema)?;
         let out = std::env::temp_dir().join("writer_props_whole.parquet");
-        for (name, codec, props) in whole_variants() {
-            if !only.is_empty() && !only.iter().any(|o| codec.contains(o.as_str())) && name != "default" {
+        for (i, (name, codec, props)) in whole_variants().into_iter().enumerate() {
+            if i > 0 && !only.is_empty() && !only.iter().any(|o| codec.contains(o.as_str())) {
                 continue;
             }
             let (options, gpu) = match options_for(codec) {

@@ -507,15 +507,18 @@ impl Encoder {
         let (done, result) = std_mpsc::channel::<Encoded>();
         let (schema, roots, units) = (Arc::clone(&self.schema), self.roots.clone(), Arc::clone(&self.units));
         rayon::spawn(move || {
+            crate::timeline::mark(format_args!("writer: row group {index} encoding"));
             let chunks = encode_row_group(writers, &roots, &schema, &group, &units);
             // The rows go now; the permit stays with the encoded pages.
             drop(group);
             let chunks = match (chunks, compressing) {
                 (Ok(chunks), Some((compressor, pages))) => {
+                    crate::timeline::mark(format_args!("writer: row group {index} encoded"));
                     compress_row_group(chunks, pages, compressor.as_ref()).map(Chunks::Compressed)
                 }
                 (chunks, _) => chunks.map(Chunks::Encoded),
             };
+            crate::timeline::mark(format_args!("writer: row group {index} ready"));
             let _ = done.send((chunks, permit));
         });
         Ok(result)

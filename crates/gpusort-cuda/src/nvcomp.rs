@@ -317,6 +317,7 @@ impl ZstdCompressor {
     /// [`Self::compress`] on `stream`: pack, upload, compress, download the sizes and then
     /// the frames.
     fn compress_on(&self, stream: &Arc<CudaStream>, inputs: &[&[u8]]) -> Result<Vec<Vec<u8>>> {
+        let t0 = std::time::Instant::now();
         let api = self.api;
         let n = inputs.len();
         let max_in = inputs.iter().map(|i| i.len()).max().unwrap_or(1);
@@ -350,7 +351,9 @@ impl ZstdCompressor {
         let d_tables = alloc(stream, 8 * 5 * n)?;
         let (in_base, out_base, tables) = (ptr(&d_in, stream), ptr(&d_out, stream), ptr(&d_tables, stream));
 
+        let t_alloc = t0.elapsed();
         let mut staged = PinnedPool::global().alloc(in_total + 8 * 3 * n);
+        let staged_pinned = staged.is_pinned();
         {
             let bytes = staged.as_mut_slice();
             for (input, &at) in inputs.iter().zip(&in_at) {
@@ -365,6 +368,7 @@ impl ZstdCompressor {
                 w.copy_from_slice(&v.to_le_bytes());
             }
         }
+        let t_pack = t0.elapsed();
         let s = stream.cu_stream();
         // SAFETY: the device buffers are as large as the copies; `staged` outlives the
         // stream's work (it is synchronized below before `staged` drops).
@@ -395,6 +399,17 @@ impl ZstdCompressor {
         // The copies from `staged` are done (download synchronized) or failed.
         stream.synchronize()?;
         drop((staged, d_in, d_out, d_temp, d_tables));
+        log::debug!(
+            target: "gpusort::timeline",
+            "nvCOMP zstd: {n} buffers, {:.1} MB in {:.1} ms (device alloc {:.1}, pinned pack {:.1}, \
+             upload, compress, download {:.1}; {} pinned)",
+            in_total as f64 / 1e6,
+            t0.elapsed().as_secs_f64() * 1e3,
+            t_alloc.as_secs_f64() * 1e3,
+            (t_pack - t_alloc).as_secs_f64() * 1e3,
+            (t0.elapsed() - t_pack).as_secs_f64() * 1e3,
+            if staged_pinned { "was" } else { "was not" }
+        );
         frames
     }
 
