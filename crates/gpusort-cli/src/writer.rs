@@ -34,7 +34,7 @@ use rayon::prelude::*;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use crate::order_by::OrderBy;
-use crate::pages::{CapturingPageStoreFactory, CompressedChunk, PageCompressor, compress_row_group};
+use crate::pages::{CapturingPageStoreFactory, ChunkPages, CompressedChunk, PageCompressor, compress_row_group};
 
 /// Rows per row group unless `--row-group-size` says otherwise (the Parquet writer's default).
 pub const DEFAULT_ROW_GROUP_SIZE: usize = 1024 * 1024;
@@ -511,17 +511,54 @@ impl Encoder {
             let chunks = encode_row_group(writers, &roots, &schema, &group, &units);
             // The rows go now; the permit stays with the encoded pages.
             drop(group);
-            let chunks = match (chunks, compressing) {
+            match (chunks, compressing) {
                 (Ok(chunks), Some((compressor, pages))) => {
                     crate::timeline::mark(format_args!("writer: row group {index} encoded"));
-                    compress_row_group(chunks, pages, compressor.as_ref()).map(Chunks::Compressed)
+                    compress_off_rayon(index, chunks, pages, compressor, done, permit);
                 }
-                (chunks, _) => chunks.map(Chunks::Encoded),
-            };
-            crate::timeline::mark(format_args!("writer: row group {index} ready"));
-            let _ = done.send((chunks, permit));
+                (chunks, _) => {
+                    let _ = done.send((chunks.map(Chunks::Encoded), permit));
+                }
+            }
         });
         Ok(result)
+    }
+}
+
+/// Compresses row group `index`'s pages on a thread of its own and sends the chunks to `done`.
+///
+/// Not on rayon's thread: a rayon thread waiting inside a parallel loop runs other tasks
+/// meanwhile, on its own stack, so a task that waits there (for the GPU) holds up every task
+/// under it. On TPC-H lineitem the row groups' compressions ran one after another so, and
+/// the writer kept 6 of 16 cores busy (`writer_props --whole --timeline`, stop 23).
+fn compress_off_rayon(
+    index: usize,
+    chunks: Vec<ArrowColumnChunk>,
+    pages: Vec<ChunkPages>,
+    compressor: Arc<dyn PageCompressor>,
+    done: std_mpsc::Sender<Encoded>,
+    permit: Option<OwnedSemaphorePermit>,
+) {
+    let work = move || {
+        let chunks = compress_row_group(chunks, pages, compressor.as_ref()).map(Chunks::Compressed);
+        crate::timeline::mark(format_args!("writer: row group {index} ready"));
+        let _ = done.send((chunks, permit));
+    };
+    // Where no thread can be started, here: slower, not wrong.
+    let work = Arc::new(std::sync::Mutex::new(Some(work)));
+    let theirs = Arc::clone(&work);
+    let spawned = std::thread::Builder::new().name("gpusort-pages".into()).spawn(move || {
+        let work = theirs.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(work) = work {
+            work();
+        }
+    });
+    if let Err(e) = spawned {
+        log::warn!("no thread for row group {index}'s pages ({e}): compressing them here");
+        let work = work.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(work) = work {
+            work();
+        }
     }
 }
 
