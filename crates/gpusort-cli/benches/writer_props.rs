@@ -130,7 +130,7 @@ mod whole {
 
     use arrow::array::RecordBatch;
     use arrow::row::{RowConverter, SortField};
-    use gpusort_cli::gpu_pages::NvcompZstd;
+    use gpusort_cli::gpu_pages::{DEFAULT_FRAME_BYTES, NvcompZstd};
     use gpusort_cli::order_by::OrderBy;
     use gpusort_cli::pages::{CpuZstd, PageCompressor};
     use gpusort_cli::timeline::cpu_seconds;
@@ -200,19 +200,25 @@ mod whole {
     /// statistics; `Err` with the reason a GPU variant cannot run.
     fn options_for(codec: &str) -> Result<(WriteOptions, Option<Arc<NvcompZstd>>), String> {
         let zstd3: Codec = "zstd(3)".parse()?;
+        // (frame bytes, GPU share) of an nvCOMP variant.
         let gpu = match codec.strip_prefix("zstd, nvCOMP ") {
-            Some("whole pages") => Some(MAX_CHUNK),
-            Some(frames) => Some(
+            Some("whole pages") => Some((MAX_CHUNK, 1.0)),
+            Some(share) if share.starts_with("share ") => Some((
+                DEFAULT_FRAME_BYTES,
+                share[6..].parse::<f64>().map_err(|e| e.to_string())?,
+            )),
+            Some(frames) => Some((
                 frames
                     .trim_end_matches(" KiB frames")
                     .parse::<usize>()
                     .map_err(|e| e.to_string())?
                     << 10,
-            ),
+                1.0,
+            )),
             None => None,
         };
         let gpu = gpu
-            .map(|frame| NvcompZstd::try_new(0, frame, 3).map(Arc::new))
+            .map(|(frame, share)| NvcompZstd::try_new(0, frame, 3).map(|g| Arc::new(g.with_gpu_share(share))))
             .transpose()?;
         let page_compressor: Option<Arc<dyn PageCompressor>> = match (&gpu, codec) {
             (Some(g), _) => Some(Arc::clone(g) as Arc<dyn PageCompressor>),
