@@ -178,6 +178,9 @@ mod whole {
             ("default", "zstd, nvCOMP 256 KiB frames", |b, _| b),
             ("default", "zstd, nvCOMP 64 KiB frames", |b, _| b),
             ("default", "zstd, nvCOMP 16 KiB frames", |b, _| b),
+            ("default", "zstd, nvCOMP share 0.25", |b, _| b),
+            ("default", "zstd, nvCOMP share 0.5", |b, _| b),
+            ("default", "zstd, nvCOMP share 0.75", |b, _| b),
             ("no dictionary", "zstd, nvCOMP 64 KiB frames", |b, _| {
                 b.set_dictionary_enabled(false)
             }),
