@@ -58,9 +58,11 @@ pub struct NvcompZstd {
 }
 
 /// The share of a row group's page bytes nvCOMP compresses while the CPU compresses the rest
-/// at the level asked for. nvCOMP's zstd ran at about 2.4 GB/s on the H100, about what 16 cores
-/// of zstd(3) do, so the two together are faster than either alone.
-pub const DEFAULT_GPU_SHARE: f64 = 0.5;
+/// at the level asked for: all of them. nvCOMP's zstd ran at about 2.4 GB/s on the H100, about
+/// what 16 cores of zstd(3) do, but the writer's cores are busy encoding: on lineitem SF10
+/// (`writer_props --whole`, one run) all pages on the GPU took 5.28 s, three quarters 5.61 s,
+/// half 5.98 s, a quarter 6.37 s, and the CPU alone 5.65 s.
+pub const DEFAULT_GPU_SHARE: f64 = 1.0;
 
 impl NvcompZstd {
     /// nvCOMP on GPU `ordinal`, with `frame_bytes` a frame (at most nvCOMP's
