@@ -120,7 +120,12 @@ impl GpuSortExec {
                 // Sort expressions that are not columns become extra key columns.
                 let extra = self.expr.iter().filter(|e| !e.expr.is::<Column>()).count();
                 let columns = self.schema().fields().len() + extra;
-                Strategy::calibrated_default(Layout::ByField, payload_fields(columns, self.expr.len())).to_string()
+                let planned = Strategy::calibrated_default(Layout::ByField, payload_fields(columns, self.expr.len()));
+                match self.options.device {
+                    DeviceChoice::Cpu => planned.to_string(),
+                    DeviceChoice::Auto => self.strategy_on_device(planned, 0),
+                    DeviceChoice::Gpu(ordinal) => self.strategy_on_device(planned, ordinal),
+                }
             }
         }
     }

@@ -1,11 +1,14 @@
 //! The strategy a `GpuSortExec`'s plan names: the one the sort will run on the device, decided
 //! by the function the sort itself asks ([`KernelShapes::runnable`]), so that EXPLAIN never
-//! names the MSD hybrid where the device's shared memory makes the sort run SRTS.
+//! names the MSD hybrid where the device's shared memory makes the sort run SRTS; and, for a
+//! direct strategy over string or binary keys, the indirect one it runs when the keys' values
+//! are longer than the device's prefix ([`with_string_switch`]).
 
 use arrow::datatypes::{DataType, Schema};
 use gpusort::Strategy;
-use gpusort::keys::native_ordinal_kind;
+use gpusort::keys::{may_encode_inexactly, native_ordinal_kind};
 use gpusort::plan::{Algorithm, RecordMove};
+use gpusort_cuda::GPU_STRING_PREFIX_BYTES;
 use gpusort_cuda::shapes::KernelShapes;
 
 use crate::device::gpu_backend;
@@ -33,11 +36,28 @@ pub(crate) fn runnable_name(
     }
 }
 
+/// The name of what a sort planned as `planned` runs on GPU `ordinal`: the MSD hybrid's by
+/// [`device_name`], and where the strategy is direct and a key may be longer than the device's
+/// prefix, the indirect strategy it runs then too ([`with_string_switch`]).
+pub(crate) fn on_device(planned: Strategy, ordinal: usize, schema: &Schema, key_types: &[DataType]) -> String {
+    let name = device_name(planned, ordinal, schema, key_types);
+    let indirect = Strategy {
+        record_move: RecordMove::Indirect,
+        ..planned
+    };
+    // Only where the GPU sorts (else the CPU backend does, and it has no strategies).
+    with_string_switch(name, planned, key_types, || {
+        gpusort_cuda::probe(ordinal)
+            .is_ok()
+            .then(|| device_name(indirect, ordinal, schema, key_types))
+    })
+}
+
 /// The name of what a sort planned as `planned` runs on GPU `ordinal`, with the shapes of the
 /// process's backend of that GPU (opened here when no query has yet: the sort would open it):
 /// only the MSD hybrid depends on the device; without a usable GPU the planned name stays (the
 /// sort then runs on the CPU and its metrics say so).
-pub(crate) fn on_device(planned: Strategy, ordinal: usize, schema: &Schema, key_types: &[DataType]) -> String {
+fn device_name(planned: Strategy, ordinal: usize, schema: &Schema, key_types: &[DataType]) -> String {
     if planned.algorithm != Algorithm::Msd {
         return planned.to_string();
     }
@@ -51,6 +71,29 @@ pub(crate) fn on_device(planned: Strategy, ordinal: usize, schema: &Schema, key_
         key_words(key_types),
         stage_width(schema, direct),
     )
+}
+
+/// `name` (what a sort planned as `planned` runs), followed by `indirect` (the name of the
+/// indirect strategy, `None` where no GPU sorts) when `planned` moves records directly and a key may be longer than the
+/// [`GPU_STRING_PREFIX_BYTES`] the device sorts by: rows whose prefixes tie are then ordered on
+/// the host, which needs the permutation before the columns move, so the session sorts
+/// indirectly (its `plan_device` decides from the data, as this name says).
+pub(crate) fn with_string_switch(
+    name: String,
+    planned: Strategy,
+    key_types: &[DataType],
+    indirect: impl FnOnce() -> Option<String>,
+) -> String {
+    let switches = planned.record_move == RecordMove::Direct
+        && key_types
+            .iter()
+            .any(|t| may_encode_inexactly(t, GPU_STRING_PREFIX_BYTES));
+    match switches.then(indirect).flatten() {
+        Some(indirect) => {
+            format!("{name}; {indirect} where a key's values differ past their first {GPU_STRING_PREFIX_BYTES} bytes")
+        }
+        None => name,
+    }
 }
 
 /// Most words a key of these types takes on the device (a null flag and every bit of each
@@ -128,6 +171,48 @@ mod tests {
             "msd-indirect where the key varies in at most 1 words, else srts-indirect"
         );
         assert_eq!(runnable_name(&at(227), Strategy::SRTS_DIRECT, None, 8), "srts-direct");
+    }
+
+    /// A direct strategy over string, binary and long fixed-size binary keys names the indirect
+    /// one the session switches to; numbers, dictionaries and indirect strategies do not.
+    #[test]
+    fn direct_sorts_of_long_keys_name_their_indirect_switch() {
+        let indirect = || Some("srts-indirect".to_string());
+        let name =
+            |planned: Strategy, types: &[DataType]| with_string_switch(planned.to_string(), planned, types, indirect);
+        for t in [
+            DataType::Utf8,
+            DataType::LargeUtf8,
+            DataType::Utf8View,
+            DataType::Binary,
+            DataType::BinaryView,
+            DataType::FixedSizeBinary(33),
+        ] {
+            assert_eq!(
+                name(Strategy::SRTS_DIRECT, &[DataType::Int32, t.clone()]),
+                "srts-direct; srts-indirect where a key's values differ past their first 32 bytes",
+                "{t}"
+            );
+            assert_eq!(
+                name(Strategy::SRTS_INDIRECT, std::slice::from_ref(&t)),
+                "srts-indirect",
+                "{t}"
+            );
+        }
+        for t in [
+            DataType::Int64,
+            DataType::FixedSizeBinary(32),
+            DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)),
+        ] {
+            assert_eq!(
+                name(Strategy::SRTS_DIRECT, std::slice::from_ref(&t)),
+                "srts-direct",
+                "{t}"
+            );
+        }
+        // No GPU: the CPU sorts, and the name stays.
+        let none = with_string_switch("srts-direct".into(), Strategy::SRTS_DIRECT, &[DataType::Utf8], || None);
+        assert_eq!(none, "srts-direct");
     }
 
     #[test]

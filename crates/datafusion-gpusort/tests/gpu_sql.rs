@@ -69,6 +69,40 @@ async fn gpu_order_by_matches_stock_datafusion_for_every_strategy() {
     }
 }
 
+/// A direct sort over a string key runs indirectly where the key's values are longer than the
+/// device's 32-byte prefix (tied prefixes are ordered on the host, by the permutation), and the
+/// plan names both; with short strings it stays direct.
+#[tokio::test]
+async fn gpu_direct_sorts_of_long_strings_run_indirect_as_the_plan_says() {
+    if !gpu_present() {
+        return;
+    }
+    let ours = context(true, 20_000, 2);
+    set(
+        &ours,
+        &[("min_rows", "0"), ("device", "0"), ("strategy", "srts-direct")],
+    )
+    .await;
+    let tables = [
+        (
+            "long",
+            "CAST(a AS VARCHAR) || repeat('y', 40) || CAST(c AS VARCHAR)",
+            "srts-indirect",
+        ),
+        ("short", "CAST(a AS VARCHAR)", "srts-direct"),
+    ];
+    for (name, s, runs) in tables {
+        let create = format!("CREATE TABLE {name} AS SELECT {s} AS s, a, c FROM t");
+        ours.sql(&create).await.unwrap().collect().await.unwrap();
+        let text = analyze(&ours, &format!("SELECT * FROM {name} ORDER BY s DESC, a")).await;
+        assert!(
+            text.contains("strategy=srts-direct; srts-indirect where a key's values differ past their first 32 bytes"),
+            "{name}: {text}"
+        );
+        assert!(text.contains(&format!("path=gpu cuda:0 {runs}")), "{name}: {text}");
+    }
+}
+
 #[tokio::test]
 async fn gpu_out_of_memory_falls_back_to_the_cpu() {
     if !gpu_present() {

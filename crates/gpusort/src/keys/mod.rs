@@ -317,6 +317,21 @@ impl std::fmt::Debug for KeyEncoder {
     }
 }
 
+/// Whether a key of type `data_type` may encode inexactly (a prefix of its values, so that
+/// rows with equal keys are ordered by comparing the values): strings and binaries, fixed-size
+/// binaries longer than `max_prefix_bytes`, and nested types (sorted as the bytes of Arrow's row
+/// format). Whether it does depends on the data: values that differ only in their first
+/// `max_prefix_bytes` bytes past their common prefix encode exactly.
+pub fn may_encode_inexactly(data_type: &arrow::datatypes::DataType, max_prefix_bytes: usize) -> bool {
+    use arrow::datatypes::DataType::*;
+    match data_type {
+        Utf8 | LargeUtf8 | Utf8View | Binary | LargeBinary | BinaryView => true,
+        FixedSizeBinary(n) => usize::try_from(*n).is_ok_and(|n| n > max_prefix_bytes),
+        Dictionary(_, _) => false,
+        t => t.is_nested(),
+    }
+}
+
 /// Whether a sort key of type `data_type` can be encoded (every type but a few nested ones
 /// Arrow's row format cannot order, and dictionaries with non-integer keys).
 pub fn is_sortable(data_type: &arrow::datatypes::DataType) -> bool {
