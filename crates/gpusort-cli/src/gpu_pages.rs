@@ -111,10 +111,11 @@ impl PageCompressor for NvcompZstd {
     fn compress(&self, pages: &[&[u8]]) -> Result<Vec<Vec<u8>>, ParquetError> {
         let split = gpu_pages(pages, self.gpu_share);
         let (on_gpu, on_cpu) = pages.split_at(split);
-        let gpu = |frames: &[&[u8]]| {
-            self.gpu
-                .compress(frames)
-                .map_err(|e| ParquetError::External(Box::new(e)))
+        // Where the device memory budget has no room now (the sorts hold it), the CPU.
+        let gpu = |frames: &[&[u8]]| match self.gpu.try_compress(frames) {
+            Ok(Some(out)) => Ok(out),
+            Ok(None) => self.cpu.compress(frames),
+            Err(e) => Err(ParquetError::External(Box::new(e))),
         };
         let (gpu_frames, cpu_frames) = std::thread::scope(|scope| {
             let gpu_side = (!on_gpu.is_empty()).then(|| scope.spawn(|| in_frames(on_gpu, self.frame_bytes, gpu)));

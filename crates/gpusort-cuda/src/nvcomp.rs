@@ -15,8 +15,10 @@
 //! on the CPU.
 //!
 //! The device memory of a call (its inputs, outputs and nvCOMP's scratch: about twice the
-//! pages' bytes) is allocated on the call's stream and freed when it returns; it is not
-//! counted in the sort's [`DeviceBudget`](crate::DeviceBudget).
+//! pages' bytes) is allocated on the call's stream and freed when it returns, and held of the
+//! process's [`DeviceBudget`] of the device meanwhile, as a sort's is: where the budget has no
+//! room now (the sorts hold it), [`ZstdCompressor::try_compress`] compresses nothing and says
+//! so, and the caller compresses on the CPU.
 
 use std::ffi::{CStr, c_char, c_void};
 use std::path::{Path, PathBuf};
@@ -26,6 +28,8 @@ use cudarc::driver::sys::{CUdeviceptr, CUstream};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, result};
 
 use crate::error::{CudaSortError, Result};
+use crate::memory::DeviceBudget;
+use crate::options::GpuOptions;
 use crate::pinned::PinnedPool;
 
 /// The library's file name.
@@ -214,6 +218,12 @@ pub struct ZstdCompressor {
     /// Streams of finished calls, for the next ones.
     streams: Mutex<Vec<Arc<CudaStream>>>,
     stats: Mutex<CompressStats>,
+    ordinal: usize,
+    /// `GPUSORT_DEVICE_BUDGET`, for the process's budget if this compressor makes it.
+    configured_budget: Option<usize>,
+    /// The process's budget of the device, taken at the first call (by then a sort has
+    /// usually made it, with its options).
+    budget: OnceLock<Arc<DeviceBudget>>,
 }
 
 /// What a [`ZstdCompressor`] did so far.
@@ -229,6 +239,8 @@ pub struct CompressStats {
     pub bytes_out: u64,
     /// Seconds spent in calls, summed over the threads that made them.
     pub call_seconds: f64,
+    /// Calls that compressed nothing: the device memory budget had no room for them.
+    pub refused: u64,
 }
 
 impl std::fmt::Debug for ZstdCompressor {
@@ -251,6 +263,26 @@ impl ZstdCompressor {
             ctx,
             streams: Mutex::default(),
             stats: Mutex::default(),
+            ordinal,
+            configured_budget: GpuOptions::from_env().ok().and_then(|o| o.device_budget),
+            budget: OnceLock::new(),
+        })
+    }
+
+    /// Holds its device memory of `budget` instead of the process's budget of the device.
+    pub fn with_budget(self, budget: Arc<DeviceBudget>) -> Self {
+        let _ = self.budget.set(budget);
+        self
+    }
+
+    /// The process's device memory budget of the device (made here with the device's free
+    /// memory when no sort has made it).
+    fn budget(&self) -> &Arc<DeviceBudget> {
+        self.budget.get_or_init(|| {
+            DeviceBudget::for_device(self.ordinal, self.configured_budget, || {
+                let _ = self.ctx.bind_to_thread();
+                result::mem_get_info().map_or(0, |(free, _)| free)
+            })
         })
     }
 
@@ -270,9 +302,16 @@ impl ZstdCompressor {
         &self.api.path
     }
 
-    /// One zstd frame for each of `inputs`, in order. Every input must be at most
-    /// [`MAX_CHUNK`] bytes.
+    /// One zstd frame for each of `inputs`, in order; an error where the device memory budget
+    /// has no room for the call now. Every input must be at most [`MAX_CHUNK`] bytes.
     pub fn compress(&self, inputs: &[&[u8]]) -> Result<Vec<Vec<u8>>> {
+        self.try_compress(inputs)?
+            .ok_or_else(|| CudaSortError::Compression("the device memory budget has no room for the call now".into()))
+    }
+
+    /// As [`Self::compress`], but `None` where the device memory budget has no room for the
+    /// call now (its sorts hold it): nothing was compressed.
+    pub fn try_compress(&self, inputs: &[&[u8]]) -> Result<Option<Vec<Vec<u8>>>> {
         if let Some(big) = inputs.iter().find(|i| i.len() > MAX_CHUNK) {
             return Err(CudaSortError::Compression(format!(
                 "a buffer of {} bytes is over nvCOMP's zstd limit of {MAX_CHUNK}",
@@ -289,6 +328,10 @@ impl ZstdCompressor {
             let out = self.compress_on(&stream, &full)?;
             self.streams.lock().unwrap_or_else(|p| p.into_inner()).push(stream);
             let mut stats = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(out) = out else {
+                stats.refused += 1;
+                return Ok(None);
+            };
             stats.calls += 1;
             stats.buffers += full.len() as u64;
             stats.bytes_in += full.iter().map(|b| b.len() as u64).sum::<u64>();
@@ -297,13 +340,15 @@ impl ZstdCompressor {
             out
         }
         .into_iter();
-        Ok(inputs
-            .iter()
-            .map(|i| match i.is_empty() {
-                true => EMPTY_FRAME.to_vec(),
-                false => frames.next().expect("a frame for each non-empty input"),
-            })
-            .collect())
+        Ok(Some(
+            inputs
+                .iter()
+                .map(|i| match i.is_empty() {
+                    true => EMPTY_FRAME.to_vec(),
+                    false => frames.next().expect("a frame for each non-empty input"),
+                })
+                .collect(),
+        ))
     }
 
     fn take_stream(&self) -> Result<Arc<CudaStream>> {
@@ -314,9 +359,9 @@ impl ZstdCompressor {
         }
     }
 
-    /// [`Self::compress`] on `stream`: pack, upload, compress, download the sizes and then
-    /// the frames.
-    fn compress_on(&self, stream: &Arc<CudaStream>, inputs: &[&[u8]]) -> Result<Vec<Vec<u8>>> {
+    /// [`Self::try_compress`] on `stream`: hold its device memory of the budget (else `None`),
+    /// pack, upload, compress, download the sizes and then the frames.
+    fn compress_on(&self, stream: &Arc<CudaStream>, inputs: &[&[u8]]) -> Result<Option<Vec<Vec<u8>>>> {
         let t0 = std::time::Instant::now();
         let api = self.api;
         let n = inputs.len();
@@ -342,10 +387,21 @@ impl ZstdCompressor {
             "temp size",
         )?;
 
+        let temp_total = align_up(temp_bytes.max(1), api.alignments.temp.max(8));
+        let mut held = self.budget().reservation();
+        let needed = in_total + out_total + temp_total + 8 * 5 * n;
+        if !held.try_grow_to(needed) {
+            log::debug!(
+                target: "gpusort::timeline",
+                "nvCOMP zstd: the device memory budget has no room for {:.1} MB now: {n} buffers left to the CPU",
+                needed as f64 / 1e6
+            );
+            return Ok(None);
+        }
         // Device memory: inputs, outputs, scratch, and the per-buffer tables.
         let d_in = alloc(stream, in_total)?;
         let d_out = alloc(stream, out_total)?;
-        let d_temp = alloc(stream, align_up(temp_bytes.max(1), api.alignments.temp.max(8)))?;
+        let d_temp = alloc(stream, temp_total)?;
         // Tables: input pointers, input sizes, output pointers (uploaded); output sizes and
         // statuses (downloaded).
         let d_tables = alloc(stream, 8 * 5 * n)?;
@@ -398,7 +454,7 @@ impl ZstdCompressor {
         let frames = self.download(stream, out_base, &out_at, out_sizes, n);
         // The copies from `staged` are done (download synchronized) or failed.
         stream.synchronize()?;
-        drop((staged, d_in, d_out, d_temp, d_tables));
+        drop((staged, d_in, d_out, d_temp, d_tables, held));
         log::debug!(
             target: "gpusort::timeline",
             "nvCOMP zstd: {n} buffers, {:.1} MB in {:.1} ms (device alloc {:.1}, pinned pack {:.1}, \
@@ -410,7 +466,7 @@ impl ZstdCompressor {
             (t0.elapsed() - t_pack).as_secs_f64() * 1e3,
             if staged_pinned { "was" } else { "was not" }
         );
-        frames
+        frames.map(Some)
     }
 
     /// The compressed frames: their sizes and statuses first, then the frames in one copy of
@@ -473,6 +529,41 @@ fn ptr(slice: &CudaSlice<u8>, stream: &Arc<CudaStream>) -> CUdeviceptr {
 mod tests {
     use super::*;
 
+    /// A call the device memory budget has no room for compresses nothing, and says so; with
+    /// room it compresses, and its memory is back in the budget after.
+    #[test]
+    fn calls_hold_their_device_memory_of_the_budget() {
+        let open = || match ZstdCompressor::try_new(0) {
+            Ok(c) => Some(c),
+            Err(e @ CudaSortError::Compression(_)) if std::env::var("GPUSORT_REQUIRE_NVCOMP").as_deref() != Ok("1") => {
+                eprintln!("calls_hold_their_device_memory_of_the_budget did not run: {e}");
+                None
+            }
+            Err(e) => {
+                crate::test_support::not_run("calls_hold_their_device_memory_of_the_budget", e);
+                None
+            }
+        };
+        let Some(compressor) = open() else { return };
+        let page = vec![7u8; 1 << 20];
+        let tiny = DeviceBudget::new(64 << 10);
+        let refused = compressor.with_budget(Arc::clone(&tiny));
+        assert!(refused.try_compress(&[&page]).unwrap().is_none());
+        assert!(refused.compress(&[&page]).is_err());
+        assert_eq!(refused.stats().refused, 2);
+        assert_eq!(refused.stats().calls, 0);
+        let Some(compressor) = open() else { return };
+        let room = DeviceBudget::new(1 << 30);
+        let fits = compressor.with_budget(Arc::clone(&room));
+        let frames = fits.try_compress(&[&page]).unwrap().expect("room in the budget");
+        assert_eq!(zstd::stream::decode_all(&frames[0][..]).unwrap(), page);
+        assert!(
+            room.stats().peak > 0 && room.stats().reserved == 0,
+            "{:?}",
+            room.stats()
+        );
+    }
+
     #[test]
     fn packing_aligns_every_buffer() {
         let (at, total) = pack([3, 0, 9, 8], 8);
@@ -531,6 +622,7 @@ mod tests {
             assert!(frames[3].len() < inputs[3].len() / 10, "repeated text compresses");
         }
         assert!(compressor.compress(&[]).unwrap().is_empty());
+        assert_eq!(compressor.stats().refused, 0);
         let too_big = vec![0u8; MAX_CHUNK + 1];
         assert!(compressor.compress(&[&too_big]).is_err());
     }
