@@ -117,6 +117,9 @@ impl PageCompressor for NvcompZstd {
             Ok(None) => self.cpu.compress(frames),
             Err(e) => Err(ParquetError::External(Box::new(e))),
         };
+        if on_cpu.is_empty() {
+            return in_frames(on_gpu, self.frame_bytes, gpu);
+        }
         let (gpu_frames, cpu_frames) = std::thread::scope(|scope| {
             let gpu_side = (!on_gpu.is_empty()).then(|| scope.spawn(|| in_frames(on_gpu, self.frame_bytes, gpu)));
             let cpu_frames = self.cpu.compress(on_cpu);
@@ -298,6 +301,12 @@ mod tests {
                 Ok(p) => p.with_gpu_share(share),
                 Err(why) if std::env::var("GPUSORT_REQUIRE_NVCOMP").as_deref() == Ok("1") => {
                     panic!("GPUSORT_REQUIRE_NVCOMP=1 but {why}")
+                }
+                Err(why)
+                    if std::env::var("GPUSORT_REQUIRE_GPU").as_deref() == Ok("1")
+                        && gpusort_cuda::probe(0).is_err() =>
+                {
+                    panic!("GPUSORT_REQUIRE_GPU=1 but no GPU: {why}")
                 }
                 Err(why) => return eprintln!("nvcomp_pages_read_as_the_parquet_crates did not run: {why}"),
             };

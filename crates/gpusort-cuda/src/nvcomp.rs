@@ -529,21 +529,32 @@ fn ptr(slice: &CudaSlice<u8>, stream: &Arc<CudaStream>) -> CUdeviceptr {
 mod tests {
     use super::*;
 
+    /// nvCOMP on GPU 0, or `None` with a note that `test` did not run. nvCOMP is optional (the
+    /// CPU compresses without it): its absence fails the test only under
+    /// GPUSORT_REQUIRE_NVCOMP=1 (device-unpack.sh sets it where it carried nvCOMP); a missing GPU
+    /// fails it under GPUSORT_REQUIRE_GPU=1 whether nvCOMP is there or not.
+    fn compressor_for_test(test: &str) -> Option<ZstdCompressor> {
+        match ZstdCompressor::try_new(0) {
+            Ok(c) => Some(c),
+            Err(e @ CudaSortError::Compression(_)) if std::env::var("GPUSORT_REQUIRE_NVCOMP").as_deref() != Ok("1") => {
+                if let Err(no_gpu) = crate::device::probe(0) {
+                    crate::test_support::not_run(test, no_gpu);
+                }
+                eprintln!("{test} did not run: {e}");
+                None
+            }
+            Err(e) => {
+                crate::test_support::not_run(test, e);
+                None
+            }
+        }
+    }
+
     /// A call the device memory budget has no room for compresses nothing, and says so; with
     /// room it compresses, and its memory is back in the budget after.
     #[test]
     fn calls_hold_their_device_memory_of_the_budget() {
-        let open = || match ZstdCompressor::try_new(0) {
-            Ok(c) => Some(c),
-            Err(e @ CudaSortError::Compression(_)) if std::env::var("GPUSORT_REQUIRE_NVCOMP").as_deref() != Ok("1") => {
-                eprintln!("calls_hold_their_device_memory_of_the_budget did not run: {e}");
-                None
-            }
-            Err(e) => {
-                crate::test_support::not_run("calls_hold_their_device_memory_of_the_budget", e);
-                None
-            }
-        };
+        let open = || compressor_for_test("calls_hold_their_device_memory_of_the_budget");
         let Some(compressor) = open() else { return };
         let page = vec![7u8; 1 << 20];
         let tiny = DeviceBudget::new(64 << 10);
@@ -595,12 +606,8 @@ mod tests {
     fn gpu_frames_decode_to_their_inputs() {
         // nvCOMP is optional (the CPU compresses without it): its absence fails the test only
         // under GPUSORT_REQUIRE_NVCOMP=1 (device-unpack.sh sets it where it carried nvCOMP).
-        let compressor = match ZstdCompressor::try_new(0) {
-            Ok(c) => c,
-            Err(e @ CudaSortError::Compression(_)) if std::env::var("GPUSORT_REQUIRE_NVCOMP").as_deref() != Ok("1") => {
-                return eprintln!("gpu_frames_decode_to_their_inputs did not run: {e}");
-            }
-            Err(e) => return crate::test_support::not_run("gpu_frames_decode_to_their_inputs", e),
+        let Some(compressor) = compressor_for_test("gpu_frames_decode_to_their_inputs") else {
+            return;
         };
         let mut state = 0x9e37_79b9_7f4a_7c15u64;
         let mut noise = |n: usize| -> Vec<u8> {
