@@ -9,7 +9,7 @@
 //! the tool runs it, where the single-thread figures leave out contention.
 //!
 //! ```text
-//! writer_props-<hash> FILE.parquet [--whole [--only=CODEC ...]] [--timeline]
+//! writer_props-<hash> FILE.parquet [--whole [--only=TEXT ...]] [--timeline]
 //! ```
 
 use std::time::Instant;
@@ -134,7 +134,7 @@ mod whole {
     use gpusort_cli::order_by::OrderBy;
     use gpusort_cli::pages::{CpuZstd, PageCompressor};
     use gpusort_cli::timeline::cpu_seconds;
-    use gpusort_cli::writer::{Codec, SortedParquetWriter, WriteOptions};
+    use gpusort_cli::writer::{Codec, ColumnEncoder, SortedParquetWriter, WriteOptions};
     use gpusort_cuda::nvcomp::MAX_CHUNK;
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterPropertiesBuilder};
@@ -192,8 +192,16 @@ mod whole {
             ("no statistics", "zstd, nvCOMP 64 KiB frames", |b, _| {
                 b.set_statistics_enabled(EnabledStatistics::None)
             }),
+            // gpusort's column encoder (every variant above is the Parquet crate's), its pages
+            // compressed on the CPU, not at all, and on the GPU.
+            (GPUSORT_ENCODER, "zstd(3)", |b, _| b),
+            (GPUSORT_ENCODER, "uncompressed", |b, _| b),
+            (GPUSORT_ENCODER, "zstd, nvCOMP 64 KiB frames", |b, _| b),
         ]
     }
+
+    /// The name of the variants whose columns gpusort's encoder writes.
+    const GPUSORT_ENCODER: &str = "gpusort encoder";
 
     /// The codec name of the variant whose pages are compressed apart, on the CPU.
     const PAGES_CPU: &str = "zstd(3), pages.rs CPU";
@@ -201,7 +209,7 @@ mod whole {
     /// The writer's options for `codec`: a codec of the Parquet writer, or pages compressed
     /// apart ([`PAGES_CPU`], or "zstd, nvCOMP ..." on the GPU), with the GPU compressor for its
     /// statistics; `Err` with the reason a GPU variant cannot run.
-    fn options_for(codec: &str) -> Result<(WriteOptions, Option<Arc<NvcompZstd>>), String> {
+    fn options_for(name: &str, codec: &str) -> Result<(WriteOptions, Option<Arc<NvcompZstd>>), String> {
         let zstd3: Codec = "zstd(3)".parse()?;
         // (frame bytes, GPU share) of an nvCOMP variant.
         let gpu = match codec.strip_prefix("zstd, nvCOMP ") {
@@ -235,6 +243,11 @@ mod whole {
                 codec.parse::<Codec>()?
             },
             page_compressor,
+            column_encoder: if name == GPUSORT_ENCODER {
+                ColumnEncoder::Gpusort
+            } else {
+                ColumnEncoder::ParquetCrate
+            },
             ..WriteOptions::default()
         };
         Ok((options, gpu))
@@ -255,8 +268,8 @@ mod whole {
         Ok(out)
     }
 
-    /// `only`: codec names to run (a substring each; the first variant, the reference, always
-    /// runs).
+    /// `only`: the variants to run, each a substring of "NAME CODEC" (the first variant, the
+    /// reference, always runs).
     pub fn run(path: &str, only: &[String]) -> Result<(), Box<dyn std::error::Error>> {
         let reader = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(path)?)?
             .with_batch_size(8192)
@@ -275,10 +288,11 @@ mod whole {
         let order_by = OrderBy::try_new(schema.field(0).name(), &schema)?;
         let out = std::env::temp_dir().join("writer_props_whole.parquet");
         for (i, (name, codec, props)) in whole_variants().into_iter().enumerate() {
-            if i > 0 && !only.is_empty() && !only.iter().any(|o| codec.contains(o.as_str())) {
+            let label = format!("{name} {codec}");
+            if i > 0 && !only.is_empty() && !only.iter().any(|o| label.contains(o.as_str())) {
                 continue;
             }
-            let (options, gpu) = match options_for(codec) {
+            let (options, gpu) = match options_for(name, codec) {
                 Ok(options) => options,
                 Err(why) => {
                     println!("| {name} | {codec} | not run: {why} | | | |");

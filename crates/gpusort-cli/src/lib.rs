@@ -12,6 +12,7 @@
 //! The binary (`src/main.rs`) parses [`Cli`] and calls [`run`]; the tests and the
 //! `parquet_sort` benchmark call [`sort::sort`] directly.
 
+pub mod encoder;
 pub mod error;
 pub mod gpu_pages;
 pub mod info;

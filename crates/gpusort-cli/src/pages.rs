@@ -42,6 +42,8 @@ use parquet::file::serialized_reader::SerializedPageReader;
 use parquet::file::writer::{SerializedPageWriter, SerializedRowGroupWriter, TrackedWrite};
 use rayon::prelude::*;
 
+use crate::encoder::EncodedChunk;
+
 /// Compresses many independent buffers at once, each into what any decoder of the codec reads
 /// (for zstd: one frame, or several concatenated, as the zstd format allows). Implementations:
 /// the GPU (nvCOMP, [`crate::gpu_pages`]) and `CpuZstd` here.
@@ -93,6 +95,25 @@ impl PageCompressor for CpuZstd {
                 },
             )
             .collect()
+    }
+}
+
+/// No compression: each page as it is (the codec `UNCOMPRESSED`), for uncompressed output
+/// whose columns gpusort's encoder writes.
+#[derive(Debug)]
+pub struct Uncompressed;
+
+impl PageCompressor for Uncompressed {
+    fn codec(&self) -> Compression {
+        Compression::UNCOMPRESSED
+    }
+
+    fn name(&self) -> String {
+        "uncompressed".into()
+    }
+
+    fn compress(&self, pages: &[&[u8]]) -> Result<Vec<Vec<u8>>> {
+        Ok(pages.iter().map(|p| p.to_vec()).collect())
     }
 }
 
@@ -190,30 +211,35 @@ impl CompressedChunk {
     }
 }
 
-/// One row group's column chunks, encoded uncompressed (their pages in `pages`, as
-/// [`CapturingPageStoreFactory::take_created`] gave them), with every page compressed by one
-/// call of `compressor`; in leaf order.
-pub fn compress_row_group(
-    chunks: Vec<ArrowColumnChunk>,
-    pages: Vec<ChunkPages>,
-    compressor: &dyn PageCompressor,
-) -> Result<Vec<CompressedChunk>> {
-    if chunks.len() != pages.len() {
-        return Err(ParquetError::General(format!(
-            "{} column chunks but the pages of {} were captured",
-            chunks.len(),
-            pages.len()
-        )));
+/// A row group's column chunk, encoded uncompressed: by the Parquet crate (its pages in the
+/// store [`CapturingPageStoreFactory::take_created`] gave), or by gpusort's encoder.
+#[derive(Debug)]
+pub enum EncodedColumn {
+    ParquetCrate(ArrowColumnChunk, ChunkPages),
+    Gpusort(EncodedChunk),
+}
+
+impl EncodedColumn {
+    /// The chunk's pages in file order, and what its writer said of them.
+    fn into_pages(self) -> Result<(Vec<Page>, ColumnCloseResult)> {
+        match self {
+            EncodedColumn::ParquetCrate(chunk, pages) => {
+                let close = chunk.close().clone();
+                // The chunk's store is empty already (its pages were taken), or is after this.
+                drop(chunk);
+                Ok((read_pages(pages.take(), &close)?, close))
+            }
+            EncodedColumn::Gpusort(chunk) => Ok((chunk.pages, chunk.close)),
+        }
     }
+}
+
+/// One row group's column chunks, in leaf order, with every page compressed by one call of
+/// `compressor`.
+pub fn compress_row_group(chunks: Vec<EncodedColumn>, compressor: &dyn PageCompressor) -> Result<Vec<CompressedChunk>> {
     let read: Vec<(Vec<Page>, ColumnCloseResult)> = chunks
         .into_par_iter()
-        .zip(pages)
-        .map(|(chunk, pages)| {
-            let close = chunk.close().clone();
-            // The chunk's store is empty already (its pages were taken), or is after this.
-            drop(chunk);
-            Ok((read_pages(pages.take(), &close)?, close))
-        })
+        .map(EncodedColumn::into_pages)
         .collect::<Result<_>>()?;
     let frames = compress_pages(&read, compressor)?;
     let codec = compressor.codec();
@@ -436,7 +462,7 @@ pub(crate) mod tests {
 
     use super::*;
     use crate::order_by::OrderBy;
-    use crate::writer::{SortedParquetWriter, WriteOptions, WriteStats};
+    use crate::writer::{ColumnEncoder, SortedParquetWriter, WriteOptions, WriteStats};
 
     const ROWS: usize = 10_000;
     const ROW_GROUP: usize = 3_000;
@@ -552,6 +578,7 @@ pub(crate) mod tests {
             codec: "zstd(3)".parse().unwrap(),
             memory_budget: None,
             page_compressor: compressor,
+            column_encoder: ColumnEncoder::default(),
         };
         let properties = WriterProperties::builder()
             .set_writer_version(version)
@@ -844,8 +871,12 @@ pub(crate) mod tests {
         let writers = factory.create_column_writers(0).unwrap();
         let pages = stores.take_created();
         assert_eq!((writers.len(), pages.len()), (LEAVES, LEAVES));
-        let chunks: Vec<_> = writers.into_iter().map(|w| w.close().unwrap()).collect();
-        let chunks = compress_row_group(chunks, pages, &CpuZstd::new(3)).unwrap();
+        let chunks: Vec<EncodedColumn> = writers
+            .into_iter()
+            .zip(pages)
+            .map(|(w, pages)| EncodedColumn::ParquetCrate(w.close().unwrap(), pages))
+            .collect();
+        let chunks = compress_row_group(chunks, &CpuZstd::new(3)).unwrap();
         let mut row_group = file.next_row_group().unwrap();
         for chunk in chunks {
             chunk.append_to_row_group(&mut row_group).unwrap();

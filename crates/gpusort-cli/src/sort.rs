@@ -23,7 +23,7 @@ use crate::progress::{Monitor, ProgressMode};
 use crate::report::{PhaseTimes, PlanMetrics, SortReport};
 use crate::timeline;
 use crate::writer::{
-    Codec, DEFAULT_ROW_GROUP_SIZE, ORDER_BY_METADATA_KEY, SortedParquetWriter, WriteOptions, writer_share,
+    Codec, ColumnEncoder, DEFAULT_ROW_GROUP_SIZE, ORDER_BY_METADATA_KEY, SortedParquetWriter, WriteOptions, writer_share,
 };
 
 /// `gpusort sort`'s arguments.
@@ -52,6 +52,12 @@ pub struct SortArgs {
     #[arg(long, value_name = "WHERE", default_value = "auto")]
     pub compress_on: CompressOn,
 
+    /// What encodes the output's columns: gpusort (its own encoder for integer, date, decimal,
+    /// string and binary columns, the Parquet crate's for the rest; with zstd or uncompressed
+    /// output) or parquet (the Parquet crate's for every column)
+    #[arg(long, value_name = "ENCODER", default_value = "gpusort")]
+    pub column_encoder: ColumnEncoder,
+
     /// Replace OUTPUT if it exists
     #[arg(short, long)]
     pub force: bool,
@@ -75,6 +81,7 @@ impl SortArgs {
             row_group_size: DEFAULT_ROW_GROUP_SIZE,
             compression: Codec::default(),
             compress_on: CompressOn::default(),
+            column_encoder: ColumnEncoder::default(),
             force: false,
             quiet: false,
             timeline: false,
@@ -88,6 +95,7 @@ impl SortArgs {
             codec: self.compression,
             memory_budget: self.plan.memory_limit_bytes().map(writer_share),
             page_compressor: None,
+            column_encoder: self.column_encoder,
         }
     }
 }

@@ -28,13 +28,17 @@ use parquet::arrow::{ArrowSchemaConverter, ArrowWriter};
 use parquet::basic::Compression;
 use parquet::errors::ParquetError;
 use parquet::file::metadata::{KeyValue, SortingColumn};
-use parquet::file::properties::{WriterProperties, WriterPropertiesBuilder};
+use parquet::file::properties::{WriterProperties, WriterPropertiesBuilder, WriterPropertiesPtr};
+use parquet::schema::types::ColumnDescPtr;
 use parquet::file::writer::{SerializedFileWriter, SerializedRowGroupWriter};
 use rayon::prelude::*;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use crate::order_by::OrderBy;
-use crate::pages::{CapturingPageStoreFactory, ChunkPages, CompressedChunk, PageCompressor, compress_row_group};
+use crate::encoder::{self, EncodedChunk};
+use crate::pages::{
+    CapturingPageStoreFactory, CompressedChunk, CpuZstd, EncodedColumn, PageCompressor, Uncompressed, compress_row_group,
+};
 
 /// Rows per row group unless `--row-group-size` says otherwise (the Parquet writer's default).
 pub const DEFAULT_ROW_GROUP_SIZE: usize = 1024 * 1024;
@@ -147,6 +151,30 @@ impl std::fmt::Display for Codec {
     }
 }
 
+/// Which encoder writes the columns: gpusort's ([`crate::encoder`]) every column it takes
+/// (the rest go to the Parquet crate's), or the Parquet crate's every column.
+///
+/// gpusort's needs the pages compressed apart from encoding ([`crate::pages`]): it serves
+/// zstd (compressed by [`WriteOptions::page_compressor`], else by [`CpuZstd`] at the codec's
+/// level) and uncompressed output; other codecs are the Parquet crate's alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ColumnEncoder {
+    #[default]
+    Gpusort,
+    ParquetCrate,
+}
+
+impl FromStr for ColumnEncoder {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "gpusort" => Ok(Self::Gpusort),
+            "parquet" => Ok(Self::ParquetCrate),
+            _ => Err(format!("{s}: the column encoders are gpusort and parquet")),
+        }
+    }
+}
+
 /// How the output is written.
 #[derive(Debug, Clone)]
 pub struct WriteOptions {
@@ -160,6 +188,8 @@ pub struct WriteOptions {
     /// What compresses the pages, a row group at a time, in its codec (which then replaces
     /// `codec`); `None`: the Parquet crate compresses each page with `codec` as it encodes it.
     pub page_compressor: Option<Arc<dyn PageCompressor>>,
+    /// Which encoder writes the columns.
+    pub column_encoder: ColumnEncoder,
 }
 
 impl Default for WriteOptions {
@@ -169,7 +199,22 @@ impl Default for WriteOptions {
             codec: Codec::default(),
             memory_budget: None,
             page_compressor: None,
+            column_encoder: ColumnEncoder::default(),
         }
+    }
+}
+
+/// What compresses the pages apart from encoding: `options.page_compressor`, else where
+/// gpusort's encoder writes the columns, zstd at the codec's level on the CPU (or nothing, for
+/// uncompressed output); `None`: the Parquet crate compresses as it encodes.
+fn page_compressor_for(options: &WriteOptions) -> Option<Arc<dyn PageCompressor>> {
+    match (&options.page_compressor, options.column_encoder, options.codec.0) {
+        (Some(compressor), _, _) => Some(Arc::clone(compressor)),
+        (None, ColumnEncoder::Gpusort, Compression::ZSTD(level)) => {
+            Some(Arc::new(CpuZstd::new(level.compression_level())))
+        }
+        (None, ColumnEncoder::Gpusort, Compression::UNCOMPRESSED) => Some(Arc::new(Uncompressed)),
+        _ => None,
     }
 }
 
@@ -267,7 +312,8 @@ impl SortedParquetWriter {
             return Err(ParquetError::General("the row group size must be at least 1".into()));
         }
         let sorting = sorting_columns(&schema, order_by)?;
-        let encoding_codec = match options.page_compressor {
+        let page_compressor = page_compressor_for(options);
+        let encoding_codec = match page_compressor {
             Some(_) => Compression::UNCOMPRESSED,
             None => options.codec.0,
         };
@@ -289,7 +335,7 @@ impl SortedParquetWriter {
             units: Arc::default(),
             columns: schema.fields().len().max(1) as u64,
         };
-        let encoder = Encoder::new(&file_writer, factory, options, &schema, &progress);
+        let encoder = Encoder::new(&file_writer, factory, page_compressor, options.column_encoder, &schema, &progress);
         let thread = std::thread::Builder::new()
             .name("gpusort-writer".into())
             .spawn(move || write_row_groups(file_writer, encoder, receiver))
@@ -447,6 +493,9 @@ struct Encoder {
     factory: ArrowRowGroupWriterFactory,
     /// The page compressor, and the page stores that keep the pages it compresses.
     compressing: Option<(Arc<dyn PageCompressor>, Arc<CapturingPageStoreFactory>)>,
+    /// For each top-level field, its leaf's descriptor where gpusort's encoder writes it.
+    gpusort: Arc<Vec<Option<ColumnDescPtr>>>,
+    properties: WriterPropertiesPtr,
     schema: SchemaRef,
     /// Which top-level field each leaf column belongs to.
     roots: Vec<usize>,
@@ -457,15 +506,29 @@ impl Encoder {
     fn new(
         file_writer: &SerializedFileWriter<File>,
         factory: ArrowRowGroupWriterFactory,
-        options: &WriteOptions,
+        page_compressor: Option<Arc<dyn PageCompressor>>,
+        column_encoder: ColumnEncoder,
         schema: &SchemaRef,
         progress: &WriteProgress,
     ) -> Self {
         let descr = file_writer.schema_descr();
-        let compressing = options
-            .page_compressor
-            .as_ref()
-            .map(|compressor| (Arc::clone(compressor), Arc::new(CapturingPageStoreFactory::new())));
+        let properties = Arc::clone(file_writer.properties());
+        let roots: Vec<usize> = (0..descr.num_columns()).map(|i| descr.get_column_root_idx(i)).collect();
+        // gpusort's encoder writes a field that is one leaf it takes, where pages are compressed apart.
+        let gpusort = (0..schema.fields().len())
+            .map(|field| {
+                let mut leaves = roots.iter().enumerate().filter(|(_, r)| **r == field).map(|(i, _)| i);
+                match (leaves.next(), leaves.next()) {
+                    (Some(leaf), None) if column_encoder == ColumnEncoder::Gpusort && page_compressor.is_some() => {
+                        let leaf = descr.column(leaf);
+                        encoder::encodes(schema.field(field), &leaf, &properties).then_some(leaf)
+                    }
+                    _ => None,
+                }
+            })
+            .collect();
+        let compressing =
+            page_compressor.map(|compressor| (compressor, Arc::new(CapturingPageStoreFactory::new())));
         let factory = match &compressing {
             Some((_, stores)) => factory.with_page_store_factory(Arc::clone(stores) as _),
             None => factory,
@@ -473,8 +536,10 @@ impl Encoder {
         Self {
             factory,
             compressing,
+            gpusort: Arc::new(gpusort),
+            properties,
             schema: Arc::clone(schema),
-            roots: (0..descr.num_columns()).map(|i| descr.get_column_root_idx(i)).collect(),
+            roots,
             units: Arc::clone(&progress.units),
         }
     }
@@ -505,18 +570,44 @@ impl Encoder {
             _ => None,
         };
         let (done, result) = std_mpsc::channel::<Encoded>();
-        let (schema, roots, units) = (Arc::clone(&self.schema), self.roots.clone(), Arc::clone(&self.units));
+        let columns = RowGroupColumns {
+            writers,
+            roots: self.roots.clone(),
+            gpusort: Arc::clone(&self.gpusort),
+            properties: Arc::clone(&self.properties),
+            schema: Arc::clone(&self.schema),
+        };
+        let units = Arc::clone(&self.units);
         rayon::spawn(move || {
             crate::timeline::mark(format_args!("writer: row group {index} encoding"));
-            let chunks = encode_row_group(writers, &roots, &schema, &group, &units);
+            let leaves = columns.encode(&group, &units);
             // The rows go now; the permit stays with the encoded pages.
             drop(group);
-            match (chunks, compressing) {
-                (Ok(chunks), Some((compressor, pages))) => {
+            match (leaves, compressing) {
+                (Ok(leaves), Some((compressor, pages))) => {
                     crate::timeline::mark(format_args!("writer: row group {index} encoded"));
-                    compress_off_rayon(index, chunks, pages, compressor, done, permit);
+                    let columns = leaves
+                        .into_iter()
+                        .zip(pages)
+                        .map(|(leaf, pages)| match leaf {
+                            EncodedLeaf::ParquetCrate(chunk) => EncodedColumn::ParquetCrate(chunk, pages),
+                            EncodedLeaf::Gpusort(chunk) => EncodedColumn::Gpusort(chunk),
+                        })
+                        .collect();
+                    compress_off_rayon(index, columns, compressor, done, permit);
                 }
-                (chunks, _) => {
+                (leaves, _) => {
+                    let chunks = leaves.and_then(|leaves| {
+                        leaves
+                            .into_iter()
+                            .map(|leaf| match leaf {
+                                EncodedLeaf::ParquetCrate(chunk) => Ok(chunk),
+                                EncodedLeaf::Gpusort(_) => Err(ParquetError::General(
+                                    "gpusort's encoder wrote a column whose pages nothing compresses".into(),
+                                )),
+                            })
+                            .collect::<Result<Vec<_>, _>>()
+                    });
                     let _ = done.send((chunks.map(Chunks::Encoded), permit));
                 }
             }
@@ -533,14 +624,13 @@ impl Encoder {
 /// the writer kept 6 of 16 cores busy (`writer_props --whole --timeline`, stop 23).
 fn compress_off_rayon(
     index: usize,
-    chunks: Vec<ArrowColumnChunk>,
-    pages: Vec<ChunkPages>,
+    columns: Vec<EncodedColumn>,
     compressor: Arc<dyn PageCompressor>,
     done: std_mpsc::Sender<Encoded>,
     permit: Option<OwnedSemaphorePermit>,
 ) {
     let work = move || {
-        let chunks = compress_row_group(chunks, pages, compressor.as_ref()).map(Chunks::Compressed);
+        let chunks = compress_row_group(columns, compressor.as_ref()).map(Chunks::Compressed);
         crate::timeline::mark(format_args!("writer: row group {index} ready"));
         let _ = done.send((chunks, permit));
     };
@@ -641,34 +731,70 @@ fn write_row_groups(
     Ok(index)
 }
 
-/// Encodes one row group: each top-level column (its leaf writers) on its own rayon task.
-fn encode_row_group(
+/// One leaf column chunk of a row group, encoded.
+enum EncodedLeaf {
+    ParquetCrate(ArrowColumnChunk),
+    Gpusort(EncodedChunk),
+}
+
+/// What encodes one row group's columns: the Parquet crate's leaf writers (one a leaf, in leaf
+/// order), or gpusort's encoder for the fields it writes.
+struct RowGroupColumns {
     writers: Vec<ArrowColumnWriter>,
-    roots: &[usize],
-    schema: &Schema,
-    batches: &[RecordBatch],
-    units: &AtomicU64,
-) -> Result<Vec<ArrowColumnChunk>, ParquetError> {
-    let mut by_field: Vec<Vec<ArrowColumnWriter>> = (0..schema.fields().len()).map(|_| vec![]).collect();
-    for (writer, &root) in writers.into_iter().zip(roots) {
-        by_field[root].push(writer);
-    }
-    let chunks: Vec<Vec<ArrowColumnChunk>> = by_field
-        .into_par_iter()
-        .enumerate()
-        .map(|(i, mut writers)| {
-            let field = schema.field(i);
-            for batch in batches {
-                let column = to_output_type(batch.column(i), field.data_type())?;
-                for (writer, leaf) in writers.iter_mut().zip(compute_leaves(field, &column)?) {
-                    writer.write(&leaf)?;
+    /// Which top-level field each leaf column belongs to.
+    roots: Vec<usize>,
+    gpusort: Arc<Vec<Option<ColumnDescPtr>>>,
+    properties: WriterPropertiesPtr,
+    schema: SchemaRef,
+}
+
+impl RowGroupColumns {
+    /// Encodes the row group `batches`: each top-level column on its own rayon task; the
+    /// chunks in leaf order.
+    fn encode(self, batches: &[RecordBatch], units: &AtomicU64) -> Result<Vec<EncodedLeaf>, ParquetError> {
+        let Self {
+            writers,
+            roots,
+            gpusort,
+            properties,
+            schema,
+        } = self;
+        let mut by_field: Vec<Vec<ArrowColumnWriter>> = (0..schema.fields().len()).map(|_| vec![]).collect();
+        for (writer, &root) in writers.into_iter().zip(&roots) {
+            by_field[root].push(writer);
+        }
+        let rows: u64 = batches.iter().map(|b| b.num_rows() as u64).sum();
+        let chunks: Vec<Vec<EncodedLeaf>> = by_field
+            .into_par_iter()
+            .enumerate()
+            .map(|(i, mut writers)| {
+                let field = schema.field(i);
+                if let Some(descr) = &gpusort[i] {
+                    // The Parquet crate's writer for this leaf is not used.
+                    drop(writers);
+                    let arrays = batches
+                        .iter()
+                        .map(|b| to_output_type(b.column(i), field.data_type()))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    let chunk = encoder::encode(&arrays, descr, &properties)?;
+                    units.fetch_add(rows, Ordering::Relaxed);
+                    return Ok(vec![EncodedLeaf::Gpusort(chunk)]);
                 }
-                units.fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
-            }
-            writers.into_iter().map(ArrowColumnWriter::close).collect()
-        })
-        .collect::<Result<_, ParquetError>>()?;
-    Ok(chunks.into_iter().flatten().collect())
+                for batch in batches {
+                    let column = to_output_type(batch.column(i), field.data_type())?;
+                    for (writer, leaf) in writers.iter_mut().zip(compute_leaves(field, &column)?) {
+                        writer.write(&leaf)?;
+                    }
+                    units.fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
+                }
+                writers
+                    .into_iter()
+                    .map(|w| w.close().map(EncodedLeaf::ParquetCrate))
+                    .collect()
+            })
+            .collect::<Result<_, ParquetError>>()?;
+        Ok(chunks.into_iter().flatten().collect())
+    }
 }
 
 /// `column` as the output field's type wants it. The Parquet writer takes string and binary
@@ -813,6 +939,7 @@ mod tests {
             codec: "snappy".parse().unwrap(),
             memory_budget: None,
             page_compressor: None,
+            column_encoder: ColumnEncoder::default(),
         };
         let mut w =
             SortedParquetWriter::try_new(File::create(&path).unwrap(), Arc::clone(&schema), &order_by, &options)
