@@ -8,7 +8,10 @@ DuckDB's `COPY`, in one command on one machine, with every output checked agains
 
 Contenders: `gpu`, `cpu` (`gpusort sort --device cpu`), `gpu-4g` (`--gpu-memory-limit 4GiB`: the
 external sort, runs within 4 GiB of device memory, merged), `gpu-cpu-zstd` (the GPU sort with
-its pages compressed on the CPU, `--compress-on cpu`: what nvCOMP saves), `datafusion` (`gpusort sort
+its pages compressed on the CPU, `--compress-on cpu`: what nvCOMP saves), `gpu-parquet-enc` (every
+column encoded by the Parquet crate, `--column-encoder parquet`: what gpusort's encoder saves),
+`gpu-parquet-writer` and `cpu-parquet-writer` (both, the Parquet crate's writer alone, on the GPU
+and CPU sorts), `datafusion` (`gpusort sort
 --no-gpusort`: DataFusion's SortExec into gpusort's writer), `duckdb`, and with `--sql-bench` (the
 `sql_parquet` bench binary) SQL through a DataFusion `SessionContext`: `sql-copy` (`COPY (SELECT
 * FROM 'file' ORDER BY ...) TO 'out.parquet'` with gpusort), `df-copy` (the same on stock
@@ -234,7 +237,12 @@ def main():
                     # larger than the GPU budget: sorted runs of at most 4 GB of device memory, merged
                     "gpu-4g": ["--gpu-memory-limit", "4GiB"],
                     # the GPU sort, pages compressed by the Parquet writer on the CPU
-                    "gpu-cpu-zstd": ["--compress-on", "cpu"]}
+                    "gpu-cpu-zstd": ["--compress-on", "cpu"],
+                    # the GPU sort, every column encoded by the Parquet crate (pages still on the GPU)
+                    "gpu-parquet-enc": ["--column-encoder", "parquet"],
+                    # the same with the Parquet crate compressing too: the writer as it was
+                    "gpu-parquet-writer": ["--column-encoder", "parquet", "--compress-on", "cpu"],
+                    "cpu-parquet-writer": ["--device", "cpu", "--column-encoder", "parquet", "--compress-on", "cpu"]}
     rows = []
     first_gpu = True
     for li in args.lists.split(","):

@@ -4,8 +4,8 @@
 //!
 //! A page ends at `data_page_row_count_limit` rows, or once its values take
 //! `data_page_size_limit` bytes (looked at every `write_batch_size` rows), as the writer's
-//! properties say. Values are dictionary encoded while the dictionary stays within
-//! `dictionary_page_size_limit`; the page during which it grows past that ends there, and the
+//! properties say. Values are dictionary encoded while the dictionary stays below
+//! `dictionary_page_size_limit`; the page during which it reaches that ends there, and the
 //! pages after it are plain encoded.
 
 use std::cmp::Ordering;
@@ -105,7 +105,7 @@ pub(super) fn encode_chunk<E: ValueEncoder>(
             chunk.add_levels(array.as_ref(), offset, len);
             encoder.put(array.as_ref(), offset, len);
             offset += len;
-            let dictionary_full = encoder.dictionary_bytes().is_some_and(|b| b > dictionary_limit);
+            let dictionary_full = encoder.dictionary_bytes().is_some_and(|b| b >= dictionary_limit);
             if chunk.page_rows >= row_limit || encoder.page_bytes() >= byte_limit || dictionary_full {
                 chunk.flush_page::<E>(encoder.flush_page())?;
             }
@@ -124,7 +124,10 @@ impl Chunk<'_> {
     /// Counts the rows and nulls of `array[offset..offset + len]` into the page, with their
     /// definition levels once the page has a null.
     fn add_levels(&mut self, array: &dyn Array, offset: usize, len: usize) {
-        let nulls = array.nulls().filter(|n| n.null_count() > 0).map(|n| n.slice(offset, len));
+        let nulls = array
+            .nulls()
+            .filter(|n| n.null_count() > 0)
+            .map(|n| n.slice(offset, len));
         let null_count = nulls.as_ref().map_or(0, |n| n.null_count());
         if self.descr.max_def_level() > 0 {
             match (&mut self.page_levels, &nulls) {
@@ -209,14 +212,18 @@ impl Chunk<'_> {
                     self.last_min_max = Some((min.clone(), max.clone()));
                     let length = self.props.column_index_truncate_length();
                     let (min, max) = if self.descr.physical_type() == parquet::basic::Type::BYTE_ARRAY {
-                        (truncate_min(self.descr, length, min).0, truncate_max(self.descr, length, max).0)
+                        (
+                            truncate_min(self.descr, length, min).0,
+                            truncate_max(self.descr, length, max).0,
+                        )
                     } else {
                         (min.clone(), max.clone())
                     };
                     self.column_index.append(false, min, max, nulls as i64);
                 }
             }
-            self.column_index.append_histograms(&None, &self.level_histogram(rows, nulls));
+            self.column_index
+                .append_histograms(&None, &self.level_histogram(rows, nulls));
         }
         if let Some(index) = &mut self.offset_index {
             // Where the page is, and its size, are set where it is written compressed.
@@ -238,7 +245,11 @@ impl Chunk<'_> {
             None => (min, max),
             Some((a, b)) => (
                 if E::compare(&min, &a) == Ordering::Less { min } else { a },
-                if E::compare(&max, &b) == Ordering::Greater { max } else { b },
+                if E::compare(&max, &b) == Ordering::Greater {
+                    max
+                } else {
+                    b
+                },
             ),
         });
     }
@@ -292,7 +303,11 @@ impl Chunk<'_> {
             (false, true) => parquet::basic::BoundaryOrder::DESCENDING,
             (false, false) => parquet::basic::BoundaryOrder::UNORDERED,
         });
-        let column_index = if column_index.valid() { Some(column_index.build()?) } else { None };
+        let column_index = if column_index.valid() {
+            Some(column_index.build()?)
+        } else {
+            None
+        };
         Ok(EncodedChunk {
             pages,
             close: ColumnCloseResult {

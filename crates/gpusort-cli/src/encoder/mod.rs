@@ -18,6 +18,8 @@
 mod chunk;
 mod rle;
 mod statistics;
+#[cfg(test)]
+mod tests;
 mod values;
 
 use arrow::array::ArrayRef;

@@ -11,17 +11,23 @@ pub fn encode(values: &[u32], bit_width: u8, out: &mut Vec<u8>) {
     debug_assert!(bit_width == 32 || values.iter().all(|&v| u64::from(v) < 1u64 << bit_width));
     let mut literal_start = 0;
     let mut i = 0;
-    while i < values.len() {
+    let n = values.len();
+    while i < n {
         let value = values[i];
-        let run_end = i + values[i..].iter().take_while(|&&v| v == value).count();
-        // A run can start only where the literals before it fill whole groups: its first
-        // values complete the last group.
-        let fill = (8 - (i - literal_start) % 8) % 8;
-        if run_end - i >= fill + 8 {
-            let rle_start = i + fill;
-            pack(&values[literal_start..rle_start], bit_width, out);
-            put_rle(value, run_end - rle_start, bit_width, out);
-            literal_start = run_end;
+        let mut run_end = i + 1;
+        while run_end < n && values[run_end] == value {
+            run_end += 1;
+        }
+        if run_end - i >= 8 {
+            // A run can start only where the literals before it fill whole groups: its first
+            // values complete the last group.
+            let fill = (8 - (i - literal_start) % 8) % 8;
+            if run_end - i >= fill + 8 {
+                let rle_start = i + fill;
+                pack(&values[literal_start..rle_start], bit_width, out);
+                put_rle(value, run_end - rle_start, bit_width, out);
+                literal_start = run_end;
+            }
         }
         i = run_end;
     }
@@ -85,7 +91,11 @@ fn pack_group(group: &[u32; 8], bit_width: u8, out: &mut Vec<u8>) {
         let low_bits = 4 * width;
         let mut bytes = [0u8; 32];
         bytes[..16].copy_from_slice(&(word | high.checked_shl(low_bits).unwrap_or(0)).to_le_bytes());
-        let rest = if low_bits == 128 { high } else { high >> (128 - low_bits) };
+        let rest = if low_bits == 128 {
+            high
+        } else {
+            high >> (128 - low_bits)
+        };
         bytes[16..].copy_from_slice(&rest.to_le_bytes());
         out.extend_from_slice(&bytes[..width as usize]);
     }
@@ -173,7 +183,11 @@ pub(crate) mod tests {
             state
         };
         for bit_width in 0..=32u8 {
-            let max = if bit_width == 32 { u64::from(u32::MAX) } else { (1u64 << bit_width) - 1 };
+            let max = if bit_width == 32 {
+                u64::from(u32::MAX)
+            } else {
+                (1u64 << bit_width) - 1
+            };
             for len in [0usize, 1, 7, 8, 9, 15, 16, 17, 100, 1000] {
                 // Random values, and runs of random lengths among them.
                 let mut values = Vec::with_capacity(len);

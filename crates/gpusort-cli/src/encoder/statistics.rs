@@ -16,12 +16,15 @@ fn is_utf8(descr: &ColumnDescriptor) -> bool {
 
 /// `min` cut to at most `length` bytes, and whether it was cut.
 pub(super) fn truncate_min(descr: &ColumnDescriptor, length: Option<usize>, min: &[u8]) -> (Vec<u8>, bool) {
-    let cut = length.filter(|&l| min.len() > l).and_then(|l| {
-        match std::str::from_utf8(min) {
-            Ok(s) if is_utf8(descr) => (1..=l).rev().find(|&i| s.is_char_boundary(i)).map(|i| min[..i].to_vec()),
+    let cut = length
+        .filter(|&l| min.len() > l)
+        .and_then(|l| match std::str::from_utf8(min) {
+            Ok(s) if is_utf8(descr) => (1..=l)
+                .rev()
+                .find(|&i| s.is_char_boundary(i))
+                .map(|i| min[..i].to_vec()),
             _ => Some(min[..l].to_vec()),
-        }
-    });
+        });
     match cut {
         Some(v) => (v, true),
         None => (min.to_vec(), false),
@@ -57,17 +60,13 @@ fn raise_utf8(s: &str) -> Option<Vec<u8>> {
     })
 }
 
-/// `bytes` plus one, as a big-endian number that drops its trailing 0xff bytes; `None` when
-/// every byte is 0xff.
+/// `bytes` plus one, as a big-endian number of the same length (trailing 0xff bytes become 0,
+/// as the Parquet crate raises them); `None` when every byte is 0xff.
 fn raise_bytes(mut bytes: Vec<u8>) -> Option<Vec<u8>> {
-    while let Some(last) = bytes.last_mut() {
-        if *last < u8::MAX {
-            *last += 1;
-            return Some(bytes);
-        }
-        bytes.pop();
-    }
-    None
+    let last = bytes.iter().rposition(|&b| b < u8::MAX)?;
+    bytes[last] += 1;
+    bytes[last + 1..].fill(0);
+    Some(bytes)
 }
 
 /// The column chunk's statistics: `min_max` plain encoded (none when every value is null),
@@ -81,14 +80,24 @@ pub(super) fn chunk_statistics(
     let signed = descr.sort_order().is_signed();
     match descr.physical_type() {
         PhysicalType::INT32 => {
-            let v = min_max.map(|(a, b)| (i32::from_le_bytes(a.try_into().unwrap()), i32::from_le_bytes(b.try_into().unwrap())));
+            let v = min_max.map(|(a, b)| {
+                (
+                    i32::from_le_bytes(a.try_into().unwrap()),
+                    i32::from_le_bytes(b.try_into().unwrap()),
+                )
+            });
             Statistics::Int32(
                 ValueStatistics::new(v.map(|v| v.0), v.map(|v| v.1), None, Some(nulls), false)
                     .with_backwards_compatible_min_max(signed),
             )
         }
         PhysicalType::INT64 => {
-            let v = min_max.map(|(a, b)| (i64::from_le_bytes(a.try_into().unwrap()), i64::from_le_bytes(b.try_into().unwrap())));
+            let v = min_max.map(|(a, b)| {
+                (
+                    i64::from_le_bytes(a.try_into().unwrap()),
+                    i64::from_le_bytes(b.try_into().unwrap()),
+                )
+            });
             Statistics::Int64(
                 ValueStatistics::new(v.map(|v| v.0), v.map(|v| v.1), None, Some(nulls), false)
                     .with_backwards_compatible_min_max(signed),
@@ -97,7 +106,8 @@ pub(super) fn chunk_statistics(
         PhysicalType::BYTE_ARRAY => {
             let Some((min, max)) = min_max else {
                 return Statistics::ByteArray(
-                    ValueStatistics::new(None, None, None, Some(nulls), false).with_backwards_compatible_min_max(signed),
+                    ValueStatistics::new(None, None, None, Some(nulls), false)
+                        .with_backwards_compatible_min_max(signed),
                 );
             };
             let (min, min_cut) = truncate_min(descr, length, min);
@@ -125,7 +135,7 @@ mod tests {
     #[test]
     fn bytes_are_raised_past_their_last_byte() {
         assert_eq!(raise_bytes(vec![1, 2]), Some(vec![1, 3]));
-        assert_eq!(raise_bytes(vec![1, 0xff]), Some(vec![2]));
+        assert_eq!(raise_bytes(vec![1, 0xff]), Some(vec![2, 0]));
         assert_eq!(raise_bytes(vec![0xff, 0xff]), None);
     }
 

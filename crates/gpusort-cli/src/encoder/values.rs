@@ -12,6 +12,7 @@
 
 use std::borrow::Cow;
 use std::cmp::Ordering;
+use std::ops::Range;
 
 use arrow::array::{Array, AsArray};
 use arrow::datatypes::{DataType, Date32Type, Decimal128Type, Int32Type, Int64Type};
@@ -293,8 +294,50 @@ pub(super) fn bytes_reads(data_type: &DataType) -> bool {
     )
 }
 
-/// Calls `f` with each non-null value of `array[offset..offset + len]`, in order.
-fn each_value(array: &dyn Array, offset: usize, len: usize, f: impl FnMut(&[u8])) {
+/// A byte array value's key, the first 16 bytes of an Arrow view of it: its length, then for a
+/// value of up to 12 bytes all its bytes (zero padded), for a longer one its first 4. Values
+/// of up to 12 bytes are equal when their keys are; longer ones with equal keys compare their
+/// bytes.
+#[inline]
+fn key_of(v: &[u8]) -> u128 {
+    let mut b = [0u8; 16];
+    b[..4].copy_from_slice(&(v.len() as u32).to_le_bytes());
+    let n = if v.len() <= 12 { v.len() } else { 4 };
+    b[4..4 + n].copy_from_slice(&v[..n]);
+    u128::from_le_bytes(b)
+}
+
+/// The key of an Arrow view: its length and inline bytes (padding cleared), or its length and
+/// prefix.
+#[inline]
+fn key_of_view(view: u128) -> u128 {
+    let len = view as u32;
+    let bits = if len <= 12 { 32 + 8 * len } else { 64 };
+    if bits >= 128 { view } else { view & ((1u128 << bits) - 1) }
+}
+
+/// Whether the value of `key` is all in its key.
+#[inline]
+fn inline(key: u128) -> bool {
+    key as u32 <= 12
+}
+
+/// The first 4 bytes of a key's value, as a big-endian number (zero padded): values whose
+/// prefixes differ compare as their prefixes do.
+#[inline]
+fn prefix(key: u128) -> u32 {
+    u32::from_be_bytes(((key >> 32) as u32).to_le_bytes())
+}
+
+/// How two values compare (Parquet's byte order), their prefixes first.
+#[inline]
+fn compare_values(a: (u128, &[u8]), b: (u128, &[u8])) -> Ordering {
+    prefix(a.0).cmp(&prefix(b.0)).then_with(|| a.1.cmp(b.1))
+}
+
+/// Calls `f` with the key and bytes of each non-null value of `array[offset..offset + len]`, in
+/// order.
+fn each_value(array: &dyn Array, offset: usize, len: usize, mut f: impl FnMut(u128, &[u8])) {
     fn each<'a, A>(a: &'a A, nulls: Option<&arrow::buffer::NullBuffer>, offset: usize, len: usize, mut f: impl FnMut(&[u8]))
     where
         &'a A: arrow::array::ArrayAccessor,
@@ -309,14 +352,42 @@ fn each_value(array: &dyn Array, offset: usize, len: usize, f: impl FnMut(&[u8])
                 .for_each(|i| f(a.value(offset + i).as_ref())),
         }
     }
+    /// Views: the key is the view's, and a short value's bytes are read from it.
+    fn views<'a, A>(a: &'a A, views: &[u128], nulls: Option<&arrow::buffer::NullBuffer>, offset: usize, len: usize, mut f: impl FnMut(u128, &[u8]))
+    where
+        &'a A: arrow::array::ArrayAccessor,
+        <&'a A as arrow::array::ArrayAccessor>::Item: AsRef<[u8]>,
+    {
+        use arrow::array::ArrayAccessor;
+        let mut one = |i: usize| {
+            let key = key_of_view(views[i]);
+            if inline(key) {
+                let bytes = key.to_le_bytes();
+                f(key, &bytes[4..4 + key as u32 as usize]);
+            } else {
+                f(key, a.value(i).as_ref());
+            }
+        };
+        match nulls.filter(|n| n.null_count() > 0) {
+            None => (offset..offset + len).for_each(one),
+            Some(nulls) => nulls.slice(offset, len).valid_indices().for_each(|i| one(offset + i)),
+        }
+    }
     let nulls = array.nulls();
+    let mut keyed = |v: &[u8]| f(key_of(v), v);
     match array.data_type() {
-        DataType::Utf8View => each(array.as_string_view(), nulls, offset, len, f),
-        DataType::BinaryView => each(array.as_binary_view(), nulls, offset, len, f),
-        DataType::Utf8 => each(array.as_string::<i32>(), nulls, offset, len, f),
-        DataType::LargeUtf8 => each(array.as_string::<i64>(), nulls, offset, len, f),
-        DataType::Binary => each(array.as_binary::<i32>(), nulls, offset, len, f),
-        DataType::LargeBinary => each(array.as_binary::<i64>(), nulls, offset, len, f),
+        DataType::Utf8View => {
+            let a = array.as_string_view();
+            views(a, a.views(), nulls, offset, len, f)
+        }
+        DataType::BinaryView => {
+            let a = array.as_binary_view();
+            views(a, a.views(), nulls, offset, len, f)
+        }
+        DataType::Utf8 => each(array.as_string::<i32>(), nulls, offset, len, &mut keyed),
+        DataType::LargeUtf8 => each(array.as_string::<i64>(), nulls, offset, len, &mut keyed),
+        DataType::Binary => each(array.as_binary::<i32>(), nulls, offset, len, &mut keyed),
+        DataType::LargeBinary => each(array.as_binary::<i64>(), nulls, offset, len, &mut keyed),
         other => unreachable!("{other} is not encoded as a byte array"),
     }
 }
@@ -330,17 +401,23 @@ pub(super) struct BytesEncoder {
     indices: Vec<u32>,
     /// The page's values, plain encoded (each a 4-byte length and its bytes).
     plain: Vec<u8>,
-    /// Where the smallest and largest plain value of the page are in `plain`.
-    plain_min_max: Option<(std::ops::Range<usize>, std::ops::Range<usize>)>,
+    /// The smallest and largest plain value of the page: its key, and where it is in `plain`.
+    plain_min_max: PlainMinMax,
     unencoded: i64,
+}
+
+/// One value of a dictionary: its key, where its bytes are in the page, and its hash.
+struct Entry {
+    key: u128,
+    bytes: Range<usize>,
+    hash: u64,
 }
 
 struct BytesDictionary {
     table: HashTable<u32>,
     /// The dictionary page as it is written: each value's 4-byte length, then its bytes.
     page: Vec<u8>,
-    /// Where each value's bytes are in `page`, and its hash.
-    entries: Vec<(std::ops::Range<usize>, u64)>,
+    entries: Vec<Entry>,
     /// The index of the last value: a run takes one comparison, no hash.
     last: Option<u32>,
     /// The indices this page holds (`seen[i]` is the page's number when it does).
@@ -362,15 +439,24 @@ impl BytesDictionary {
         }
     }
 
-    fn value(&self, i: u32) -> &[u8] {
-        &self.page[self.entries[i as usize].0.clone()]
+    /// The key and bytes of entry `i`.
+    fn value(&self, i: u32) -> (u128, &[u8]) {
+        let e = &self.entries[i as usize];
+        (e.key, &self.page[e.bytes.clone()])
+    }
+
+    /// Whether entry `i` is the value of `key` and `v`.
+    #[inline]
+    fn is(entries: &[Entry], page: &[u8], i: u32, key: u128, v: &[u8]) -> bool {
+        let e = &entries[i as usize];
+        e.key == key && (inline(key) || page[e.bytes.clone()] == *v)
     }
 
     #[inline]
-    fn index(&mut self, v: &[u8]) -> u32 {
+    fn index(&mut self, key: u128, v: &[u8]) -> u32 {
         let index = match self.last {
-            Some(last) if self.value(last) == v => last,
-            _ => self.lookup(v),
+            Some(last) if Self::is(&self.entries, &self.page, last, key, v) => last,
+            _ => self.lookup(key, v),
         };
         if self.seen[index as usize] != self.page_number {
             self.seen[index as usize] = self.page_number;
@@ -380,21 +466,29 @@ impl BytesDictionary {
         index
     }
 
-    /// `v`'s index, added to the dictionary if it is new.
+    /// The index of the value of `key` and `v`, added to the dictionary if it is new.
     #[inline]
-    fn lookup(&mut self, v: &[u8]) -> u32 {
-        let hash = hash_bytes(v);
+    fn lookup(&mut self, key: u128, v: &[u8]) -> u32 {
+        let hash = if inline(key) {
+            hash_u64(hash_u64(key as u64) ^ (key >> 64) as u64)
+        } else {
+            hash_bytes(v)
+        };
         let (page, entries) = (&mut self.page, &mut self.entries);
-        match self.table.find(hash, |&i| page[entries[i as usize].0.clone()] == *v) {
+        match self.table.find(hash, |&i| Self::is(entries, page, i, key, v)) {
             Some(&i) => i,
             None => {
                 let i = entries.len() as u32;
                 page.extend_from_slice(&(v.len() as u32).to_le_bytes());
                 let start = page.len();
                 page.extend_from_slice(v);
-                entries.push((start..page.len(), hash));
+                entries.push(Entry {
+                    key,
+                    bytes: start..page.len(),
+                    hash,
+                });
                 self.seen.push(0);
-                self.table.insert_unique(hash, i, |&i| entries[i as usize].1);
+                self.table.insert_unique(hash, i, |&i| entries[i as usize].hash);
                 i
             }
         }
@@ -408,18 +502,21 @@ impl BytesDictionary {
         let (mut min, mut max) = (first, first);
         for &i in rest {
             let v = self.value(i);
-            if v < self.value(min) {
+            if compare_values(v, self.value(min)) == Ordering::Less {
                 min = i;
-            } else if v > self.value(max) {
+            } else if compare_values(v, self.value(max)) == Ordering::Greater {
                 max = i;
             }
         }
-        let out = Some((self.value(min).to_vec(), self.value(max).to_vec()));
+        let out = Some((self.value(min).1.to_vec(), self.value(max).1.to_vec()));
         self.page_indices = indices;
         self.page_indices.clear();
         out
     }
 }
+
+/// The smallest and largest value of a plain page: each value's key, and where it is.
+type PlainMinMax = Option<((u128, Range<usize>), (u128, Range<usize>))>;
 
 impl BytesEncoder {
     pub(super) fn new(dictionary: bool) -> Self {
@@ -435,17 +532,17 @@ impl BytesEncoder {
     }
 
     #[inline]
-    fn put_plain(plain: &mut Vec<u8>, min_max: &mut Option<(std::ops::Range<usize>, std::ops::Range<usize>)>, v: &[u8]) {
+    fn put_plain(plain: &mut Vec<u8>, min_max: &mut PlainMinMax, key: u128, v: &[u8]) {
         plain.extend_from_slice(&(v.len() as u32).to_le_bytes());
         let range = plain.len()..plain.len() + v.len();
         plain.extend_from_slice(v);
         match min_max {
-            None => *min_max = Some((range.clone(), range)),
+            None => *min_max = Some(((key, range.clone()), (key, range))),
             Some((min, max)) => {
-                if v < &plain[min.clone()] {
-                    *min = range;
-                } else if v > &plain[max.clone()] {
-                    *max = range;
+                if compare_values((key, v), (min.0, &plain[min.1.clone()])) == Ordering::Less {
+                    *min = (key, range);
+                } else if compare_values((key, v), (max.0, &plain[max.1.clone()])) == Ordering::Greater {
+                    *max = (key, range);
                 }
             }
         }
@@ -458,16 +555,16 @@ impl ValueEncoder for BytesEncoder {
         match &mut self.dictionary {
             Some(d) => {
                 let indices = &mut self.indices;
-                each_value(array, offset, len, |v| {
+                each_value(array, offset, len, |key, v| {
                     *unencoded += v.len() as i64;
-                    indices.push(d.index(v));
+                    indices.push(d.index(key, v));
                 });
             }
             None => {
                 let (plain, min_max) = (&mut self.plain, &mut self.plain_min_max);
-                each_value(array, offset, len, |v| {
+                each_value(array, offset, len, |key, v| {
                     *unencoded += v.len() as i64;
-                    Self::put_plain(plain, min_max, v);
+                    Self::put_plain(plain, min_max, key, v);
                 });
             }
         }
@@ -505,7 +602,7 @@ impl ValueEncoder for BytesEncoder {
                 let min_max = self
                     .plain_min_max
                     .take()
-                    .map(|(min, max)| (self.plain[min].to_vec(), self.plain[max].to_vec()));
+                    .map(|(min, max)| (self.plain[min.1].to_vec(), self.plain[max.1].to_vec()));
                 PageValues {
                     bytes: std::mem::take(&mut self.plain),
                     dictionary: false,
@@ -546,5 +643,24 @@ mod tests {
         assert!(low.len() > 600, "{} distinct low 10 bits of 1024", low.len());
         assert_ne!(hash_bytes(b"ab"), hash_bytes(b"ab\0"));
         assert_ne!(hash_bytes(b""), hash_bytes(b"\0"));
+    }
+
+    #[test]
+    fn keys_hold_short_values_and_order_by_prefix() {
+        use arrow::array::StringViewArray;
+        let values = ["", "a", "a\0", "ab", "abcdefghijkl", "abcdefghijklm", "abcz", "\u{ff}"];
+        let array = StringViewArray::from_iter_values(values);
+        // A view's key is the key of its bytes.
+        for (i, v) in values.iter().enumerate() {
+            assert_eq!(key_of_view(array.views()[i]), key_of(v.as_bytes()), "{v:?}");
+        }
+        // Keys order as the values do (bytes compared where prefixes are equal).
+        for a in values {
+            for b in values {
+                let (a, b) = (a.as_bytes(), b.as_bytes());
+                assert_eq!(compare_values((key_of(a), a), (key_of(b), b)), a.cmp(b), "{a:?} {b:?}");
+            }
+        }
+        assert!(inline(key_of(b"abcdefghijkl")) && !inline(key_of(b"abcdefghijklm")));
     }
 }
