@@ -134,7 +134,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// 8192 rows, its pages left uncompressed; `None` where it does not take the column.
 fn gpusort_encoder_ms(one: &RecordBatch) -> Result<Option<f64>, Box<dyn std::error::Error>> {
     let props = WriterProperties::builder().build();
-    let descr = parquet::arrow::ArrowSchemaConverter::new().convert(&one.schema())?.column(0);
+    let descr = parquet::arrow::ArrowSchemaConverter::new()
+        .convert(&one.schema())?
+        .column(0);
     if !gpusort_cli::encoder::encodes(one.schema().field(0), &descr, &props) {
         return Ok(None);
     }

@@ -23,7 +23,8 @@ use crate::progress::{Monitor, ProgressMode};
 use crate::report::{PhaseTimes, PlanMetrics, SortReport};
 use crate::timeline;
 use crate::writer::{
-    Codec, ColumnEncoder, DEFAULT_ROW_GROUP_SIZE, ORDER_BY_METADATA_KEY, SortedParquetWriter, WriteOptions, writer_share,
+    Codec, ColumnEncoder, DEFAULT_ROW_GROUP_SIZE, ORDER_BY_METADATA_KEY, SortedParquetWriter, WriteOptions,
+    writer_share,
 };
 
 /// `gpusort sort`'s arguments.

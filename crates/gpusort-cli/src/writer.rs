@@ -29,15 +29,16 @@ use parquet::basic::Compression;
 use parquet::errors::ParquetError;
 use parquet::file::metadata::{KeyValue, SortingColumn};
 use parquet::file::properties::{WriterProperties, WriterPropertiesBuilder, WriterPropertiesPtr};
-use parquet::schema::types::ColumnDescPtr;
 use parquet::file::writer::{SerializedFileWriter, SerializedRowGroupWriter};
+use parquet::schema::types::ColumnDescPtr;
 use rayon::prelude::*;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
-use crate::order_by::OrderBy;
 use crate::encoder::{self, EncodedChunk};
+use crate::order_by::OrderBy;
 use crate::pages::{
-    CapturingPageStoreFactory, CompressedChunk, CpuZstd, EncodedColumn, PageCompressor, Uncompressed, compress_row_group,
+    CapturingPageStoreFactory, CompressedChunk, CpuZstd, EncodedColumn, PageCompressor, Uncompressed,
+    compress_row_group,
 };
 
 /// Rows per row group unless `--row-group-size` says otherwise (the Parquet writer's default).
@@ -335,7 +336,14 @@ impl SortedParquetWriter {
             units: Arc::default(),
             columns: schema.fields().len().max(1) as u64,
         };
-        let encoder = Encoder::new(&file_writer, factory, page_compressor, options.column_encoder, &schema, &progress);
+        let encoder = Encoder::new(
+            &file_writer,
+            factory,
+            page_compressor,
+            options.column_encoder,
+            &schema,
+            &progress,
+        );
         let thread = std::thread::Builder::new()
             .name("gpusort-writer".into())
             .spawn(move || write_row_groups(file_writer, encoder, receiver))
@@ -527,8 +535,7 @@ impl Encoder {
                 }
             })
             .collect();
-        let compressing =
-            page_compressor.map(|compressor| (compressor, Arc::new(CapturingPageStoreFactory::new())));
+        let compressing = page_compressor.map(|compressor| (compressor, Arc::new(CapturingPageStoreFactory::new())));
         let factory = match &compressing {
             Some((_, stores)) => factory.with_page_store_factory(Arc::clone(stores) as _),
             None => factory,

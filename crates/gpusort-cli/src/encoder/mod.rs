@@ -6,8 +6,9 @@
 //! Parquet crate as before: [`encodes`] says which.
 //!
 //! It writes what the Parquet crate's writer writes, with its defaults: data pages v1 with
-//! RLE definition levels; values dictionary encoded (`PLAIN_DICTIONARY` indices under the
-//! writer's version 1.0) until the dictionary outgrows its limit, then plain; chunk statistics,
+//! RLE definition levels; values dictionary encoded (the encodings the writer's properties name
+//! for dictionary pages and their indices) until the dictionary reaches its limit, then plain;
+//! chunk statistics,
 //! a column index and an offset index, cut and raised alike (see [`statistics`]). Pages are
 //! left uncompressed for a [`crate::pages::PageCompressor`] to compress a row group at a time.
 //!

@@ -313,7 +313,11 @@ fn key_of(v: &[u8]) -> u128 {
 fn key_of_view(view: u128) -> u128 {
     let len = view as u32;
     let bits = if len <= 12 { 32 + 8 * len } else { 64 };
-    if bits >= 128 { view } else { view & ((1u128 << bits) - 1) }
+    if bits >= 128 {
+        view
+    } else {
+        view & ((1u128 << bits) - 1)
+    }
 }
 
 /// Whether the value of `key` is all in its key.
@@ -338,8 +342,13 @@ fn compare_values(a: (u128, &[u8]), b: (u128, &[u8])) -> Ordering {
 /// Calls `f` with the key and bytes of each non-null value of `array[offset..offset + len]`, in
 /// order.
 fn each_value(array: &dyn Array, offset: usize, len: usize, mut f: impl FnMut(u128, &[u8])) {
-    fn each<'a, A>(a: &'a A, nulls: Option<&arrow::buffer::NullBuffer>, offset: usize, len: usize, mut f: impl FnMut(&[u8]))
-    where
+    fn each<'a, A>(
+        a: &'a A,
+        nulls: Option<&arrow::buffer::NullBuffer>,
+        offset: usize,
+        len: usize,
+        mut f: impl FnMut(&[u8]),
+    ) where
         &'a A: arrow::array::ArrayAccessor,
         <&'a A as arrow::array::ArrayAccessor>::Item: AsRef<[u8]>,
     {
@@ -353,8 +362,14 @@ fn each_value(array: &dyn Array, offset: usize, len: usize, mut f: impl FnMut(u1
         }
     }
     /// Views: the key is the view's, and a short value's bytes are read from it.
-    fn views<'a, A>(a: &'a A, views: &[u128], nulls: Option<&arrow::buffer::NullBuffer>, offset: usize, len: usize, mut f: impl FnMut(u128, &[u8]))
-    where
+    fn views<'a, A>(
+        a: &'a A,
+        views: &[u128],
+        nulls: Option<&arrow::buffer::NullBuffer>,
+        offset: usize,
+        len: usize,
+        mut f: impl FnMut(u128, &[u8]),
+    ) where
         &'a A: arrow::array::ArrayAccessor,
         <&'a A as arrow::array::ArrayAccessor>::Item: AsRef<[u8]>,
     {
