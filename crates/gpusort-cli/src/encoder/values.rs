@@ -144,19 +144,50 @@ pub(super) struct FixedEncoder<T: Fixed> {
     min_max: Option<(T, T)>,
 }
 
+/// A direct-mapped cache of recent values and their indices, in front of a dictionary's hash
+/// table: a column of few distinct values (or a run) finds each in one comparison.
+struct Recent<K> {
+    slots: Box<[(K, u32)]>,
+}
+
+impl<K: Copy + Eq + Default> Recent<K> {
+    /// `u32::MAX` marks an empty slot (a dictionary has fewer values).
+    fn new() -> Self {
+        Self {
+            slots: vec![(K::default(), u32::MAX); 256].into_boxed_slice(),
+        }
+    }
+
+    /// The slot of a value whose bits are `bits`: the top byte of their product with a large
+    /// odd constant.
+    #[inline]
+    fn slot(bits: u64) -> usize {
+        (bits.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as usize
+    }
+
+    #[inline]
+    fn get(&self, slot: usize, key: K) -> Option<u32> {
+        let (k, i) = self.slots[slot];
+        (i != u32::MAX && k == key).then_some(i)
+    }
+
+    #[inline]
+    fn put(&mut self, slot: usize, key: K, index: u32) {
+        self.slots[slot] = (key, index);
+    }
+}
+
 struct FixedDictionary<T> {
     table: HashTable<u32>,
     values: Vec<T>,
-    /// The last value and its index: a run takes no lookup.
-    last: Option<(T, u32)>,
+    recent: Recent<T>,
 }
 
 impl<T: Fixed> FixedDictionary<T> {
     #[inline]
     fn index(&mut self, v: T) -> u32 {
-        if let Some((last, index)) = self.last
-            && last == v
-        {
+        let slot = Recent::<T>::slot(v.bits());
+        if let Some(index) = self.recent.get(slot, v) {
             return index;
         }
         let values = &mut self.values;
@@ -171,7 +202,7 @@ impl<T: Fixed> FixedDictionary<T> {
                 i
             }
         };
-        self.last = Some((v, index));
+        self.recent.put(slot, v, index);
         index
     }
 }
@@ -182,7 +213,7 @@ impl<T: Fixed> FixedEncoder<T> {
             dictionary: dictionary.then(|| FixedDictionary {
                 table: HashTable::new(),
                 values: vec![],
-                last: None,
+                recent: Recent::new(),
             }),
             stopped: None,
             dictionary_used: false,
@@ -192,16 +223,27 @@ impl<T: Fixed> FixedEncoder<T> {
         }
     }
 
-    #[inline]
-    fn put_one(&mut self, v: T) {
-        self.min_max = Some(match self.min_max {
-            Some((min, max)) => (min.min(v), max.max(v)),
-            None => (v, v),
-        });
+    /// Adds `values`, all non-null: their minimum and maximum in one pass the compiler
+    /// vectorizes, then their indices, or their bytes at once.
+    fn put_all(&mut self, values: &[T]) {
+        let (Some(&min), Some(&max)) = (values.iter().min(), values.iter().max()) else {
+            return;
+        };
+        self.merge_min_max(min, max);
         match &mut self.dictionary {
-            Some(d) => self.indices.push(d.index(v)),
-            None => v.put_le(&mut self.plain),
+            Some(d) => self.indices.extend(values.iter().map(|&v| d.index(v))),
+            None => {
+                self.plain.reserve(values.len() * T::WIDTH);
+                values.iter().for_each(|v| v.put_le(&mut self.plain));
+            }
         }
+    }
+
+    fn merge_min_max(&mut self, min: T, max: T) {
+        self.min_max = Some(match self.min_max {
+            Some((a, b)) => (a.min(min), b.max(max)),
+            None => (min, max),
+        });
     }
 }
 
@@ -209,10 +251,10 @@ impl<T: Fixed> ValueEncoder for FixedEncoder<T> {
     fn put(&mut self, array: &dyn Array, offset: usize, len: usize) {
         let values = T::values(array, offset, len);
         match array.nulls().filter(|n| n.null_count() > 0) {
-            None => values.iter().for_each(|&v| self.put_one(v)),
+            None => self.put_all(&values),
             Some(nulls) => {
-                let nulls = nulls.slice(offset, len);
-                nulls.valid_indices().for_each(|i| self.put_one(values[i]));
+                let valid: Vec<T> = nulls.slice(offset, len).valid_indices().map(|i| values[i]).collect();
+                self.put_all(&valid);
             }
         }
     }
@@ -435,6 +477,8 @@ struct BytesDictionary {
     entries: Vec<Entry>,
     /// The index of the last value: a run takes one comparison, no hash.
     last: Option<u32>,
+    /// Recent values of up to 12 bytes, by key.
+    recent: Recent<u128>,
     /// The indices this page holds (`seen[i]` is the page's number when it does).
     seen: Vec<u32>,
     page_number: u32,
@@ -448,6 +492,7 @@ impl BytesDictionary {
             page: vec![],
             entries: vec![],
             last: None,
+            recent: Recent::new(),
             seen: vec![],
             page_number: 1,
             page_indices: vec![],
@@ -471,6 +516,17 @@ impl BytesDictionary {
     fn index(&mut self, key: u128, v: &[u8]) -> u32 {
         let index = match self.last {
             Some(last) if Self::is(&self.entries, &self.page, last, key, v) => last,
+            _ if inline(key) => {
+                let slot = Recent::<u128>::slot(key as u64 ^ (key >> 64) as u64);
+                match self.recent.get(slot, key) {
+                    Some(index) => index,
+                    None => {
+                        let index = self.lookup(key, v);
+                        self.recent.put(slot, key, index);
+                        index
+                    }
+                }
+            }
             _ => self.lookup(key, v),
         };
         if self.seen[index as usize] != self.page_number {
