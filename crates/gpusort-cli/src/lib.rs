@@ -23,6 +23,7 @@ pub mod pages;
 pub mod plan;
 pub mod progress;
 pub mod report;
+mod row_group;
 pub mod sort;
 pub mod timeline;
 pub mod tune;

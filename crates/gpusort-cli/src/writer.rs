@@ -8,9 +8,11 @@
 //! those in flight (their rows and their encoded pages, counted as twice their rows) would
 //! take more than the budget.
 //!
-//! With a [`PageCompressor`] ([`WriteOptions::page_compressor`]) the columns are encoded
-//! uncompressed and each row group's pages are then compressed in one batch, in the task that
-//! encoded it (see [`crate::pages`]).
+//! Each row group's columns are encoded by rayon tasks, one a column (see
+//! [`crate::row_group`]), by gpusort's encoder ([`crate::encoder`]) where it takes them
+//! ([`ColumnEncoder`]). With a [`PageCompressor`] ([`WriteOptions::page_compressor`], or zstd
+//! on the CPU for gpusort's encoder) the columns are encoded uncompressed and each row group's
+//! pages are then compressed in one batch (see [`crate::pages`]).
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -20,26 +22,22 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::thread::JoinHandle;
 
-use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
-use arrow::compute::cast;
+use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Schema, SchemaRef};
-use parquet::arrow::arrow_writer::{ArrowColumnChunk, ArrowColumnWriter, ArrowRowGroupWriterFactory, compute_leaves};
+use parquet::arrow::arrow_writer::ArrowRowGroupWriterFactory;
 use parquet::arrow::{ArrowSchemaConverter, ArrowWriter};
 use parquet::basic::Compression;
 use parquet::errors::ParquetError;
 use parquet::file::metadata::{KeyValue, SortingColumn};
 use parquet::file::properties::{WriterProperties, WriterPropertiesBuilder, WriterPropertiesPtr};
-use parquet::file::writer::{SerializedFileWriter, SerializedRowGroupWriter};
+use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::types::ColumnDescPtr;
-use rayon::prelude::*;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
-use crate::encoder::{self, EncodedChunk};
+use crate::encoder;
 use crate::order_by::OrderBy;
-use crate::pages::{
-    CapturingPageStoreFactory, CompressedChunk, CpuZstd, EncodedColumn, PageCompressor, Uncompressed,
-    compress_row_group,
-};
+use crate::pages::{CapturingPageStoreFactory, CpuZstd, PageCompressor, Uncompressed};
+use crate::row_group::{Chunks, Encoded, RowGroupJob};
 
 /// Rows per row group unless `--row-group-size` says otherwise (the Parquet writer's default).
 pub const DEFAULT_ROW_GROUP_SIZE: usize = 1024 * 1024;
@@ -477,25 +475,6 @@ struct RowGroup {
     _permit: Option<OwnedSemaphorePermit>,
 }
 
-/// A row group's column chunks, in leaf order: as the Parquet crate encoded (and compressed)
-/// them, or with their pages compressed by a [`PageCompressor`].
-enum Chunks {
-    Encoded(Vec<ArrowColumnChunk>),
-    Compressed(Vec<CompressedChunk>),
-}
-
-impl Chunks {
-    fn append_to(self, row_group: &mut SerializedRowGroupWriter<'_, File>) -> Result<(), ParquetError> {
-        match self {
-            Chunks::Encoded(chunks) => chunks.into_iter().try_for_each(|c| c.append_to_row_group(row_group)),
-            Chunks::Compressed(chunks) => chunks.into_iter().try_for_each(|c| c.append_to_row_group(row_group)),
-        }
-    }
-}
-
-/// An encoded row group, with its share of the memory budget.
-type Encoded = (Result<Chunks, ParquetError>, Option<OwnedSemaphorePermit>);
-
 /// Starts the encoding of row groups, each on rayon's threads.
 struct Encoder {
     factory: ArrowRowGroupWriterFactory,
@@ -577,85 +556,21 @@ impl Encoder {
             _ => None,
         };
         let (done, result) = std_mpsc::channel::<Encoded>();
-        let columns = RowGroupColumns {
+        RowGroupJob {
+            index,
+            batches: group,
             writers,
             roots: self.roots.clone(),
             gpusort: Arc::clone(&self.gpusort),
             properties: Arc::clone(&self.properties),
             schema: Arc::clone(&self.schema),
-        };
-        let units = Arc::clone(&self.units);
-        rayon::spawn(move || {
-            crate::timeline::mark(format_args!("writer: row group {index} encoding"));
-            let leaves = columns.encode(&group, &units);
-            // The rows go now; the permit stays with the encoded pages.
-            drop(group);
-            match (leaves, compressing) {
-                (Ok(leaves), Some((compressor, pages))) => {
-                    crate::timeline::mark(format_args!("writer: row group {index} encoded"));
-                    let columns = leaves
-                        .into_iter()
-                        .zip(pages)
-                        .map(|(leaf, pages)| match leaf {
-                            EncodedLeaf::ParquetCrate(chunk) => EncodedColumn::ParquetCrate(chunk, pages),
-                            EncodedLeaf::Gpusort(chunk) => EncodedColumn::Gpusort(chunk),
-                        })
-                        .collect();
-                    compress_off_rayon(index, columns, compressor, done, permit);
-                }
-                (leaves, _) => {
-                    let chunks = leaves.and_then(|leaves| {
-                        leaves
-                            .into_iter()
-                            .map(|leaf| match leaf {
-                                EncodedLeaf::ParquetCrate(chunk) => Ok(chunk),
-                                EncodedLeaf::Gpusort(_) => Err(ParquetError::General(
-                                    "gpusort's encoder wrote a column whose pages nothing compresses".into(),
-                                )),
-                            })
-                            .collect::<Result<Vec<_>, _>>()
-                    });
-                    let _ = done.send((chunks.map(Chunks::Encoded), permit));
-                }
-            }
-        });
+            compressing,
+            units: Arc::clone(&self.units),
+            done,
+            permit,
+        }
+        .spawn();
         Ok(result)
-    }
-}
-
-/// Compresses row group `index`'s pages on a thread of its own and sends the chunks to `done`.
-///
-/// Not on rayon's thread: a rayon thread waiting inside a parallel loop runs other tasks
-/// meanwhile, on its own stack, so a task that waits there (for the GPU) holds up every task
-/// under it. On TPC-H lineitem the row groups' compressions ran one after another so, and
-/// the writer kept 6 of 16 cores busy (`writer_props --whole --timeline`, stop 23).
-fn compress_off_rayon(
-    index: usize,
-    columns: Vec<EncodedColumn>,
-    compressor: Arc<dyn PageCompressor>,
-    done: std_mpsc::Sender<Encoded>,
-    permit: Option<OwnedSemaphorePermit>,
-) {
-    let work = move || {
-        let chunks = compress_row_group(columns, compressor.as_ref()).map(Chunks::Compressed);
-        crate::timeline::mark(format_args!("writer: row group {index} ready"));
-        let _ = done.send((chunks, permit));
-    };
-    // Where no thread can be started, here: slower, not wrong.
-    let work = Arc::new(std::sync::Mutex::new(Some(work)));
-    let theirs = Arc::clone(&work);
-    let spawned = std::thread::Builder::new().name("gpusort-pages".into()).spawn(move || {
-        let work = theirs.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(work) = work {
-            work();
-        }
-    });
-    if let Err(e) = spawned {
-        log::warn!("no thread for row group {index}'s pages ({e}): compressing them here");
-        let work = work.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(work) = work {
-            work();
-        }
     }
 }
 
@@ -738,90 +653,6 @@ fn write_row_groups(
     Ok(index)
 }
 
-/// One leaf column chunk of a row group, encoded.
-enum EncodedLeaf {
-    ParquetCrate(ArrowColumnChunk),
-    Gpusort(EncodedChunk),
-}
-
-/// What encodes one row group's columns: the Parquet crate's leaf writers (one a leaf, in leaf
-/// order), or gpusort's encoder for the fields it writes.
-struct RowGroupColumns {
-    writers: Vec<ArrowColumnWriter>,
-    /// Which top-level field each leaf column belongs to.
-    roots: Vec<usize>,
-    gpusort: Arc<Vec<Option<ColumnDescPtr>>>,
-    properties: WriterPropertiesPtr,
-    schema: SchemaRef,
-}
-
-impl RowGroupColumns {
-    /// Encodes the row group `batches`: each top-level column on its own rayon task; the
-    /// chunks in leaf order.
-    fn encode(self, batches: &[RecordBatch], units: &AtomicU64) -> Result<Vec<EncodedLeaf>, ParquetError> {
-        let Self {
-            writers,
-            roots,
-            gpusort,
-            properties,
-            schema,
-        } = self;
-        let mut by_field: Vec<Vec<ArrowColumnWriter>> = (0..schema.fields().len()).map(|_| vec![]).collect();
-        for (writer, &root) in writers.into_iter().zip(&roots) {
-            by_field[root].push(writer);
-        }
-        let rows: u64 = batches.iter().map(|b| b.num_rows() as u64).sum();
-        let chunks: Vec<Vec<EncodedLeaf>> = by_field
-            .into_par_iter()
-            .enumerate()
-            .map(|(i, mut writers)| {
-                let field = schema.field(i);
-                if let Some(descr) = &gpusort[i] {
-                    // The Parquet crate's writer for this leaf is not used.
-                    drop(writers);
-                    let arrays = batches
-                        .iter()
-                        .map(|b| to_output_type(b.column(i), field.data_type()))
-                        .collect::<Result<Vec<_>, _>>()?;
-                    let chunk = encoder::encode(&arrays, descr, &properties)?;
-                    units.fetch_add(rows, Ordering::Relaxed);
-                    return Ok(vec![EncodedLeaf::Gpusort(chunk)]);
-                }
-                for batch in batches {
-                    let column = to_output_type(batch.column(i), field.data_type())?;
-                    for (writer, leaf) in writers.iter_mut().zip(compute_leaves(field, &column)?) {
-                        writer.write(&leaf)?;
-                    }
-                    units.fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
-                }
-                writers
-                    .into_iter()
-                    .map(|w| w.close().map(EncodedLeaf::ParquetCrate))
-                    .collect()
-            })
-            .collect::<Result<_, ParquetError>>()?;
-        Ok(chunks.into_iter().flatten().collect())
-    }
-}
-
-/// `column` as the output field's type wants it. The Parquet writer takes string and binary
-/// views for string and binary columns as they are (DataFusion reads strings as views; the
-/// output keeps the input's types); other differences are cast.
-fn to_output_type(column: &ArrayRef, to: &DataType) -> Result<ArrayRef, ParquetError> {
-    let from = column.data_type();
-    let as_is = from == to
-        || matches!(
-            (from, to),
-            (DataType::Utf8View, DataType::Utf8 | DataType::LargeUtf8)
-                | (DataType::BinaryView, DataType::Binary | DataType::LargeBinary)
-        );
-    if as_is {
-        Ok(Arc::clone(column))
-    } else {
-        cast(column, to).map_err(|e| ParquetError::General(format!("converting {from} to {to}: {e}")))
-    }
-}
-
 /// Parquet's `sorting_columns` for `order_by`: each key as the index of its leaf column.
 /// `None` when a key is a nested column (it has no single leaf).
 fn sorting_columns(schema: &Schema, order_by: &OrderBy) -> Result<Option<Vec<SortingColumn>>, ParquetError> {
@@ -850,6 +681,7 @@ fn sorting_columns(schema: &Schema, order_by: &OrderBy) -> Result<Option<Vec<Sor
 #[cfg(test)]
 mod tests {
     use super::*;
+    use arrow::array::ArrayRef;
     use arrow::array::{Array, Int32Array, StringArray, StringViewArray, StructArray};
     use arrow::datatypes::Field;
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
