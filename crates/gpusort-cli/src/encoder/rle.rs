@@ -34,6 +34,17 @@ pub fn encode(values: &[u32], bit_width: u8, out: &mut Vec<u8>) {
     pack(&values[literal_start..], bit_width, out);
 }
 
+/// A dictionary-encoded page's values: the bit width of indices into a dictionary of `n`
+/// values, in one byte, then `indices` RLE / bit-packed; `indices` is left empty.
+pub fn dictionary_indices(indices: &mut Vec<u32>, n: usize) -> Vec<u8> {
+    let width = bit_width_for(n);
+    let mut bytes = Vec::with_capacity(2 + indices.len() * usize::from(width) / 8 + 16);
+    bytes.push(width);
+    encode(indices, width, &mut bytes);
+    indices.clear();
+    bytes
+}
+
 /// The bytes of an all-`value` run of `count` values.
 pub fn put_rle(value: u32, count: usize, bit_width: u8, out: &mut Vec<u8>) {
     if count == 0 {

@@ -8,6 +8,8 @@ use parquet::data_type::ByteArray;
 use parquet::file::statistics::{Statistics, ValueStatistics};
 use parquet::schema::types::ColumnDescriptor;
 
+use super::values::Fixed;
+
 /// Whether the column's values are strings (cut at character boundaries).
 fn is_utf8(descr: &ColumnDescriptor) -> bool {
     descr.logical_type_ref() == Some(&LogicalType::String)
@@ -69,6 +71,13 @@ fn raise_bytes(mut bytes: Vec<u8>) -> Option<Vec<u8>> {
     Some(bytes)
 }
 
+/// An integer column chunk's statistics: `min_max` plain encoded, `nulls`, and the deprecated
+/// fields where the type's order is signed.
+fn fixed_statistics<T: Fixed>(min_max: Option<(&[u8], &[u8])>, nulls: u64, signed: bool) -> ValueStatistics<T> {
+    let (min, max) = min_max.map(|(a, b)| (T::from_le(a), T::from_le(b))).unzip();
+    ValueStatistics::new(min, max, None, Some(nulls), false).with_backwards_compatible_min_max(signed)
+}
+
 /// The column chunk's statistics: `min_max` plain encoded (none when every value is null),
 /// `nulls`, byte arrays cut to `length`.
 pub(super) fn chunk_statistics(
@@ -79,30 +88,8 @@ pub(super) fn chunk_statistics(
 ) -> Statistics {
     let signed = descr.sort_order().is_signed();
     match descr.physical_type() {
-        PhysicalType::INT32 => {
-            let v = min_max.map(|(a, b)| {
-                (
-                    i32::from_le_bytes(a.try_into().unwrap()),
-                    i32::from_le_bytes(b.try_into().unwrap()),
-                )
-            });
-            Statistics::Int32(
-                ValueStatistics::new(v.map(|v| v.0), v.map(|v| v.1), None, Some(nulls), false)
-                    .with_backwards_compatible_min_max(signed),
-            )
-        }
-        PhysicalType::INT64 => {
-            let v = min_max.map(|(a, b)| {
-                (
-                    i64::from_le_bytes(a.try_into().unwrap()),
-                    i64::from_le_bytes(b.try_into().unwrap()),
-                )
-            });
-            Statistics::Int64(
-                ValueStatistics::new(v.map(|v| v.0), v.map(|v| v.1), None, Some(nulls), false)
-                    .with_backwards_compatible_min_max(signed),
-            )
-        }
+        PhysicalType::INT32 => Statistics::Int32(fixed_statistics(min_max, nulls, signed)),
+        PhysicalType::INT64 => Statistics::Int64(fixed_statistics(min_max, nulls, signed)),
         PhysicalType::BYTE_ARRAY => {
             let Some((min, max)) = min_max else {
                 return Statistics::ByteArray(

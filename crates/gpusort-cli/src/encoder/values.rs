@@ -280,12 +280,7 @@ impl<T: Fixed> ValueEncoder for FixedEncoder<T> {
         let (bytes, dictionary) = match &self.dictionary {
             Some(d) => {
                 self.dictionary_used = true;
-                let width = rle::bit_width_for(d.values.len());
-                let mut bytes = Vec::with_capacity(2 + self.indices.len() * usize::from(width) / 8 + 16);
-                bytes.push(width);
-                rle::encode(&self.indices, width, &mut bytes);
-                self.indices.clear();
-                (bytes, true)
+                (rle::dictionary_indices(&mut self.indices, d.values.len()), true)
             }
             None => (std::mem::take(&mut self.plain), false),
         };
@@ -657,13 +652,8 @@ impl ValueEncoder for BytesEncoder {
         match &mut self.dictionary {
             Some(d) => {
                 self.dictionary_used = true;
-                let width = rle::bit_width_for(d.entries.len());
-                let mut bytes = Vec::with_capacity(2 + self.indices.len() * usize::from(width) / 8 + 16);
-                bytes.push(width);
-                rle::encode(&self.indices, width, &mut bytes);
-                self.indices.clear();
                 PageValues {
-                    bytes,
+                    bytes: rle::dictionary_indices(&mut self.indices, d.entries.len()),
                     dictionary: true,
                     min_max: d.page_min_max(),
                     unencoded_bytes,
