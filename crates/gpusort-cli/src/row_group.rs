@@ -10,6 +10,11 @@
 //! groups in flight finished encoding at one instant, and their 16 nvCOMP calls met on the
 //! GPU at once, 225-250 ms each against 75 ms apart (`writer_props --whole --timeline`,
 //! stop 24).
+//!
+//! The tasks run on the writer's own thread pool, not rayon's global one, which the sort uses:
+//! where the sort merges runs while the writer encodes earlier rows (`--gpu-memory-limit`),
+//! the sort's staging of each merge step queued behind the writer's tasks in the one pool,
+//! 1.07 s a step for 2 ms of work (stop 24). Two pools share the cores as the OS schedules.
 
 use std::fs::File;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -73,6 +78,8 @@ pub(crate) struct RowGroupJob {
     pub done: std_mpsc::Sender<Encoded>,
     /// The row group's share of the memory budget, held until its pages are in the file.
     pub permit: Option<OwnedSemaphorePermit>,
+    /// The writer's thread pool.
+    pub pool: Arc<rayon::ThreadPool>,
 }
 
 /// A field's leaves, encoded (or why not).
@@ -96,6 +103,7 @@ struct Shared {
 /// Where a row group's chunks go once encoded.
 struct Then {
     index: usize,
+    pool: Arc<rayon::ThreadPool>,
     compressing: Option<(Arc<dyn PageCompressor>, Vec<ChunkPages>)>,
     done: std_mpsc::Sender<Encoded>,
     permit: Option<OwnedSemaphorePermit>,
@@ -125,6 +133,7 @@ impl RowGroupJob {
             left: AtomicUsize::new(n),
             then: Mutex::new(Some(Then {
                 index: self.index,
+                pool: Arc::clone(&self.pool),
                 compressing: self.compressing,
                 done: self.done,
                 permit: self.permit,
@@ -135,7 +144,7 @@ impl RowGroupJob {
         }
         for (i, writers) in by_field.into_iter().enumerate() {
             let shared = Arc::clone(&shared);
-            rayon::spawn(move || {
+            self.pool.spawn(move || {
                 let leaves = shared.encode_field(i, writers);
                 lock(&shared.fields)[i] = Some(leaves);
                 if shared.left.fetch_sub(1, Ordering::AcqRel) == 1 {
@@ -180,6 +189,7 @@ impl Shared {
     fn finish(&self) {
         let Some(Then {
             index,
+            pool,
             compressing,
             done,
             permit,
@@ -209,7 +219,7 @@ impl Shared {
                         EncodedLeaf::Gpusort(chunk) => EncodedColumn::Gpusort(chunk),
                     })
                     .collect();
-                compress_off_rayon(index, columns, compressor, done, permit);
+                compress_off_rayon(index, columns, compressor, pool, done, permit);
             }
             (leaves, _) => {
                 let chunks = leaves.and_then(|leaves| {
@@ -229,9 +239,10 @@ impl Shared {
     }
 }
 
-/// Compresses row group `index`'s pages on a thread of its own and sends the chunks to `done`.
+/// Compresses row group `index`'s pages on a thread of its own (its parallel loops in `pool`)
+/// and sends the chunks to `done`.
 ///
-/// Not on rayon's thread: a rayon thread waiting inside a parallel loop runs other tasks
+/// Not on one of the pool's threads: a rayon thread waiting inside a parallel loop runs other tasks
 /// meanwhile, on its own stack, so a task that waits there (for the GPU) holds up every task
 /// under it. On TPC-H lineitem the row groups' compressions ran one after another so, and
 /// the writer kept 6 of 16 cores busy (`writer_props --whole --timeline`, stop 23).
@@ -239,11 +250,14 @@ fn compress_off_rayon(
     index: usize,
     columns: Vec<EncodedColumn>,
     compressor: Arc<dyn PageCompressor>,
+    pool: Arc<rayon::ThreadPool>,
     done: std_mpsc::Sender<Encoded>,
     permit: Option<OwnedSemaphorePermit>,
 ) {
     let work = move || {
-        let chunks = compress_row_group(columns, compressor.as_ref()).map(Chunks::Compressed);
+        let chunks = pool
+            .install(|| compress_row_group(columns, compressor.as_ref()))
+            .map(Chunks::Compressed);
         crate::timeline::mark(format_args!("writer: row group {index} ready"));
         let _ = done.send((chunks, permit));
     };

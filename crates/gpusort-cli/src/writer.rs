@@ -1,7 +1,8 @@
 //! The output file: sorted batches in, a Parquet file out, with the sort recorded in each row
 //! group's `sorting_columns`. Row groups are cut at `--row-group-size` rows and their columns
-//! encoded and compressed in parallel (rayon), a few row groups at a time, driven by a thread
-//! of their own, so encoding overlaps with the sort producing the next rows.
+//! encoded and compressed in parallel on a thread pool of the writer's own (not the sort's), a
+//! few row groups at a time, driven by a thread of their own, so encoding overlaps with the
+//! sort producing the next rows.
 //!
 //! Under a memory budget (a share of `--memory-limit`, see [`writer_share`]) a row group is also
 //! cut when its rows reach half the budget in memory, and row groups wait to be encoded while
@@ -334,6 +335,12 @@ impl SortedParquetWriter {
             units: Arc::default(),
             columns: schema.fields().len().max(1) as u64,
         };
+        // As many threads as rayon's global pool, which the sort keeps (see crate::row_group).
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(rayon::current_num_threads())
+            .thread_name(|i| format!("gpusort-encode-{i}"))
+            .build()
+            .map_err(|e| ParquetError::External(Box::new(e)))?;
         let encoder = Encoder::new(
             &file_writer,
             factory,
@@ -341,6 +348,7 @@ impl SortedParquetWriter {
             options.column_encoder,
             &schema,
             &progress,
+            Arc::new(pool),
         );
         let thread = std::thread::Builder::new()
             .name("gpusort-writer".into())
@@ -487,6 +495,8 @@ struct Encoder {
     /// Which top-level field each leaf column belongs to.
     roots: Vec<usize>,
     units: Arc<AtomicU64>,
+    /// The writer's thread pool.
+    pool: Arc<rayon::ThreadPool>,
 }
 
 impl Encoder {
@@ -497,6 +507,7 @@ impl Encoder {
         column_encoder: ColumnEncoder,
         schema: &SchemaRef,
         progress: &WriteProgress,
+        pool: Arc<rayon::ThreadPool>,
     ) -> Self {
         let descr = file_writer.schema_descr();
         let properties = Arc::clone(file_writer.properties());
@@ -527,6 +538,7 @@ impl Encoder {
             schema: Arc::clone(schema),
             roots,
             units: Arc::clone(&progress.units),
+            pool,
         }
     }
 
@@ -568,6 +580,7 @@ impl Encoder {
             units: Arc::clone(&self.units),
             done,
             permit,
+            pool: Arc::clone(&self.pool),
         }
         .spawn();
         Ok(result)
