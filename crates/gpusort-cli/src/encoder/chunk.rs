@@ -148,17 +148,21 @@ impl Chunk<'_> {
     /// Ends the current page with `values`.
     fn flush_page<E: ValueEncoder>(&mut self, values: PageValues) -> Result<()> {
         let (rows, nulls) = (self.page_rows, self.page_nulls);
-        let mut buf = Vec::with_capacity(values.bytes.len() + 16);
-        if self.descr.max_def_level() > 0 {
+        // A required column's page is its values as they are; a nullable one's, its levels first.
+        let buf = if self.descr.max_def_level() > 0 {
             let mut levels = Vec::with_capacity(16);
             match self.page_levels.take() {
                 Some(l) => rle::encode(&l, 1, &mut levels),
                 None => rle::put_rle(1, rows, 1, &mut levels),
             }
+            let mut buf = Vec::with_capacity(4 + levels.len() + values.bytes.len());
             buf.extend_from_slice(&(levels.len() as u32).to_le_bytes());
             buf.extend_from_slice(&levels);
-        }
-        buf.extend_from_slice(&values.bytes);
+            buf.extend_from_slice(&values.bytes);
+            buf
+        } else {
+            values.bytes
+        };
         let encoding = if values.dictionary {
             self.props.dictionary_data_page_encoding()
         } else {

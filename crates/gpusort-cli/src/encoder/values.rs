@@ -51,6 +51,13 @@ pub(super) trait ValueEncoder {
     fn compare(a: &[u8], b: &[u8]) -> Ordering;
 }
 
+/// The page's plain bytes, leaving room for as many in the next page: a page's buffer grown
+/// from nothing reallocates a dozen times, each time into memory the kernel zeroes.
+fn take_sized(plain: &mut Vec<u8>) -> Vec<u8> {
+    let next = Vec::with_capacity(plain.len());
+    std::mem::replace(plain, next)
+}
+
 /// A hash of a 64-bit value: the two halves of its product with a large odd constant, folded.
 #[inline]
 fn hash_u64(v: u64) -> u64 {
@@ -282,7 +289,7 @@ impl<T: Fixed> ValueEncoder for FixedEncoder<T> {
                 self.dictionary_used = true;
                 (rle::dictionary_indices(&mut self.indices, d.values.len()), true)
             }
-            None => (std::mem::take(&mut self.plain), false),
+            None => (take_sized(&mut self.plain), false),
         };
         PageValues {
             bytes,
@@ -665,7 +672,7 @@ impl ValueEncoder for BytesEncoder {
                     .take()
                     .map(|(min, max)| (self.plain[min.1].to_vec(), self.plain[max.1].to_vec()));
                 PageValues {
-                    bytes: std::mem::take(&mut self.plain),
+                    bytes: take_sized(&mut self.plain),
                     dictionary: false,
                     min_max,
                     unencoded_bytes,
