@@ -479,7 +479,7 @@ struct BytesDictionary {
     entries: Vec<Entry>,
     /// The index of the last value: a run takes one comparison, no hash.
     last: Option<u32>,
-    /// Recent values of up to 12 bytes, by key.
+    /// Recent values by key: a value of up to 12 bytes is its key; a longer one is checked.
     recent: Recent<u128>,
     /// The indices this page holds (`seen[i]` is the page's number when it does).
     seen: Vec<u32>,
@@ -518,18 +518,18 @@ impl BytesDictionary {
     fn index(&mut self, key: u128, v: &[u8]) -> u32 {
         let index = match self.last {
             Some(last) if Self::is(&self.entries, &self.page, last, key, v) => last,
-            _ if inline(key) => {
+            _ => {
+                // A long value's key (length and prefix) names a candidate, its bytes decide.
                 let slot = Recent::<u128>::slot(key as u64 ^ (key >> 64) as u64);
                 match self.recent.get(slot, key) {
-                    Some(index) => index,
-                    None => {
+                    Some(index) if Self::is(&self.entries, &self.page, index, key, v) => index,
+                    _ => {
                         let index = self.lookup(key, v);
                         self.recent.put(slot, key, index);
                         index
                     }
                 }
             }
-            _ => self.lookup(key, v),
         };
         if self.seen[index as usize] != self.page_number {
             self.seen[index as usize] = self.page_number;
