@@ -28,7 +28,7 @@
 //! Page CRCs are not written (arrow-rs does not write them either) and encrypted files are not
 //! supported (the tool writes none).
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
@@ -38,6 +38,7 @@ use parquet::column::page::{CompressedPage, Page, PageWriteSpec, PageWriter};
 use parquet::column::writer::ColumnCloseResult;
 use parquet::errors::{ParquetError, Result};
 use parquet::file::properties::ReaderProperties;
+use parquet::file::reader::{ChunkReader, Length};
 use parquet::file::serialized_reader::SerializedPageReader;
 use parquet::file::writer::{SerializedPageWriter, SerializedRowGroupWriter, TrackedWrite};
 use rayon::prelude::*;
@@ -200,14 +201,14 @@ impl PageStoreFactory for CapturingPageStoreFactory {
 /// A column chunk with compressed pages, ready for its row group.
 #[derive(Debug)]
 pub struct CompressedChunk {
-    bytes: Bytes,
+    segments: Segments,
     close: ColumnCloseResult,
 }
 
 impl CompressedChunk {
     /// Appends the chunk as the row group's next column.
     pub fn append_to_row_group<W: Write + Send>(self, row_group: &mut SerializedRowGroupWriter<'_, W>) -> Result<()> {
-        row_group.append_column(&self.bytes, self.close)
+        row_group.append_column(&self.segments, self.close)
     }
 }
 
@@ -373,24 +374,128 @@ fn set_compressed(mut page: Page) -> Page {
     page
 }
 
-/// One chunk written again with its pages' frames (see the module doc).
+/// One chunk written again with its pages' frames (see the module doc): each page's header,
+/// then its frames as they are, not copied into one buffer.
 fn rewrite_chunk(
     pages: Vec<Page>,
     frames: Vec<Vec<u8>>,
     close: ColumnCloseResult,
     codec: Compression,
 ) -> Result<CompressedChunk> {
-    let capacity = frames.iter().map(Vec::len).sum::<usize>() + 64 * frames.len();
-    let mut sink = TrackedWrite::new(Vec::with_capacity(capacity));
+    let mut sink = TrackedWrite::new(Segments::default());
     let mut specs = Vec::with_capacity(pages.len());
-    let mut writer = SerializedPageWriter::new(&mut sink);
     for (page, frame) in pages.into_iter().zip(frames) {
-        specs.push(writer.write_page(with_frame(page, frame)?)?);
+        let page = with_frame(page, frame)?;
+        sink.inner_mut().expect(page.compressed_page().buffer().clone());
+        specs.push(SerializedPageWriter::new(&mut sink).write_page(page)?);
     }
-    writer.close()?;
-    let bytes = Bytes::from(sink.into_inner()?);
+    let mut segments = sink.into_inner()?;
+    segments.end_small();
     let close = rewritten_close(close, &specs, codec)?;
-    Ok(CompressedChunk { bytes, close })
+    Ok(CompressedChunk { segments, close })
+}
+
+/// A column chunk's bytes in pieces: page headers (and pages the writer's buffer took in)
+/// copied together, each larger page's data the `Bytes` it already is. As a [`Write`] it
+/// takes what the Parquet crate's page writer writes, and keeps the data it was told to
+/// expect (`expect`) where the writer hands over that very slice; as a [`ChunkReader`] it
+/// reads back in order.
+#[derive(Debug, Default)]
+struct Segments {
+    parts: Vec<Bytes>,
+    small: Vec<u8>,
+    expected: Option<Bytes>,
+    len: u64,
+}
+
+impl Segments {
+    /// The next page's data, kept as it is if it comes in one write.
+    fn expect(&mut self, data: Bytes) {
+        self.expected = Some(data);
+    }
+
+    /// Ends the run of copied bytes.
+    fn end_small(&mut self) {
+        if !self.small.is_empty() {
+            self.parts.push(Bytes::from(std::mem::take(&mut self.small)));
+        }
+    }
+}
+
+impl Write for Segments {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self.expected.take() {
+            Some(data) if data.as_ptr() == buf.as_ptr() && data.len() == buf.len() => {
+                self.end_small();
+                self.parts.push(data);
+            }
+            expected => {
+                self.expected = expected;
+                self.small.extend_from_slice(buf);
+            }
+        }
+        self.len += buf.len() as u64;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Length for Segments {
+    fn len(&self) -> u64 {
+        self.len
+    }
+}
+
+impl ChunkReader for Segments {
+    type T = SegmentsRead;
+
+    fn get_read(&self, start: u64) -> Result<SegmentsRead> {
+        let mut skip = usize::try_from(start).map_err(|e| ParquetError::External(Box::new(e)))?;
+        let mut parts = std::collections::VecDeque::with_capacity(self.parts.len());
+        for part in &self.parts {
+            if skip >= part.len() {
+                skip -= part.len();
+            } else {
+                parts.push_back(part.slice(skip..));
+                skip = 0;
+            }
+        }
+        Ok(SegmentsRead(parts))
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> Result<Bytes> {
+        let mut read = self.get_read(start)?;
+        match read.0.front() {
+            Some(first) if first.len() >= length => Ok(first.slice(..length)),
+            _ => {
+                let mut out = vec![0; length];
+                read.read_exact(&mut out)?;
+                Ok(Bytes::from(out))
+            }
+        }
+    }
+}
+
+/// Reads [`Segments`] in order from a start.
+struct SegmentsRead(std::collections::VecDeque<Bytes>);
+
+impl Read for SegmentsRead {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while let Some(front) = self.0.front_mut() {
+            if front.is_empty() {
+                self.0.pop_front();
+                continue;
+            }
+            let n = front.len().min(buf.len());
+            buf[..n].copy_from_slice(&front[..n]);
+            bytes::Buf::advance(front, n);
+            return Ok(n);
+        }
+        Ok(0)
+    }
 }
 
 /// `close` for the chunk its pages' `specs` (in file order) describe, compressed with `codec`.
@@ -461,6 +566,35 @@ pub(crate) mod tests {
     use parquet::schema::types::ColumnPath;
 
     use super::*;
+
+    #[test]
+    fn segments_keep_the_expected_data_and_read_back_from_any_offset() {
+        let data = Bytes::from((0..20_000u32).map(|i| i as u8).collect::<Vec<u8>>());
+        let mut sink = TrackedWrite::new(Segments::default());
+        sink.write_all(b"head").unwrap();
+        sink.inner_mut().expect(data.clone());
+        sink.write_all(&data).unwrap();
+        sink.write_all(b"tail").unwrap();
+        let mut segments = sink.into_inner().unwrap();
+        segments.end_small();
+        // The data is kept as it is, not copied; the small writes around it are copied.
+        assert!(segments.parts.iter().any(|p| p.as_ptr() == data.as_ptr()));
+        let mut all = b"head".to_vec();
+        all.extend_from_slice(&data);
+        all.extend_from_slice(b"tail");
+        assert_eq!(segments.len(), all.len() as u64);
+        for start in [0usize, 3, 4, 5, 20_003, 20_004, 20_007, 20_008] {
+            let mut read = vec![];
+            segments.get_read(start as u64).unwrap().read_to_end(&mut read).unwrap();
+            assert_eq!(read, all[start..], "from {start}");
+            let len = (all.len() - start).min(10);
+            assert_eq!(
+                segments.get_bytes(start as u64, len).unwrap(),
+                all[start..start + len],
+                "{start}"
+            );
+        }
+    }
     use crate::order_by::OrderBy;
     use crate::writer::{ColumnEncoder, SortedParquetWriter, WriteOptions, WriteStats};
 
