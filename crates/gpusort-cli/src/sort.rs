@@ -56,7 +56,7 @@ pub struct SortArgs {
     /// What encodes the output's columns: gpusort (its own encoder for integer, date, decimal,
     /// string and binary columns, the Parquet crate's for the rest; with zstd or uncompressed
     /// output) or parquet (the Parquet crate's for every column)
-    #[arg(long, value_name = "ENCODER", default_value = "gpusort")]
+    #[arg(long, value_name = "ENCODER", value_enum, ignore_case = true, default_value_t = ColumnEncoder::Gpusort)]
     pub column_encoder: ColumnEncoder,
 
     /// Replace OUTPUT if it exists

@@ -157,22 +157,12 @@ impl std::fmt::Display for Codec {
 /// gpusort's needs the pages compressed apart from encoding ([`crate::pages`]): it serves
 /// zstd (compressed by [`WriteOptions::page_compressor`], else by [`CpuZstd`] at the codec's
 /// level) and uncompressed output; other codecs are the Parquet crate's alone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum ColumnEncoder {
     #[default]
     Gpusort,
+    #[value(name = "parquet")]
     ParquetCrate,
-}
-
-impl FromStr for ColumnEncoder {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "gpusort" => Ok(Self::Gpusort),
-            "parquet" => Ok(Self::ParquetCrate),
-            _ => Err(format!("{s}: the column encoders are gpusort and parquet")),
-        }
-    }
 }
 
 /// How the output is written.
