@@ -47,7 +47,7 @@ fn main() -> ExitCode {
         result
     });
     match result {
-        Ok(()) => exit_now(),
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             if !e.is_broken_pipe() {
                 // A closed stderr loses the line, nothing more.
@@ -56,27 +56,6 @@ fn main() -> ExitCode {
             ExitCode::from(e.exit_code())
         }
     }
-}
-
-/// Ends the process at once after a command that succeeded (its output is complete: the
-/// sorted file renamed into place, stdout flushed here), without the libraries' exit handlers:
-/// the CUDA driver's and nvCOMP's teardown of a context that held gigabytes of device and
-/// pinned memory took 0.37-0.68 s after a TPC-H SF10 sort on the H100 machine, which the
-/// kernel does anyway when the process ends.
-fn exit_now() -> ExitCode {
-    if std::io::stdout().flush().is_err() {
-        // The command wrote what it had to; a stdout that fails now is a closed pipe.
-        return ExitCode::SUCCESS;
-    }
-    let _ = std::io::stderr().flush();
-    #[cfg(unix)]
-    // SAFETY: `_exit` ends the process; nothing after this runs, and nothing the command made
-    // needs a destructor to be complete (files are written and renamed, buffers flushed).
-    unsafe {
-        libc::_exit(0)
-    }
-    #[cfg(not(unix))]
-    ExitCode::SUCCESS
 }
 
 /// Under `--memory-limit`, memory the sort frees goes back to the system at once: mimalloc

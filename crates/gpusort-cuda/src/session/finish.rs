@@ -512,11 +512,6 @@ impl GpuSortSession {
     /// The device's columns come down into pool buffers (indirect: gathered first, only the
     /// first `limit` rows) while the host gathers the others through the permutation; returns
     /// both.
-    ///
-    /// The two run side by side: a download into heap memory (a column past what the pool
-    /// pins, see [`PinnedPool::transfer_buffer`]) copies through the ring on the thread that
-    /// starts it, and TPC-H lineitem SF10's 6.5 GB took 0.70 s that way on the H100 machine
-    /// before the host's gathers of its four string columns began.
     #[allow(clippy::type_complexity)]
     fn download_and_gather(
         &self,
@@ -527,70 +522,94 @@ impl GpuSortSession {
         copies: &mut Transfers,
         stats: &mut SortStats,
     ) -> Result<(Vec<(HostBuffer, Option<HostBuffer>)>, Vec<Option<ArrayRef>>)> {
-        let (gpu, n) = (&self.gpu, self.rows);
+        let gpu = &self.gpu;
         let stream = gpu.stream();
         let downloads_start = gpu.event()?;
         downloads_start.record(stream)?;
-        let Sorted {
-            table,
-            values,
-            bitmaps,
-            perm_dev,
-            perm,
-            perm_first,
-            device_ms,
-        } = sorted;
-        // Only read when the host gathers columns, and then it came down first.
-        let head: &[u32] = if *perm_first { &perm.as_words()[..limit] } else { &[] };
-        let on_device = |c: usize| plan.columns.iter().any(|g| g.index == c);
-        let columns = self.schema.fields().len();
-        let to_host = DeviceSorted {
-            table,
-            values,
-            bitmaps,
-            perm_dev,
-        };
-        let (device_sorted, host_sorted) = rayon::join(
-            || -> Result<_> {
-                gpu.context().bind_to_thread()?;
-                download_columns(gpu, n, plan, to_host, limit, copies)
-            },
-            || {
-                (0..columns)
-                    .into_par_iter()
-                    .map(|c| match on_device(c) {
-                        true => Ok(None),
-                        false => gather_column(host.column(c), head).map(Some),
-                    })
-                    .collect::<gpusort::Result<Vec<Option<ArrayRef>>>>()
-            },
-        );
-        let (device_sorted, host_sorted) = (device_sorted?, host_sorted?);
-        if !*perm_first && self.want_permutation {
+        let device_sorted = self.download_columns(plan, sorted, limit, copies)?;
+        if !sorted.perm_first && self.want_permutation {
             // SAFETY: read only after the stream synchronizes below.
-            unsafe { copies.download_words(perm_dev, perm) }?;
+            unsafe { copies.download_words(&sorted.perm_dev, &mut sorted.perm) }?;
         }
         let downloads_end = gpu.event()?;
         downloads_end.record(stream)?;
+        // Only read when the host gathers columns, and then it came down first.
+        let head: &[u32] = if sorted.perm_first {
+            &sorted.perm.as_words()[..limit]
+        } else {
+            &[]
+        };
+        let host_sorted = (0..self.schema.fields().len())
+            .into_par_iter()
+            .map(|c| match plan.columns.iter().any(|g| g.index == c) {
+                true => Ok(None),
+                false => gather_column(host.column(c), head).map(Some),
+            })
+            .collect::<gpusort::Result<Vec<Option<ArrayRef>>>>()?;
         downloads_end.synchronize()?;
         log::debug!(target: "gpusort::timeline", "session: downloads done");
         let download_ms = downloads_start.elapsed_ms(&downloads_end)?;
         stats.download_time = Duration::from_secs_f64(download_ms as f64 / 1e3);
-        let mut device_ms = *device_ms;
+        let mut device_ms = sorted.device_ms;
         if !plan.direct {
             // Gathers and downloads interleave; the device time counts both.
             device_ms += download_ms;
         }
         stats.device_time = Some(Duration::from_secs_f64(device_ms as f64 / 1e3));
-        *table = DeviceTable {
+        sorted.table = DeviceTable {
             num_rows: 0,
             keys: vec![],
             columns: vec![],
             records: None,
         };
-        values.clear();
-        bitmaps.clear();
+        sorted.values.clear();
+        sorted.bitmaps.clear();
         Ok((device_sorted, host_sorted))
+    }
+
+    /// Starts the download of each device column's first `limit` sorted rows and validity
+    /// bits (indirect: the columns gathered together first, packed into rows where that reads
+    /// fewer sectors and fits, see [`Gpu::gather_columns`]).
+    fn download_columns(
+        &self,
+        plan: &DevicePlan,
+        sorted: &mut Sorted,
+        limit: usize,
+        copies: &mut Transfers,
+    ) -> Result<Vec<(HostBuffer, Option<HostBuffer>)>> {
+        let (gpu, n, pool) = (&self.gpu, self.rows, PinnedPool::global());
+        if !plan.direct {
+            gpu.gather_columns(&mut sorted.values, n, &sorted.perm_dev, limit, plan.pack_gathers)?;
+        }
+        let mut out = vec![];
+        for (k, c) in plan.columns.iter().enumerate() {
+            let dev = if plan.direct {
+                &sorted.table.columns[k].data
+            } else {
+                &sorted.values[k].data
+            };
+            let mut values = pool.transfer_buffer(limit * c.width);
+            // SAFETY: read only after the stream synchronizes.
+            unsafe { copies.download(dev, &mut values) }?;
+            let bits = match &sorted.bitmaps[k] {
+                None => None,
+                Some(bits) => {
+                    let dev_bits = if plan.direct {
+                        let j = plan.nullable.iter().position(|&x| x == k).unwrap();
+                        let lane = &sorted.table.columns[plan.columns.len() + j / 32].data;
+                        gpu.unpack_bits(lane, (j % 32) as u32, limit)?
+                    } else {
+                        gpu.gather_bitmap(bits, 0, &sorted.perm_dev, limit)?
+                    };
+                    let mut host = pool.alloc(limit.div_ceil(32) * 4);
+                    // SAFETY: as above.
+                    unsafe { copies.download(&dev_bits, &mut host) }?;
+                    Some(host)
+                }
+            };
+            out.push((values, bits));
+        }
+        Ok(out)
     }
 
     /// The output batch of `limit` rows: the host's gathered columns and the device's
@@ -762,60 +781,4 @@ impl GpuSortSession {
         }
         Ok(Assembled { values, bitmaps })
     }
-}
-
-/// What [`download_columns`] reads of [`Sorted`]: the device's sorted (direct) or gathered
-/// (indirect) columns, their validity bits and the permutation.
-struct DeviceSorted<'a> {
-    table: &'a DeviceTable,
-    values: &'a mut Vec<DeviceColumn>,
-    bitmaps: &'a [Option<CudaSlice<u8>>],
-    perm_dev: &'a CudaSlice<u32>,
-}
-
-/// Starts the download of each device column's first `limit` sorted rows and validity bits
-/// (indirect: the columns gathered together first, packed into rows where that reads fewer
-/// sectors and fits, see [`Gpu::gather_columns`]); downloads into heap memory are done when
-/// it returns.
-fn download_columns(
-    gpu: &Gpu,
-    n: usize,
-    plan: &DevicePlan,
-    sorted: DeviceSorted<'_>,
-    limit: usize,
-    copies: &mut Transfers,
-) -> Result<Vec<(HostBuffer, Option<HostBuffer>)>> {
-    let pool = PinnedPool::global();
-    if !plan.direct {
-        gpu.gather_columns(sorted.values, n, sorted.perm_dev, limit, plan.pack_gathers)?;
-    }
-    let mut out = vec![];
-    for (k, c) in plan.columns.iter().enumerate() {
-        let dev = if plan.direct {
-            &sorted.table.columns[k].data
-        } else {
-            &sorted.values[k].data
-        };
-        let mut values = pool.transfer_buffer(limit * c.width);
-        // SAFETY: read only after the stream synchronizes.
-        unsafe { copies.download(dev, &mut values) }?;
-        let bits = match &sorted.bitmaps[k] {
-            None => None,
-            Some(bits) => {
-                let dev_bits = if plan.direct {
-                    let j = plan.nullable.iter().position(|&x| x == k).unwrap();
-                    let lane = &sorted.table.columns[plan.columns.len() + j / 32].data;
-                    gpu.unpack_bits(lane, (j % 32) as u32, limit)?
-                } else {
-                    gpu.gather_bitmap(bits, 0, sorted.perm_dev, limit)?
-                };
-                let mut host = pool.alloc(limit.div_ceil(32) * 4);
-                // SAFETY: as above.
-                unsafe { copies.download(&dev_bits, &mut host) }?;
-                Some(host)
-            }
-        };
-        out.push((values, bits));
-    }
-    Ok(out)
 }
