@@ -85,8 +85,8 @@ pub const REGISTER_MIN: usize = HUGE_PAGE;
 const HUGE_PAGE: usize = 2 << 20;
 
 /// Pinned blocks made fast: large blocks are mapped anonymously, aligned to and advised for
-/// transparent huge pages, faulted in by every core in parallel, then registered with the
-/// driver (`cuMemHostRegister`, portable); blocks below [`REGISTER_MIN`] come from
+/// transparent huge pages, faulted in by threads of their own in parallel ([`fault_in`]), then
+/// registered with the driver (`cuMemHostRegister`, portable); blocks below [`REGISTER_MIN`] come from
 /// `cuMemHostAlloc`. A large block whose mapping or registration fails is refused, as a
 /// refused `cuMemHostAlloc` is: the pool hands out heap memory and keeps the reason
 /// ([`PinnedPool::last_error`]). `free` tells the two kinds apart by size alone, so a large
@@ -147,16 +147,7 @@ impl RegisteredHostAllocator {
             // Advice only: without transparent huge pages the block is still correct.
             libc::madvise(aligned as *mut libc::c_void, bytes, libc::MADV_HUGEPAGE);
         }
-        // Fault every page in on all cores: a write per 4 KiB page (one per huge page would
-        // do when the kernel gives huge pages, but it may not).
-        use rayon::prelude::*;
-        (0..bytes.div_ceil(HUGE_PAGE)).into_par_iter().for_each(|chunk| {
-            let base = aligned + chunk * HUGE_PAGE;
-            for page in (0..HUGE_PAGE.min(bytes - chunk * HUGE_PAGE)).step_by(4096) {
-                // SAFETY: inside the mapping, which nothing else uses yet.
-                unsafe { std::ptr::write_volatile((base + page) as *mut u8, 0) };
-            }
-        });
+        fault_in(aligned, bytes);
         Ok(NonNull::new(aligned as *mut u8).expect("mmap does not return address 0"))
     }
 
@@ -168,6 +159,48 @@ impl RegisteredHostAllocator {
         // SAFETY: the caller's contract.
         unsafe { libc::munmap(ptr.as_ptr() as *mut libc::c_void, bytes) };
     }
+}
+
+/// Bytes of a mapping one faulting thread takes (about 3 ms of work).
+const FAULT_SHARE: usize = 16 << 20;
+
+/// Faults in every page of the `bytes` at `base` (a fresh mapping): a write per 4 KiB page (one
+/// per huge page would do when the kernel gives huge pages, but it may not), on threads of
+/// their own, one per [`FAULT_SHARE`] up to one per core.
+///
+/// Not on rayon's pool: a block is often pinned by a thread of a busy pool (the Parquet
+/// writer's compression runs inside its pool, a sort's staging beside the scans), and faulting
+/// tasks queued behind its long tasks. On the H100 machine the writer's first sixteen nvCOMP
+/// calls each waited 0.4-0.6 s for their staging blocks that way, and every row group behind
+/// them.
+fn fault_in(base: usize, bytes: usize) {
+    let touch = |from: usize, to: usize| {
+        for page in (from..to).step_by(4096) {
+            // SAFETY: inside the mapping, which nothing else uses yet.
+            unsafe { std::ptr::write_volatile((base + page) as *mut u8, 0) };
+        }
+    };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = bytes.div_ceil(FAULT_SHARE).clamp(1, cores);
+    if threads == 1 {
+        return touch(0, bytes);
+    }
+    // Whole huge pages a thread, so that no two threads fault one huge page.
+    let share = bytes.div_ceil(threads).next_multiple_of(HUGE_PAGE);
+    std::thread::scope(|scope| {
+        for t in 1..threads {
+            let (from, to) = ((t * share).min(bytes), ((t + 1) * share).min(bytes));
+            // Where no thread can be started, this one faults its share after its own.
+            if std::thread::Builder::new()
+                .name("gpusort-pin".into())
+                .spawn_scoped(scope, move || touch(from, to))
+                .is_err()
+            {
+                touch(from, to);
+            }
+        }
+        touch(0, share.min(bytes));
+    });
 }
 
 impl HostAllocator for RegisteredHostAllocator {
