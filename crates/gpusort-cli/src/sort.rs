@@ -119,15 +119,10 @@ pub async fn sort(args: &SortArgs, mode: ProgressMode) -> Result<SortReport> {
     check_device(&args.plan)?;
     let (temp, _cleanup) = interrupt::create_removed_on_interrupt(|| create_temp_file(output, args.force))?;
 
+    let choosing = PagesChoice::start(args);
     // --memory-limit covers the sort and the writer: the writer keeps its share, DataFusion's
     // pool has the rest.
-    let pages = gpu_pages::choose(args.compress_on, args.compression, args.plan.gpusort_config().device)
-        .map_err(CliError::Usage)?;
-    if let Some(why) = &pages.why_cpu {
-        timeline::mark(format_args!("writer: {} ({why})", pages.label));
-    }
     let mut write_options = args.write_options();
-    write_options.page_compressor = pages.compressor.clone();
     let session = SessionOptions {
         spill_dir: true,
         pool_bytes: write_options.memory_budget.map(|writer| {
@@ -136,6 +131,12 @@ pub async fn sort(args: &SortArgs, mode: ProgressMode) -> Result<SortReport> {
         }),
     };
     let planned = SortPlan::with_options(&args.plan, session).await?;
+    timeline::mark("sort: DataFusion planned");
+    let pages = choosing.join().map_err(CliError::Usage)?;
+    if let Some(why) = &pages.why_cpu {
+        timeline::mark(format_args!("writer: {} ({why})", pages.label));
+    }
+    write_options.page_compressor = pages.compressor.clone();
     let memory_limit = planned.memory_limit.clone();
     let run_err = |e| run_error(e, &planned, args);
     let write_err = |e: parquet::errors::ParquetError| write_error(e, output);
@@ -220,6 +221,40 @@ pub async fn sort(args: &SortArgs, mode: ProgressMode) -> Result<SortReport> {
         memory_limit,
         writer_memory: write_options.memory_budget,
     })
+}
+
+/// Where the pages are compressed ([`gpu_pages::choose`]), found on a thread of its own while
+/// DataFusion plans: it loads nvCOMP and makes its GPU context, which the planning does not
+/// wait for.
+enum PagesChoice {
+    Thread(std::thread::JoinHandle<std::result::Result<gpu_pages::PagePath, String>>),
+    /// No thread could be started: chosen here, at the join.
+    Here(CompressOn, Codec, DeviceChoice),
+}
+
+impl PagesChoice {
+    fn start(args: &SortArgs) -> Self {
+        let (on, codec, device) = (args.compress_on, args.compression, args.plan.gpusort_config().device);
+        let spawned = std::thread::Builder::new().name("gpusort-pages".into()).spawn(move || {
+            let chosen = gpu_pages::choose(on, codec, device);
+            timeline::mark("sort: page compression chosen");
+            chosen
+        });
+        match spawned {
+            Ok(thread) => Self::Thread(thread),
+            Err(_) => Self::Here(on, codec, device),
+        }
+    }
+
+    /// The choice; an error only for `--compress-on gpu` when nvCOMP cannot run.
+    fn join(self) -> std::result::Result<gpu_pages::PagePath, String> {
+        match self {
+            Self::Thread(thread) => thread
+                .join()
+                .unwrap_or_else(|_| Err("choosing where pages are compressed panicked".into())),
+            Self::Here(on, codec, device) => gpu_pages::choose(on, codec, device),
+        }
+    }
 }
 
 /// `--device N` names a GPU that must be usable: checked before anything runs (a small input
