@@ -30,10 +30,11 @@ fn main() -> ExitCode {
         }
     };
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-    if let gpusort_cli::Command::Sort(args) = &cli.command
-        && args.plan.memory_limit_bytes().is_some()
-    {
-        bound_allocator();
+    if let gpusort_cli::Command::Sort(args) = &cli.command {
+        match args.plan.memory_limit_bytes() {
+            Some(_) => bound_allocator(),
+            None => keep_freed_memory(),
+        }
     }
     let result = interrupt::install().and_then(|()| {
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -65,12 +66,6 @@ fn main() -> ExitCode {
 /// `peak_memory_follows_the_limit` measures it). Set before the first arena is made, so on
 /// glibc from a constructor (below) that reads the arguments before `main`.
 fn bound_allocator() {
-    // mimalloc's `mi_option_t` (the same numbers in its v2 and v3).
-    const MI_OPTION_ARENA_EAGER_COMMIT: libc::c_int = 4;
-    const MI_OPTION_PURGE_DELAY: libc::c_int = 15;
-    unsafe extern "C" {
-        fn mi_option_set(option: libc::c_int, value: libc::c_long);
-    }
     // SAFETY: sets two of mimalloc's options (the allocator above); both may change at any time.
     unsafe {
         mi_option_set(MI_OPTION_PURGE_DELAY, 0);
@@ -78,9 +73,27 @@ fn bound_allocator() {
     }
 }
 
+/// Without `--memory-limit`, memory the sort frees stays with the process for its next
+/// allocations: mimalloc's default returns it to the kernel after 10 ms, and the kernel zeroes
+/// it again when it is touched next (a TPC-H SF10 sort faults in ~36 GB, 15-17 CPU-s of system
+/// time on the H100 machine). Never purging took 0.21-0.62 s off list 1 in three of four
+/// alternated pairs, the fourth equal, with 1-6 CPU-s less (`docs/results/h100-stop25-views-exit`,
+/// run 7).
+fn keep_freed_memory() {
+    // SAFETY: sets one of mimalloc's options (the allocator above); it may change at any time.
+    unsafe { mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
+}
+
+// mimalloc's `mi_option_t` (the same numbers in its v2 and v3).
+const MI_OPTION_ARENA_EAGER_COMMIT: libc::c_int = 4;
+const MI_OPTION_PURGE_DELAY: libc::c_int = 15;
+unsafe extern "C" {
+    fn mi_option_set(option: libc::c_int, value: libc::c_long);
+}
+
 /// Calls [`bound_allocator`] before `main` (before Rust allocates anything) when the arguments
-/// give `--memory-limit` a size that is not 0. glibc passes `argc` and `argv` to the functions
-/// of `.init_array`; this one allocates nothing.
+/// give `--memory-limit` a size that is not 0, [`keep_freed_memory`] for any other sort. glibc
+/// passes `argc` and `argv` to the functions of `.init_array`; this one allocates nothing.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[used]
 #[unsafe(link_section = ".init_array")]
@@ -98,8 +111,13 @@ static BOUND_ALLOCATOR_BEFORE_MAIN: extern "C" fn(libc::c_int, *const *const lib
             a => a.strip_prefix(b"--memory-limit="),
         });
         // A size with a digit other than 0 is a limit (0 and none are not).
-        if sorting && limit.is_some_and(|l| l.iter().any(|b| (b'1'..=b'9').contains(b))) {
-            bound_allocator();
+        match (
+            sorting,
+            limit.is_some_and(|l| l.iter().any(|b| (b'1'..=b'9').contains(b))),
+        ) {
+            (true, true) => bound_allocator(),
+            (true, false) => keep_freed_memory(),
+            (false, _) => {}
         }
     }
     before_main
