@@ -119,7 +119,7 @@ pub async fn sort(args: &SortArgs, mode: ProgressMode) -> Result<SortReport> {
     check_device(&args.plan)?;
     let (temp, _cleanup) = interrupt::create_removed_on_interrupt(|| create_temp_file(output, args.force))?;
 
-    let choosing = PagesChoice::start(args);
+    let pages = Pages::start(args)?;
     // --memory-limit covers the sort and the writer: the writer keeps its share, DataFusion's
     // pool has the rest.
     let mut write_options = args.write_options();
@@ -131,12 +131,7 @@ pub async fn sort(args: &SortArgs, mode: ProgressMode) -> Result<SortReport> {
         }),
     };
     let planned = SortPlan::with_options(&args.plan, session).await?;
-    timeline::mark("sort: DataFusion planned");
-    let pages = choosing.join().map_err(CliError::Usage)?;
-    if let Some(why) = &pages.why_cpu {
-        timeline::mark(format_args!("writer: {} ({why})", pages.label));
-    }
-    write_options.page_compressor = pages.compressor.clone();
+    write_options.page_compressor = pages.compressor();
     let memory_limit = planned.memory_limit.clone();
     let run_err = |e| run_error(e, &planned, args);
     let write_err = |e: parquet::errors::ParquetError| write_error(e, output);
@@ -213,7 +208,7 @@ pub async fn sort(args: &SortArgs, mode: ProgressMode) -> Result<SortReport> {
         output: output.clone(),
         output_bytes,
         row_groups: stats.row_groups,
-        codec: pages.label,
+        codec: pages.label(),
         sorting_columns: stats.sorting_columns,
         order_by: planned.order_by.to_sql(),
         times,
@@ -223,36 +218,43 @@ pub async fn sort(args: &SortArgs, mode: ProgressMode) -> Result<SortReport> {
     })
 }
 
-/// Where the pages are compressed ([`gpu_pages::choose`]), found on a thread of its own while
-/// DataFusion plans: it loads nvCOMP and makes its GPU context, which the planning does not
-/// wait for.
-enum PagesChoice {
-    Thread(std::thread::JoinHandle<std::result::Result<gpu_pages::PagePath, String>>),
-    /// No thread could be started: chosen here, at the join.
-    Here(CompressOn, Codec, DeviceChoice),
+/// Where the pages are compressed: with `--compress-on auto`, zstd and gpusort's encoder, chosen
+/// while the sort starts ([`gpu_pages::DeferredZstd`]); else now ([`gpu_pages::choose`]), so
+/// that `--compress-on gpu` without nvCOMP fails before anything runs.
+enum Pages {
+    Deferred(Arc<gpu_pages::DeferredZstd>),
+    Now(gpu_pages::PagePath),
 }
 
-impl PagesChoice {
-    fn start(args: &SortArgs) -> Self {
-        let (on, codec, device) = (args.compress_on, args.compression, args.plan.gpusort_config().device);
-        let spawned = std::thread::Builder::new().name("gpusort-pages".into()).spawn(move || {
-            let chosen = gpu_pages::choose(on, codec, device);
-            timeline::mark("sort: page compression chosen");
-            chosen
-        });
-        match spawned {
-            Ok(thread) => Self::Thread(thread),
-            Err(_) => Self::Here(on, codec, device),
+impl Pages {
+    fn start(args: &SortArgs) -> Result<Self> {
+        let device = args.plan.gpusort_config().device;
+        if args.compress_on == CompressOn::Auto
+            && args.column_encoder == ColumnEncoder::Gpusort
+            && let Some(deferred) = gpu_pages::DeferredZstd::start(args.compression, device)
+        {
+            return Ok(Self::Deferred(Arc::new(deferred)));
+        }
+        let path = gpu_pages::choose(args.compress_on, args.compression, device).map_err(CliError::Usage)?;
+        if let Some(why) = &path.why_cpu {
+            timeline::mark(format_args!("writer: {} ({why})", path.label));
+        }
+        Ok(Self::Now(path))
+    }
+
+    /// The writer's page compressor (`None`: the writer's own, see `WriteOptions`).
+    fn compressor(&self) -> Option<Arc<dyn crate::pages::PageCompressor>> {
+        match self {
+            Self::Deferred(d) => Some(Arc::clone(d) as Arc<dyn crate::pages::PageCompressor>),
+            Self::Now(path) => path.compressor.clone(),
         }
     }
 
-    /// The choice; an error only for `--compress-on gpu` when nvCOMP cannot run.
-    fn join(self) -> std::result::Result<gpu_pages::PagePath, String> {
+    /// The codec and where it ran, for the summary.
+    fn label(&self) -> String {
         match self {
-            Self::Thread(thread) => thread
-                .join()
-                .unwrap_or_else(|_| Err("choosing where pages are compressed panicked".into())),
-            Self::Here(on, codec, device) => gpu_pages::choose(on, codec, device),
+            Self::Deferred(d) => d.path().label.clone(),
+            Self::Now(path) => path.label.clone(),
         }
     }
 }
