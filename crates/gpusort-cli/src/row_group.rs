@@ -142,9 +142,7 @@ impl RowGroupJob {
         if n == 0 {
             shared.finish();
         }
-        let mut fields: Vec<(usize, Vec<ArrowColumnWriter>)> = by_field.into_iter().enumerate().collect();
-        fields.sort_by_key(|(i, _)| std::cmp::Reverse(spawn_rank(shared.schema.field(*i).data_type())));
-        for (i, writers) in fields {
+        for (i, writers) in by_field.into_iter().enumerate() {
             let shared = Arc::clone(&shared);
             self.pool.spawn(move || {
                 let leaves = shared.encode_field(i, writers);
@@ -155,19 +153,6 @@ impl RowGroupJob {
             });
         }
     }
-}
-
-/// The order a row group's columns are spawned in, most work first: strings, binary and nested
-/// columns, then fixed-width ones by width. Rayon starts the tasks of a thread outside its pool
-/// in the order they came, so a row group's slowest column (TPC-H lineitem's `l_comment`, its
-/// last) no longer starts after the quick ones, and neither does the last row group's: on the
-/// H100 machine the writer's tail ran at 1-6 cores for ~0.3 s.
-fn spawn_rank(data_type: &DataType) -> (bool, usize) {
-    let width = data_type.primitive_width();
-    (
-        width.is_none() && *data_type != DataType::Boolean && *data_type != DataType::Null,
-        width.unwrap_or(0),
-    )
 }
 
 impl Shared {
