@@ -567,6 +567,9 @@ pub(crate) mod tests {
 
     use super::*;
 
+    use crate::order_by::OrderBy;
+    use crate::writer::{ColumnEncoder, SortedParquetWriter, WriteOptions, WriteStats};
+
     #[test]
     fn segments_keep_the_expected_data_and_read_back_from_any_offset() {
         let data = Bytes::from((0..20_000u32).map(|i| i as u8).collect::<Vec<u8>>());
@@ -595,9 +598,6 @@ pub(crate) mod tests {
             );
         }
     }
-    use crate::order_by::OrderBy;
-    use crate::writer::{ColumnEncoder, SortedParquetWriter, WriteOptions, WriteStats};
-
     const ROWS: usize = 10_000;
     const ROW_GROUP: usize = 3_000;
     /// Leaf columns: eight flat ones, the list's items, the struct's two fields.

@@ -18,6 +18,7 @@ use tempfile::NamedTempFile;
 use crate::error::{self, CliError, Result};
 use crate::gpu_pages::{self, CompressOn};
 use crate::interrupt;
+use crate::pages::PageCompressor;
 use crate::plan::{PlanArgs, SessionOptions, SortPlan, format_size};
 use crate::progress::{Monitor, ProgressMode};
 use crate::report::{PhaseTimes, PlanMetrics, SortReport};
@@ -243,9 +244,9 @@ impl Pages {
     }
 
     /// The writer's page compressor (`None`: the writer's own, see `WriteOptions`).
-    fn compressor(&self) -> Option<Arc<dyn crate::pages::PageCompressor>> {
+    fn compressor(&self) -> Option<Arc<dyn PageCompressor>> {
         match self {
-            Self::Deferred(d) => Some(Arc::clone(d) as Arc<dyn crate::pages::PageCompressor>),
+            Self::Deferred(d) => Some(Arc::clone(d) as Arc<dyn PageCompressor>),
             Self::Now(path) => path.compressor.clone(),
         }
     }
@@ -253,7 +254,7 @@ impl Pages {
     /// The codec and where it ran, for the summary.
     fn label(&self) -> String {
         match self {
-            Self::Deferred(d) => d.path().label.clone(),
+            Self::Deferred(d) => d.name(),
             Self::Now(path) => path.label.clone(),
         }
     }

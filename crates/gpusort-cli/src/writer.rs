@@ -473,7 +473,7 @@ struct RowGroup {
     _permit: Option<OwnedSemaphorePermit>,
 }
 
-/// Starts the encoding of row groups, each on rayon's threads.
+/// Starts the encoding of row groups, each on the writer's thread pool (see [`crate::row_group`]).
 struct Encoder {
     factory: ArrowRowGroupWriterFactory,
     /// The page compressor, and the page stores that keep the pages it compresses.

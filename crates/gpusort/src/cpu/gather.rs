@@ -384,8 +384,8 @@ fn concat_views<T: ByteViewType>(parts: &[&dyn Array]) -> Option<ArrayRef> {
     let mut starts = Vec::with_capacity(arrays.len());
     let mut lists = DataBufferLists::default();
     let mut row = 0usize;
-    for a in &arrays {
-        starts.push((row, lists.first_of(a.data_buffers())?));
+    for (part, a) in arrays.iter().enumerate() {
+        starts.push((row, lists.first_of(part, a.data_buffers())?));
         row += a.len();
     }
     let mut views = uninit(rows * 16);
@@ -421,15 +421,12 @@ struct DataBufferLists {
     first: std::collections::HashMap<(usize, usize), u32>,
     /// The distinct lists in order: the index of a part that has it.
     order: Vec<usize>,
-    parts: usize,
     buffers: usize,
 }
 
 impl DataBufferLists {
-    /// Where the next part's buffers `list` start in the result; `None` past `u32::MAX`.
-    fn first_of(&mut self, list: &[Buffer]) -> Option<u32> {
-        let part = self.parts;
-        self.parts += 1;
+    /// Where the buffers `list` of part `part` start in the result; `None` past `u32::MAX`.
+    fn first_of(&mut self, part: usize, list: &[Buffer]) -> Option<u32> {
         if list.is_empty() {
             return Some(0);
         }
