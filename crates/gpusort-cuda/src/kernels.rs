@@ -28,6 +28,7 @@ pub const FAMILIES: &[(&str, &str)] = &[
     ("onesweep.cu", include_str!("../kernels/onesweep.cu")),
     ("keys.cu", include_str!("../kernels/keys.cu")),
     ("presorted.cu", include_str!("../kernels/presorted.cu")),
+    ("ties.cu", include_str!("../kernels/ties.cu")),
 ];
 
 /// The family (source file of [`FAMILIES`]) that defines kernel `name`.
@@ -39,6 +40,7 @@ pub fn family_of(name: &str) -> &'static str {
         n if n.starts_with("msd_") => "msd.cu",
         "key_bounds" | "encode_keys" => "keys.cu",
         "order_scan" | "reverse_rows" | "reverse_iota" => "presorted.cu",
+        n if n.starts_with("ties_") => "ties.cu",
         _ => "gather.cu",
     }
 }
@@ -144,6 +146,9 @@ pub const SHARED_CONSTANTS: &[(&str, u64, bool)] = &[
     ("ONESWEEP_HIST_IPT", ONESWEEP_HIST_IPT as u64, false),
     ("ONESWEEP_VALUE", ONESWEEP_MAX_ROWS as u64, true),
     ("ORDER_SCAN_MAX_WORDS", ORDER_SCAN_MAX_WORDS as u64, false),
+    ("TIES_CAP", TIES_CAP as u64, false),
+    ("TIES_BLOCK", TIES_BLOCK as u64, false),
+    ("TIES_MAX_ROUNDS", TIES_MAX_ROUNDS as u64, false),
 ];
 
 /// The most key words presorted.cu's `order_scan` compares (`ORDER_SCAN_MAX_WORDS`); a longer
@@ -675,6 +680,12 @@ pub struct Kernels {
     pub reverse_rows: CudaFunction,
     /// n - 1, n - 2, ..., 0.
     pub reverse_iota: CudaFunction,
+    /// Batches of small tie groups sorted by their bytes in shared memory (BMCS).
+    pub ties_bmcs: CudaFunction,
+    /// The rows of large tie groups with their group and next 8 bytes as key words.
+    pub ties_keys: CudaFunction,
+    /// Sorted rows of large tie groups back at their positions.
+    pub ties_scatter: CudaFunction,
     /// The dynamic shared memory the scatters, the one-sweep pass and the MSD kernels may use
     /// (their `MAX_DYNAMIC_SHARED_SIZE_BYTES`): a sort needing more does not use them.
     pub smem: DynSmem,
@@ -690,6 +701,15 @@ pub const MSD_BINS: [usize; 2] = [256, 2048];
 /// (u32 for 256 bins, u16 for 2048), three u32 arrays of the bins and 32 scan words; msd.cu
 /// checks these figures (`MSD_RANK_SMEM_B8`, `MSD_RANK_SMEM_B11`) with static_assert.
 pub const MSD_RANK_SMEM: [usize; 2] = [8 * 257 * 4 + 3 * 256 * 4 + 32 * 4, 8 * 2049 * 2 + 3 * 2048 * 4 + 32 * 4];
+
+/// Most rows of one batch of small tie groups (`TIES_CAP` in kernels/ties.cu); a larger group
+/// is sorted by the radix sort first.
+pub const TIES_CAP: usize = 2048;
+/// Threads of a `ties_bmcs` block (`TIES_BLOCK`).
+pub(crate) const TIES_BLOCK: u32 = 256;
+/// Rounds of 8 bytes a tie group takes on the device, in a batch or as a large group, before
+/// the host orders what is still equal (`TIES_MAX_ROUNDS`): 256 bytes past the prefix.
+pub const TIES_MAX_ROUNDS: usize = 32;
 
 /// Most rows of one block-local sort (`LOCAL_CAP` in kernels/msd.cu).
 pub const MSD_LOCAL_CAP: usize = 8192;
@@ -782,6 +802,9 @@ impl Kernels {
             order_scan: f("order_scan")?,
             reverse_rows: f("reverse_rows")?,
             reverse_iota: f("reverse_iota")?,
+            ties_bmcs: f("ties_bmcs")?,
+            ties_keys: f("ties_keys")?,
+            ties_scatter: f("ties_scatter")?,
             modules: modules.clone(),
             smem: DynSmem::default(),
         };
@@ -1159,6 +1182,7 @@ mod tests {
             ),
             ("keys.cu", &["key_bounds", "encode_keys"]),
             ("presorted.cu", &["order_scan", "reverse_rows", "reverse_iota"]),
+            ("ties.cu", &["ties_bmcs", "ties_keys", "ties_scatter"]),
         ];
         for (family, names) in kernels {
             let (_, source) = programs.iter().find(|(n, _)| n == family).unwrap();

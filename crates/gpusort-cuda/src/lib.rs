@@ -20,6 +20,7 @@
 //! | [`gather`] | `gather.cu` | the indirect strategy's gathers, validity bits, device copies |
 //! | [`encode`] | `keys.cu` | sort keys encoded on the device |
 //! | `presorted` | `presorted.cu` | input already in order or reversed, found in one read of the key |
+//! | `ties` | `ties.cu` | rows tied on a truncated string prefix, ordered on the device by their following bytes |
 //! | `sort` | — | [`Gpu::sort`]: a plan's passes, then its gathers |
 //! | `memory` | — | device memory a sort needs |
 //! | `options` | — | [`GpuOptions`]: the `GPUSORT_*` settings, read once when a device opens |
@@ -56,6 +57,7 @@ pub mod shapes;
 mod sort;
 mod srts;
 mod table;
+mod ties;
 pub mod transfer;
 pub mod tune;
 

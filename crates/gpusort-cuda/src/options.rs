@@ -41,6 +41,9 @@ pub struct GpuOptions {
     /// A sort first reads its key once to find input already in order or reversed
     /// (`presorted.rs`; off with `GPUSORT_PRESORTED=0`).
     pub presorted: bool,
+    /// Rows tied on a truncated string prefix are ordered on the device (`ties.rs`; off with
+    /// `GPUSORT_DEVICE_TIES=0`: on the host, as the CPU backend does).
+    pub device_ties: bool,
     /// Device memory all sorts of the process together may hold on the device, in bytes
     /// (`GPUSORT_DEVICE_BUDGET`, e.g. `40g`; default: the free memory when the device opens,
     /// less a sixteenth; see [`crate::memory::DeviceBudget`]).
@@ -69,6 +72,7 @@ impl Default for GpuOptions {
             device_keys: true,
             smem_cap: None,
             presorted: true,
+            device_ties: true,
             device_budget: None,
             tuning_profile: None,
             direct_max_fields: DIRECT_MAX_FIELDS,
@@ -129,6 +133,7 @@ impl GpuOptions {
             device_keys: var("GPUSORT_DEVICE_KEYS").as_deref() != Some("0"),
             smem_cap,
             presorted: var("GPUSORT_PRESORTED").as_deref() != Some("0"),
+            device_ties: var("GPUSORT_DEVICE_TIES").as_deref() != Some("0"),
             device_budget,
             tuning_profile: None,
             direct_max_fields: match var("GPUSORT_DIRECT_MAX_FIELDS") {
@@ -203,10 +208,11 @@ mod tests {
             ("GPUSORT_PAIR_LANES", "0"),
             ("GPUSORT_DEVICE_KEYS", "0"),
             ("GPUSORT_PRESORTED", "0"),
+            ("GPUSORT_DEVICE_TIES", "0"),
             ("GPUSORT_IPT", "12"),
         ]))
         .unwrap();
-        assert!(o.profile && !o.onesweep && !o.pair_lanes && !o.device_keys && !o.presorted);
+        assert!(o.profile && !o.onesweep && !o.pair_lanes && !o.device_keys && !o.presorted && !o.device_ties);
         assert_eq!((o.msd_max_bits, o.tuning.ipt), (8, 12));
         // Only "1" turns profiling on; anything but "0" leaves the others on, as before.
         let o = GpuOptions::from_vars(vars(&[("GPUSORT_PROFILE", "yes"), ("GPUSORT_ONESWEEP", "1")])).unwrap();

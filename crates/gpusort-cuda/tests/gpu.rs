@@ -871,3 +871,180 @@ fn sanitize_every_kernel() {
         "sanitize device keys",
     );
 }
+
+/// Strings for the tie tests: `shape` says how their bytes past a short prefix tie.
+fn tie_strings(rng: &mut SmallRng, n: usize, shape: &str) -> Vec<Option<Vec<u8>>> {
+    let word =
+        |rng: &mut SmallRng, len: usize| -> Vec<u8> { (0..len).map(|_| b"abc"[rng.random_range(0..3)]).collect() };
+    (0..n)
+        .map(|i| {
+            let v = match shape {
+                // 300 equal bytes after the first: more rounds than the device takes, in a group
+                // larger than a batch ('a') and in batches ('b', 'c').
+                "equal" => {
+                    let first = if rng.random_bool(0.8) {
+                        b'a'
+                    } else {
+                        b"bc"[rng.random_range(0..2)]
+                    };
+                    [vec![first], vec![b'q'; 300], word(rng, 1)].concat()
+                }
+                // 60 shared bytes, then a few letters of three: long runs, many rounds.
+                "url" => {
+                    let len = rng.random_range(0..12);
+                    [
+                        b"https://example.com/a/very/long/path/that/everyone/shares/".as_slice(),
+                        &word(rng, len),
+                    ]
+                    .concat()
+                }
+                // Zero bytes: "ab\0" after "ab", the padding must not make them equal.
+                "zeros" => {
+                    let mut v = b"prefix00".to_vec();
+                    v.extend((0..rng.random_range(0..6)).map(|_| [0u8, 1, b'a'][rng.random_range(0..3)]));
+                    v
+                }
+                // Inline views (at most 12 bytes) beside out-of-line ones.
+                "short" => {
+                    let len = rng.random_range(0..16);
+                    word(rng, len)
+                }
+                // Many small groups of the 8-byte prefix: comment-like words.
+                "words" => {
+                    let words = [
+                        "carefully ",
+                        "furiously ",
+                        "quickly ",
+                        "slyly ",
+                        "ironic ",
+                        "final ",
+                        "pending ",
+                    ];
+                    (0..rng.random_range(1..6))
+                        .flat_map(|_| words[rng.random_range(0..words.len())].bytes())
+                        .collect()
+                }
+                // A few values of 1 MB that differ at their end.
+                "huge" if i < 4 => [vec![b'h'; 1 << 20], word(rng, 2)].concat(),
+                "huge" => word(rng, 20),
+                _ => unreachable!("{shape}"),
+            };
+            (i % 17 != 5).then_some(v)
+        })
+        .collect()
+}
+
+/// The values as an array of `data_type` (strings are made of the values' bytes, all ASCII).
+fn tie_array(values: &[Option<Vec<u8>>], data_type: &DataType) -> ArrayRef {
+    use arrow::array::{BinaryArray, BinaryViewArray, FixedSizeBinaryArray, LargeBinaryArray};
+    use arrow::array::{LargeStringArray, StringArray, StringViewArray};
+    use std::sync::Arc;
+    let strs: Vec<Option<&str>> = values
+        .iter()
+        .map(|v| v.as_deref().map(|b| std::str::from_utf8(b).unwrap()))
+        .collect();
+    let bytes: Vec<Option<&[u8]>> = values.iter().map(|v| v.as_deref()).collect();
+    match data_type {
+        DataType::Utf8 => Arc::new(StringArray::from(strs)),
+        DataType::LargeUtf8 => Arc::new(LargeStringArray::from(strs)),
+        DataType::Utf8View => Arc::new(StringViewArray::from(strs)),
+        DataType::Binary => Arc::new(BinaryArray::from(bytes)),
+        DataType::LargeBinary => Arc::new(LargeBinaryArray::from(bytes)),
+        DataType::BinaryView => Arc::new(BinaryViewArray::from(bytes)),
+        DataType::FixedSizeBinary(w) => {
+            let fixed: Vec<Option<Vec<u8>>> = values
+                .iter()
+                .map(|v| {
+                    v.as_ref()
+                        .map(|b| (0..*w as usize).map(|i| b.get(i).copied().unwrap_or(b'.')).collect())
+                })
+                .collect();
+            Arc::new(FixedSizeBinaryArray::try_from_sparse_iter_with_size(fixed.into_iter(), *w).unwrap())
+        }
+        other => unreachable!("{other}"),
+    }
+}
+
+/// Rows tied on a truncated string or binary prefix, with every later field exact, are ordered
+/// on the device (`ties.rs`): every byte layout, both directions and null placements, groups
+/// small and larger than a batch, shared prefixes of 60 bytes, zero bytes, inline views, 1 MB
+/// values and values equal for longer than the device's rounds (finished on the host); the
+/// result equals the stable reference and the CPU backend's, and the device says it ordered
+/// the groups.
+#[test]
+fn backend_orders_tied_string_prefixes_on_the_device() {
+    let Some(b) = backend() else { return };
+    let cpu = CpuBackend::new();
+    let mut rng = SmallRng::seed_from_u64(23);
+    let types = [
+        DataType::Utf8,
+        DataType::LargeUtf8,
+        DataType::Utf8View,
+        DataType::Binary,
+        DataType::LargeBinary,
+        DataType::BinaryView,
+        DataType::FixedSizeBinary(24),
+    ];
+    for (s, shape) in ["words", "url", "zeros", "short", "equal", "huge"]
+        .into_iter()
+        .enumerate()
+    {
+        // Groups larger than a batch (TIES_CAP rows) where there are few distinct prefixes.
+        let n = match shape {
+            "huge" => 3_000,
+            "equal" => 20_000,
+            _ => [1_000, 20_000, 70_000][s % 3],
+        };
+        let values = tie_strings(&mut rng, n, shape);
+        for (t, data_type) in types.iter().enumerate() {
+            // Fixed-width values cut to 24 bytes: the shapes that still tie there.
+            if matches!(data_type, DataType::FixedSizeBinary(_)) && !["words", "zeros", "short"].contains(&shape) {
+                continue;
+            }
+            let strings = tie_array(&values, data_type);
+            let few: ArrayRef =
+                std::sync::Arc::new(arrow::array::Int32Array::from_iter_values((0..n as i32).map(|i| i % 3)));
+            let ids: ArrayRef = std::sync::Arc::new(arrow::array::Int64Array::from_iter_values(
+                (0..n as i64).map(|i| (i * 7919) % 1000),
+            ));
+            let schema = Schema::new(vec![
+                Field::new("few", DataType::Int32, false),
+                Field::new("s", data_type.clone(), true),
+                Field::new("id", DataType::Int64, false),
+            ]);
+            let batch = RecordBatch::try_new(schema.into(), vec![few, strings, ids]).unwrap();
+            for (descending, nulls_first) in [(false, false), (true, true), (true, false)] {
+                for spec in [
+                    SortSpec::new([SortKey::new(1, descending, nulls_first), SortKey::sql(2, false)]),
+                    SortSpec::new([
+                        SortKey::sql(0, false),
+                        SortKey::new(1, descending, nulls_first),
+                        SortKey::sql(2, true),
+                    ]),
+                ] {
+                    for max_prefix_bytes in [2, 8] {
+                        let request = SortRequest::new(&batch, &spec)
+                            .with_strategy(Some([Strategy::SRTS_DIRECT, Strategy::SRTS_INDIRECT][t % 2]))
+                            .with_encoder_options(EncoderOptions { max_prefix_bytes });
+                        let what = format!(
+                            "{shape} {data_type} desc {descending} nulls first {nulls_first} {spec:?} prefix {max_prefix_bytes}"
+                        );
+                        let out = b.sort(&request).unwrap_or_else(|e| panic!("{what}: {e}"));
+                        assert_matches_reference(&batch, &spec, None, &out, &what);
+                        // Two bytes past the common prefix tie in every shape.
+                        assert!(
+                            out.stats.tie_groups > 0 || max_prefix_bytes > 2,
+                            "{what}: no tie groups"
+                        );
+                        assert_eq!(
+                            out.stats.device_tie_groups, out.stats.tie_groups,
+                            "{what}: groups ordered on the host"
+                        );
+                        let on_cpu = cpu.sort(&request).unwrap();
+                        assert_eq!(out.batch, on_cpu.batch, "{what}: GPU and CPU backends differ");
+                    }
+                }
+            }
+        }
+    }
+}

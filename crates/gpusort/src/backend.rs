@@ -97,8 +97,11 @@ pub struct SortStats {
     pub passes: usize,
     /// The presorted shape of the input that replaced the radix passes, if any.
     pub input_order: Option<InputOrder>,
-    /// Groups of rows with tied truncated keys that were ordered by full comparison.
+    /// Groups of rows with tied truncated keys, ordered past the prefix afterwards.
     pub tie_groups: usize,
+    /// Of the tie groups, those ordered on the device (the GPU backend, by their bytes past the
+    /// prefix, `gpusort_cuda` `ties`).
+    pub device_tie_groups: usize,
     /// Columns moved in every pass (direct strategy).
     pub moved_columns: usize,
     /// Columns gathered through the permutation at the end.

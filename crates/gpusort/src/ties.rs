@@ -11,7 +11,8 @@
 //! When every later sort field is exact, a group needs less: the radix sort has already put
 //! its rows in the order of the later fields and then of the input row, so a stable sort by
 //! the bytes past the prefix alone (which all its rows share) finishes it, with no
-//! comparison of the prefix again nor of the later columns ([`tail_sort`]).
+//! comparison of the prefix again nor of the later columns ([`order_tails`]). The GPU backend
+//! orders such groups on the device instead ([`find_ties`] leaves them to it).
 
 use std::ops::Range;
 
@@ -50,8 +51,46 @@ pub fn resolve_ties(
     words: &[&[u32]],
     perm: &mut [u32],
 ) -> Result<Vec<Range<usize>>> {
+    Ok(find_ties(layout, sort_columns, words, perm, &|_| false)?.resolved)
+}
+
+/// Tie groups of one field whose order [`find_ties`] left to its caller: every later field is
+/// exact, so a stable sort of each group by the bytes of `sort_columns[field]` past the first
+/// `skip` (which its rows share, and all go on past) finishes it, as [`order_tails`] does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TailGroups {
+    /// The sort field (and column).
+    pub field: usize,
+    /// Bytes every row of a group shares.
+    pub skip: usize,
+    /// The column's direction.
+    pub descending: bool,
+    /// The groups, ascending and disjoint.
+    pub groups: Vec<Range<usize>>,
+}
+
+/// What [`find_ties`] found: the tie groups (ascending, disjoint), and those it left to its caller.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Ties {
+    /// Every tie group, ordered here or not.
+    pub resolved: Vec<Range<usize>>,
+    /// The groups `defer` took, per field.
+    pub deferred: Vec<TailGroups>,
+}
+
+/// [`resolve_ties`], but the groups of a field whose later fields are exact and whose column
+/// `defer` takes are left as they are and returned ([`Ties::deferred`]), for the caller to
+/// order elsewhere (the GPU backend orders them on the device).
+pub fn find_ties(
+    layout: &KeyLayout,
+    sort_columns: &[SortColumn],
+    words: &[&[u32]],
+    perm: &mut [u32],
+    defer: &dyn Fn(&SortColumn) -> bool,
+) -> Result<Ties> {
     let n = perm.len();
     let mut resolved: Vec<Range<usize>> = vec![];
+    let mut deferred = vec![];
     for (s, field) in layout.fields().iter().enumerate() {
         if field.exact || n < 2 {
             continue;
@@ -101,7 +140,19 @@ pub fn resolve_ties(
             continue;
         }
         let later_exact = layout.fields()[s + 1..].iter().all(|f| f.exact);
-        if later_exact && tail_sort(&sort_columns[s], common_prefix + prefix_bytes, &groups, perm) {
+        let skip = common_prefix + prefix_bytes;
+        if later_exact && defer(&sort_columns[s]) {
+            resolved.extend(groups.iter().cloned());
+            resolved.sort_by_key(|r| r.start);
+            deferred.push(TailGroups {
+                field: s,
+                skip,
+                descending: field.options.descending,
+                groups,
+            });
+            continue;
+        }
+        if later_exact && order_tails(&sort_columns[s], skip, &groups, perm) {
             resolved.extend(groups);
             resolved.sort_by_key(|r| r.start);
             continue;
@@ -121,13 +172,13 @@ pub fn resolve_ties(
         resolved.extend(groups);
         resolved.sort_by_key(|r| r.start);
     }
-    Ok(resolved)
+    Ok(Ties { resolved, deferred })
 }
 
 /// Orders each group of `perm` (disjoint ranges whose rows share `column`'s first `skip`
 /// bytes and are longer) by the bytes after them, stably, in `column`'s direction. False,
 /// with nothing done, where `column` is not a string or binary array.
-fn tail_sort(column: &SortColumn, skip: usize, groups: &[Range<usize>], perm: &mut [u32]) -> bool {
+pub fn order_tails(column: &SortColumn, skip: usize, groups: &[Range<usize>], perm: &mut [u32]) -> bool {
     let descending = column.options.is_some_and(|o| o.descending);
     let values = column.values.as_ref();
     // Each type's accessor on its own (downcast once, not per comparison).
@@ -165,7 +216,7 @@ fn tail_sort(column: &SortColumn, skip: usize, groups: &[Range<usize>], perm: &m
     true
 }
 
-/// [`tail_sort`] over one column type's byte accessor: each group refined in parallel.
+/// [`order_tails`] over one column type's byte accessor: each group refined in parallel.
 fn sort_tails<'a, F: Fn(usize) -> &'a [u8] + Sync>(
     bytes: &F,
     skip: usize,
@@ -277,7 +328,7 @@ fn inside(ranges: &[Range<usize>], g: &Range<usize>) -> bool {
 
 /// The maximal runs of at least two positions `i - 1, i` for which `same(i)` holds,
 /// found in parallel: each task reports the runs that start in its part.
-fn runs(n: usize, same: &(impl Fn(usize) -> bool + Sync)) -> Vec<Range<usize>> {
+pub fn runs(n: usize, same: &(impl Fn(usize) -> bool + Sync)) -> Vec<Range<usize>> {
     const PART: usize = 1 << 16;
     (0..n.div_ceil(PART))
         .into_par_iter()

@@ -9,10 +9,12 @@ use std::time::{Duration, Instant};
 
 use arrow::array::{Array, ArrayRef, RecordBatch, RecordBatchOptions, UInt32Array};
 use arrow::buffer::{BooleanBuffer, NullBuffer, ScalarBuffer};
+use arrow::compute::SortColumn;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr, result};
 use gpusort::cpu::gather::{concat_column, fixed_array, gather_column};
 use gpusort::keys::{KeyLayout, OrdinalKind, native_ordinal_kind};
 use gpusort::plan::{RecordMove, Strategy, radix_passes};
+use gpusort::ties::TailGroups;
 use gpusort::{KeyEncoder, SortKey, SortOutput, SortSpec, SortStats};
 use rayon::prelude::*;
 
@@ -24,6 +26,7 @@ use crate::gpu::Gpu;
 use crate::memory::{DeviceReservation, device_bytes_needed};
 use crate::pinned::{HostBuffer, PinnedPool};
 use crate::table::{DeviceColumn, DeviceTable, GpuSortPlan};
+use crate::ties::{DeviceBytes, tails_device_bytes};
 use crate::transfer::Transfers;
 
 /// Keys encoded on the host: the encoder (its layout, and the columns tied rows are ordered
@@ -169,7 +172,7 @@ impl GpuSortSession {
         let host = self.host_side(&mut stats)?;
         let start = Instant::now();
         let mut uploaded = self.join_uploads(&mut stats)?;
-        let plan = self.plan_device(&host.keys, &mut uploaded, strategy, &mut stats)?;
+        let mut plan = self.plan_device(&host.keys, &mut uploaded, strategy, &mut stats)?;
         log::debug!(
             target: "gpusort::timeline",
             "session: {} bytes of the device budget held",
@@ -182,7 +185,7 @@ impl GpuSortSession {
         stats.device_wait += waiting.elapsed();
         let mut copies = Transfers::new(self.gpu.stream());
         let mut sorted = self.sort_on_device(&host.keys, uploaded.segments, &plan, &mut copies, &mut stats)?;
-        self.order_ties(&host.keys, &mut sorted, &mut copies, &mut stats)?;
+        self.order_ties(&host.keys, &mut sorted, &mut plan.reservation, &mut copies, &mut stats)?;
         sorted.table.keys.clear();
         stats.sort_time = start.elapsed();
 
@@ -454,13 +457,16 @@ impl GpuSortSession {
         Ok(DeviceKeyWords { words, varying, bits })
     }
 
-    /// Rows whose truncated string prefixes tie, ordered on the host by their whole values
-    /// ([`gpusort::ties`]) with the sorted key words downloaded; the corrected permutation
-    /// goes back up for the gathers. Nothing to do for an exact key.
+    /// Rows whose truncated string prefixes tie, found in the sorted key words downloaded
+    /// ([`gpusort::ties::find_ties`]): the groups of a field whose later fields are exact are
+    /// ordered on the device by the bytes past the prefix ([`Self::order_tails_on_device`]),
+    /// the others on the host by their whole values, and the corrected permutation goes back
+    /// up for the gathers. Nothing to do for an exact key.
     fn order_ties(
         &self,
         keys: &KeySource,
         sorted: &mut Sorted,
+        reservation: &mut DeviceReservation,
         copies: &mut Transfers,
         stats: &mut SortStats,
     ) -> Result<()> {
@@ -495,16 +501,70 @@ impl GpuSortSession {
             .zip(words)
             .map(|(s, original)| s.as_ref().unwrap_or(original).as_words())
             .collect();
-        let ties = gpusort::ties::resolve_ties(
-            encoder.layout(),
-            encoder.sort_columns(),
-            &views,
-            sorted.perm.as_words_mut(),
-        )?;
-        stats.tie_groups = ties.len();
-        if !ties.is_empty() {
-            // SAFETY: `perm` is only read until the downloads below have synchronized.
-            sorted.perm_dev = unsafe { copies.upload_buffer_words(&self.gpu, &sorted.perm, n) }?;
+        let columns = encoder.sort_columns();
+        let device_ties = self.gpu.options().device_ties;
+        let ties = gpusort::ties::find_ties(encoder.layout(), columns, &views, sorted.perm.as_words_mut(), &|c| {
+            device_ties && DeviceBytes::takes(c)
+        })?;
+        drop(downloaded);
+        stats.tie_groups = ties.resolved.len();
+        if ties.resolved.is_empty() {
+            return Ok(());
+        }
+        // The device orders its groups only while the budget holds their memory beside the sort's.
+        let need = (ties.deferred.iter())
+            .map(|t| DeviceBytes::bytes_of(columns[t.field].values.as_ref()) + tails_device_bytes(t))
+            .max()
+            .unwrap_or(0);
+        let on_device = !ties.deferred.is_empty() && reservation.try_grow_to(reservation.bytes() + need);
+        if !on_device {
+            for t in &ties.deferred {
+                gpusort::ties::order_tails(&columns[t.field], t.skip, &t.groups, sorted.perm.as_words_mut());
+            }
+        }
+        // SAFETY: `perm` is only read until the downloads below have synchronized.
+        sorted.perm_dev = unsafe { copies.upload_buffer_words(&self.gpu, &sorted.perm, n) }?;
+        if on_device {
+            self.order_tails_on_device(columns, &ties.deferred, sorted, copies)?;
+            stats.device_tie_groups = ties.deferred.iter().map(|t| t.groups.len()).sum();
+        }
+        Ok(())
+    }
+
+    /// `tails`' groups ordered on the device in `sorted.perm_dev` ([`Gpu::order_tails`]), the
+    /// host's copy of the permutation brought up to date, and what the device left (values
+    /// equal for more than 256 bytes past the prefix) ordered on the host and sent back up.
+    fn order_tails_on_device(
+        &self,
+        columns: &[SortColumn],
+        tails: &[TailGroups],
+        sorted: &mut Sorted,
+        copies: &mut Transfers,
+    ) -> Result<()> {
+        let mut left = vec![];
+        for t in tails {
+            let column = &columns[t.field];
+            let bytes = DeviceBytes::upload(&self.gpu, column.values.as_ref(), copies)?;
+            let done = self.gpu.order_tails(&bytes, t, &mut sorted.perm_dev, copies)?;
+            log::debug!(
+                target: "gpusort::timeline",
+                "session: {} tie groups ordered on the device ({} batches, {} radix rounds, {} left to the host)",
+                t.groups.len(),
+                done.batches,
+                done.large_rounds,
+                done.left.len()
+            );
+            left.extend(done.left.into_iter().map(|(g, skip)| (column, g, skip)));
+        }
+        // SAFETY: synchronized right after.
+        unsafe { copies.download_words(&sorted.perm_dev, &mut sorted.perm) }?;
+        self.gpu.stream().synchronize()?;
+        if !left.is_empty() {
+            for (column, g, skip) in left {
+                gpusort::ties::order_tails(column, skip, &[g], sorted.perm.as_words_mut());
+            }
+            // SAFETY: as in `order_ties`.
+            sorted.perm_dev = unsafe { copies.upload_buffer_words(&self.gpu, &sorted.perm, self.rows) }?;
         }
         Ok(())
     }

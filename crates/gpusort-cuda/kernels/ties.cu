@@ -1,0 +1,314 @@
+// ties.cu — rows whose truncated string prefixes tie, ordered on the device by the bytes past
+// the prefix (issue 23). The radix sort orders rows by a key that keeps the first bytes of a
+// string or binary sort column (gpusort::keys); rows equal up to there and longer form tie
+// groups, contiguous ranges of sorted positions. When every later sort field is exact, the
+// radix sort has already put a group's rows in the order of the later fields and then of the
+// input row, so a stable sort of each group by the bytes past the prefix finishes it
+// (gpusort::ties). Here that sort runs on the GPU, 8 bytes at a time:
+//
+// * ties_bmcs: many small groups in one launch, after Dieguez, Amor & Doallo's BPLG-BMCS
+//   (seed 001: batches of small problems per block, each sorted in shared memory by a bitonic
+//   merge network). The host packs groups back to back into batches of up to TIES_CAP rows; a
+//   block loads a batch's rows into shared memory and sorts them by (run, next 8 bytes, bytes
+//   left, place), where a run starts as the row's group and the place keeps the sort stable.
+//   The runs still equal with bytes to come split off and take the next 8 bytes, round after
+//   round, all in shared memory, until no run is left (or TIES_MAX_ROUNDS rounds: the block
+//   then writes nothing and raises its flag, and the host finishes its groups).
+// * groups larger than a batch: ties_keys writes, for each of their rows, the group's index
+//   and bytes left (one word) and the next 8 bytes (two words); a stable radix sort of those
+//   words with the row index (gpusort's own, sort.rs) orders every large group at once;
+//   ties_scatter puts the rows back at their groups' positions. The runs still equal go round
+//   again with the next 8 bytes, or to ties_bmcs once they fit a batch.
+//
+// A value's bytes come from the column as Arrow holds it (ByteColumn): offsets (i32 or i64)
+// and bytes, 16-byte views and their data buffers end to end, or fixed-width values.
+
+#if !defined(TIES_CAP) || !defined(TIES_BLOCK) || !defined(TIES_MAX_ROUNDS)
+#error "defined by the host before the sources (kernels.rs SHARED_CONSTANTS)"
+#endif
+
+// ByteColumn.kind (ties.rs ByteKind).
+#define BYTES_OFFSETS32 0u
+#define BYTES_OFFSETS64 1u
+#define BYTES_VIEWS 2u
+#define BYTES_FIXED 3u
+
+// A string or binary column on the device, passed by value.
+struct ByteColumn {
+    const u8* offsets;  // n + 1 offsets (i32 or i64), or n views of 16 bytes
+    const u8* data;     // the values' bytes; views: every data buffer, end to end
+    const u64* bases;   // views: where each data buffer starts in `data`
+    u32 kind;
+    u32 width;          // BYTES_FIXED: bytes per value
+};
+
+// Where row `row`'s value starts, and its length.
+__device__ __forceinline__ const u8* value_at(const ByteColumn& c, u32 row, u32& len) {
+    switch (c.kind) {
+        case BYTES_OFFSETS32: {
+            const int* o = (const int*)c.offsets;
+            const int a = o[row];
+            len = (u32)(o[row + 1] - a);
+            return c.data + a;
+        }
+        case BYTES_OFFSETS64: {
+            const long long* o = (const long long*)c.offsets;
+            const long long a = o[row];
+            len = (u32)(o[row + 1] - a);
+            return c.data + a;
+        }
+        case BYTES_VIEWS: {
+            // Arrow's view: length, then 12 inline bytes, or 4 prefix bytes, buffer and offset.
+            const u32* v = (const u32*)(c.offsets + (size_t)row * 16);
+            len = v[0];
+            if (len <= 12) return (const u8*)(v + 1);
+            return c.data + c.bases[v[2]] + v[3];
+        }
+        default:
+            len = c.width;
+            return c.data + (size_t)row * c.width;
+    }
+}
+
+// Bytes [skip, skip + 8) of a value of `len` bytes at `p`, big-endian and zero-padded, and how
+// many bytes it has from `skip` on, at most 9 (9: more than these 8).
+__device__ __forceinline__ u64 tail_word(const u8* p, u32 len, u32 skip, u32& left) {
+    const u32 rest = len > skip ? len - skip : 0;
+    left = rest < 9 ? rest : 9;
+    const u32 take = rest < 8 ? rest : 8;
+    u64 w = 0;
+#pragma unroll
+    for (u32 i = 0; i < 8; i++) w = (w << 8) | (i < take ? (u64)p[skip + i] : 0ull);
+    return w;
+}
+
+// The 8 bytes and bytes-left code a row sorts by at `skip`, in the column's direction: bytes
+// flipped when descending, and the code 9 - left, so that a longer value comes first.
+__device__ __forceinline__ u64 tail_key(const ByteColumn& c, u32 row, u32 skip, u32 descending, u32& code) {
+    u32 len, left;
+    const u8* p = value_at(c, row, len);
+    const u64 w = tail_word(p, len, skip, left);
+    code = descending ? 9 - left : left;
+    return descending ? ~w : w;
+}
+
+// ---- small groups: batched bitonic merge sorts in shared memory ----
+
+// A group of a batch: its first sorted position, rows, and where its rows start in the batch.
+struct TieSeg {
+    u32 start;
+    u32 len;
+    u32 tile_off;
+    u32 pad;
+};
+
+// A batch: its groups [first, first + count) of the segment table, and their rows in all.
+struct TieBatch {
+    u32 first;
+    u32 count;
+    u32 rows;
+    u32 pad;
+};
+
+// A row's tag in the batch's sort: its run's first place (bits 31..16), its bytes-left code
+// (15..12; INACTIVE once its run is finished) and its place in the batch (11..0). Rows compare
+// by (run, 8 bytes, code, place).
+#define TAG_RUN(t) ((t) >> 16)
+#define TAG_CODE(t) (((t) >> 12) & 15u)
+#define TAG_PLACE(t) ((t) & 0xfffu)
+#define INACTIVE 15u
+static_assert(TIES_CAP <= 4096, "a place takes 12 bits of a tag");
+
+__device__ __forceinline__ bool tie_greater(u32 ta, u64 ka, u32 tb, u64 kb) {
+    if (TAG_RUN(ta) != TAG_RUN(tb)) return TAG_RUN(ta) > TAG_RUN(tb);
+    if (ka != kb) return ka > kb;
+    return (ta & 0xffffu) > (tb & 0xffffu);
+}
+
+// The segment of the batch that holds place `i` (the last whose tile_off <= i).
+__device__ __forceinline__ const TieSeg& seg_of(const TieSeg* segs, const TieBatch& b, u32 i) {
+    u32 lo = b.first, hi = b.first + b.count - 1;
+    while (lo < hi) {
+        const u32 mid = (lo + hi + 1) / 2;
+        if (segs[mid].tile_off <= i) lo = mid;
+        else hi = mid - 1;
+    }
+    return segs[lo];
+}
+
+// Bitonic sort of the first `p` (a power of two) keys and tags in shared memory.
+__device__ __forceinline__ void bitonic_sort(u64* key, u32* tag, u32 p) {
+    for (u32 k = 2; k <= p; k <<= 1) {
+        for (u32 j = k >> 1; j > 0; j >>= 1) {
+            for (u32 t = threadIdx.x; t < p / 2; t += TIES_BLOCK) {
+                const u32 i = 2 * t - (t & (j - 1));
+                const u32 l = i + j;
+                const bool up = (i & k) == 0;
+                const u32 ti = tag[i], tl = tag[l];
+                const u64 ki = key[i], kl = key[l];
+                if (tie_greater(ti, ki, tl, kl) == up) {
+                    tag[i] = tl;
+                    tag[l] = ti;
+                    key[i] = kl;
+                    key[l] = ki;
+                }
+            }
+            __syncthreads();
+        }
+    }
+}
+
+// Inclusive max-scan of the first `n` words of `s` (n <= TIES_CAP), each thread a run of
+// consecutive words.
+__device__ __forceinline__ void block_max_scan(u32* s, u32 n, u32* s_warp) {
+    constexpr u32 PER = TIES_CAP / TIES_BLOCK;
+    const u32 lo = threadIdx.x * PER;
+    u32 m = 0;
+    for (u32 i = lo; i < lo + PER && i < n; i++) {
+        m = max(m, s[i]);
+        s[i] = m;
+    }
+    // The threads' maxima scanned across the block: within warps by shuffles, then warps.
+    u32 incl = m;
+#pragma unroll
+    for (u32 d = 1; d < 32; d <<= 1) {
+        const u32 v = __shfl_up_sync(FULL_MASK, incl, d);
+        if ((threadIdx.x & 31) >= d) incl = max(incl, v);
+    }
+    if ((threadIdx.x & 31) == 31) s_warp[threadIdx.x / 32] = incl;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        u32 w = threadIdx.x < TIES_BLOCK / 32 ? s_warp[threadIdx.x] : 0;
+#pragma unroll
+        for (u32 d = 1; d < 32; d <<= 1) {
+            const u32 v = __shfl_up_sync(FULL_MASK, w, d);
+            if (threadIdx.x >= d) w = max(w, v);
+        }
+        if (threadIdx.x < TIES_BLOCK / 32) s_warp[threadIdx.x] = w;
+    }
+    __syncthreads();
+    // What the threads before this one saw.
+    u32 before = __shfl_up_sync(FULL_MASK, incl, 1);
+    if ((threadIdx.x & 31) == 0) before = 0;
+    if (threadIdx.x >= 32) before = max(before, s_warp[threadIdx.x / 32 - 1]);
+    for (u32 i = lo; i < lo + PER && i < n; i++) s[i] = max(s[i], before);
+    __syncthreads();
+}
+
+// One block per batch: the batch's groups, which share their first `skip` bytes and go on,
+// ordered by the rest of their bytes, stably; `perm` (sorted position -> input row) rewritten
+// at their positions. After TIES_MAX_ROUNDS rounds with runs still equal, nothing is written
+// and unfinished[batch] is set.
+extern "C" __global__ void __launch_bounds__(TIES_BLOCK)
+    ties_bmcs(ByteColumn col, const TieBatch* batches, const TieSeg* segs, u32* perm, u32 skip, u32 descending,
+              u32* unfinished) {
+    __shared__ u64 key[TIES_CAP];
+    __shared__ u32 tag[TIES_CAP];
+    __shared__ u32 rows[TIES_CAP];  // by place
+    __shared__ u32 scan[TIES_CAP];
+    __shared__ u8 head[TIES_CAP];
+    __shared__ u8 active[TIES_CAP];
+    __shared__ u32 s_warp[TIES_BLOCK / 32];
+    const TieBatch b = batches[blockIdx.x];
+    const u32 n = b.rows;
+    u32 p = 2;
+    while (p < n) p <<= 1;
+    for (u32 i = threadIdx.x; i < n; i += TIES_BLOCK) {
+        const TieSeg& s = seg_of(segs, b, i);
+        rows[i] = perm[s.start + (i - s.tile_off)];
+        tag[i] = (s.tile_off << 16) | i;
+        active[i] = 1;
+    }
+    __syncthreads();
+    const u32 more = descending ? 0 : 9;
+    for (u32 round = 0;; round++) {
+        for (u32 i = threadIdx.x; i < p; i += TIES_BLOCK) {
+            if (i >= n) {
+                key[i] = ~0ull;
+                tag[i] = ~0u;
+            } else if (active[i]) {
+                u32 code;
+                const u32 t = tag[i];
+                key[i] = tail_key(col, rows[TAG_PLACE(t)], skip + 8 * round, descending, code);
+                tag[i] = (t & 0xffff0fffu) | (code << 12);
+            } else {
+                key[i] = 0;
+                tag[i] |= INACTIVE << 12;
+            }
+        }
+        __syncthreads();
+        bitonic_sort(key, tag, p);
+        // Where runs of equal (run, bytes, code) start, and each row's run.
+        for (u32 i = threadIdx.x; i < n; i += TIES_BLOCK) {
+            const u32 t = tag[i];
+            const bool h = i == 0 || (t ^ tag[i - 1]) >> 12 != 0 || key[i] != key[i - 1];
+            head[i] = h;
+            scan[i] = h ? i : 0;
+        }
+        __syncthreads();
+        block_max_scan(scan, n, s_warp);
+        bool any = false;
+        for (u32 i = threadIdx.x; i < n; i += TIES_BLOCK) {
+            const bool paired = !head[i] || (i + 1 < n && !head[i + 1]);
+            const bool a = paired && TAG_CODE(tag[i]) == more;
+            active[i] = a;
+            any |= a;
+            tag[i] = (scan[i] << 16) | (tag[i] & 0xfffu);
+        }
+        if (!__syncthreads_or(any)) break;
+        if (round + 1 == TIES_MAX_ROUNDS) {
+            if (threadIdx.x == 0) unfinished[blockIdx.x] = 1;
+            return;
+        }
+    }
+    for (u32 i = threadIdx.x; i < n; i += TIES_BLOCK) {
+        const TieSeg& s = seg_of(segs, b, i);
+        perm[s.start + (i - s.tile_off)] = rows[TAG_PLACE(tag[i])];
+    }
+}
+
+// ---- large groups: a radix sort of (group, bytes left, next 8 bytes) ----
+
+// A large group: its first sorted position, rows, and its first row among all large groups'.
+struct TieGroup {
+    u32 start;
+    u32 len;
+    u32 first;
+    u32 pad;
+};
+
+// The group that holds row k of all large groups' rows (the last whose first <= k).
+__device__ __forceinline__ u32 group_of(const TieGroup* g, u32 count, u32 k) {
+    u32 lo = 0, hi = count - 1;
+    while (lo < hi) {
+        const u32 mid = (lo + hi + 1) / 2;
+        if (g[mid].first <= k) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+// For each of the m rows of the large groups: word 0 the group's index and the bytes-left
+// code, words 1 and 2 the next 8 bytes from `skip`, and the input row (perm at its position).
+extern "C" __global__ void ties_keys(ByteColumn col, const TieGroup* groups, u32 count, u32 m, const u32* perm,
+                                     u32 skip, u32 descending, u32* w0, u32* w1, u32* w2, u32* rows) {
+    for (u32 k = blockIdx.x * blockDim.x + threadIdx.x; k < m; k += gridDim.x * blockDim.x) {
+        const u32 g = group_of(groups, count, k);
+        const u32 row = perm[groups[g].start + (k - groups[g].first)];
+        u32 code;
+        const u64 w = tail_key(col, row, skip, descending, code);
+        w0[k] = (g << 4) | code;
+        w1[k] = (u32)(w >> 32);
+        w2[k] = (u32)w;
+        rows[k] = row;
+    }
+}
+
+// The sorted rows back at their groups' positions: a group's rows stay together and in order
+// after the sort by group first.
+extern "C" __global__ void ties_scatter(const TieGroup* groups, u32 count, u32 m, const u32* rows, u32* perm) {
+    for (u32 k = blockIdx.x * blockDim.x + threadIdx.x; k < m; k += gridDim.x * blockDim.x) {
+        const TieGroup& g = groups[group_of(groups, count, k)];
+        perm[g.start + (k - g.first)] = rows[k];
+    }
+}
