@@ -14,9 +14,9 @@
 //   The runs still equal with bytes to come split off and take the next 8 bytes, round after
 //   round, all in shared memory, until no run is left (or TIES_MAX_ROUNDS rounds: the block
 //   then writes nothing and raises its flag, and the host finishes its groups).
-// * groups larger than a batch: ties_keys writes, for each of their rows, the group's index
-//   and bytes left (one word) and the next 8 bytes (two words); a stable radix sort of those
-//   words with the row index (gpusort's own, sort.rs) orders every large group at once;
+// * groups larger than a batch: ties_keys writes, for each of their rows, the group's index,
+//   the next 8 bytes (two words) and the bytes-left code; a stable radix sort of those words
+//   with the row index (gpusort's own, sort.rs) orders every large group at once;
 //   ties_scatter puts the rows back at their groups' positions. The runs still equal go round
 //   again with the next 8 bytes, or to ties_bmcs once they fit a batch.
 //
@@ -267,7 +267,7 @@ extern "C" __global__ void __launch_bounds__(TIES_BLOCK)
     }
 }
 
-// ---- large groups: a radix sort of (group, bytes left, next 8 bytes) ----
+// ---- large groups: a radix sort of (group, next 8 bytes, bytes left) ----
 
 // A large group: its first sorted position, rows, and its first row among all large groups'.
 struct TieGroup {
@@ -288,18 +288,20 @@ __device__ __forceinline__ u32 group_of(const TieGroup* g, u32 count, u32 k) {
     return lo;
 }
 
-// For each of the m rows of the large groups: word 0 the group's index and the bytes-left
-// code, words 1 and 2 the next 8 bytes from `skip`, and the input row (perm at its position).
+// For each of the m rows of the large groups, its key words, most significant first: the
+// group's index, the next 8 bytes from `skip` (two words), the bytes-left code; and the input
+// row (perm at its position).
 extern "C" __global__ void ties_keys(ByteColumn col, const TieGroup* groups, u32 count, u32 m, const u32* perm,
-                                     u32 skip, u32 descending, u32* w0, u32* w1, u32* w2, u32* rows) {
+                                     u32 skip, u32 descending, u32* w0, u32* w1, u32* w2, u32* w3, u32* rows) {
     for (u32 k = blockIdx.x * blockDim.x + threadIdx.x; k < m; k += gridDim.x * blockDim.x) {
         const u32 g = group_of(groups, count, k);
         const u32 row = perm[groups[g].start + (k - groups[g].first)];
         u32 code;
         const u64 w = tail_key(col, row, skip, descending, code);
-        w0[k] = (g << 4) | code;
+        w0[k] = g;
         w1[k] = (u32)(w >> 32);
         w2[k] = (u32)w;
+        w3[k] = code;
         rows[k] = row;
     }
 }

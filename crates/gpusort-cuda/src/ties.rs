@@ -208,7 +208,7 @@ pub(crate) struct TailsOrdered {
 pub(crate) fn tails_device_bytes(tails: &TailGroups) -> usize {
     let large: usize = tails.groups.iter().map(|g| g.len()).filter(|&l| l > TIES_CAP).sum();
     let large_sort = if large > 0 {
-        device_bytes_needed(large, 3, &[4], 0, true, false) + 16 * tails.groups.len()
+        device_bytes_needed(large, 4, &[4], 0, true, false) + 16 * tails.groups.len()
     } else {
         0
     };
@@ -331,12 +331,6 @@ impl Gpu {
         perm: &mut CudaSlice<u32>,
         copies: &mut Transfers,
     ) -> Result<Vec<Range<usize>>> {
-        if groups.len() >= 1 << 28 {
-            return Err(CudaSortError::Unsupported(format!(
-                "{} tie groups at once",
-                groups.len()
-            )));
-        }
         let mut table = vec![];
         let mut m = 0usize;
         for g in groups {
@@ -347,7 +341,12 @@ impl Gpu {
         let s = self.stream();
         let groups_dev = s.clone_htod(&table)?;
         let count = groups.len() as u32;
-        let words = [self.alloc_words(m)?, self.alloc_words(m)?, self.alloc_words(m)?];
+        let words = [
+            self.alloc_words(m)?,
+            self.alloc_words(m)?,
+            self.alloc_words(m)?,
+            self.alloc_words(m)?,
+        ];
         let rows = self.alloc_bytes(4 * m)?;
         let (col, skip32, desc) = (column.arg(self), skip as u32, descending as u32);
         // SAFETY: the table describes `count` groups of `m` rows in all inside `perm`; each
@@ -364,11 +363,16 @@ impl Gpu {
                 .arg(&words[0])
                 .arg(&words[1])
                 .arg(&words[2])
+                .arg(&words[3])
                 .arg(&rows)
                 .launch(self.grid_for(m))?
         };
-        let group_bits = 32 - (count - 1).leading_zeros();
-        let varying = [((1u64 << (group_bits + 4)) - 1) as u32, u32::MAX, u32::MAX];
+        let varying = [
+            u32::MAX.checked_shr((count - 1).leading_zeros()).unwrap_or(0),
+            u32::MAX,
+            u32::MAX,
+            15,
+        ];
         let mut sorted = DeviceTable {
             num_rows: m,
             keys: words.into(),
@@ -397,7 +401,7 @@ impl Gpu {
         self.equal_runs(&sorted.keys, groups, descending, copies)
     }
 
-    /// The runs of equal sorted key words (`ties_keys`' three) whose values go on past these 8
+    /// The runs of equal sorted key words (`ties_keys`' four) whose values go on past these 8
     /// bytes, as ranges of sorted positions of `groups`.
     fn equal_runs(
         &self,
@@ -416,8 +420,8 @@ impl Gpu {
             host.push(h);
         }
         self.stream().synchronize()?;
-        let [w0, w1, w2] = [host[0].as_words(), host[1].as_words(), host[2].as_words()];
-        let same = |k: usize| w0[k] == w0[k - 1] && w1[k] == w1[k - 1] && w2[k] == w2[k - 1];
+        let w: Vec<&[u32]> = host.iter().map(|h| h.as_words()).collect();
+        let same = |k: usize| w.iter().all(|w| w[k] == w[k - 1]);
         let more = if descending { 0 } else { 9 };
         let firsts: Vec<usize> = groups
             .iter()
@@ -429,9 +433,9 @@ impl Gpu {
             .collect();
         Ok(gpusort::ties::runs(m, &same)
             .into_iter()
-            .filter(|r| w0[r.start] & 15 == more)
+            .filter(|r| w[3][r.start] == more)
             .map(|r| {
-                let g = (w0[r.start] >> 4) as usize;
+                let g = w[0][r.start] as usize;
                 let start = groups[g].start + (r.start - firsts[g]);
                 start..start + r.len()
             })
