@@ -79,12 +79,33 @@ struct ByteColumnArg {
 // SAFETY: device addresses and two words, laid out as the kernel's struct.
 unsafe impl DeviceRepr for ByteColumnArg {}
 
-/// The host parts of a column's upload: offsets (or views) and the data parts, end to end.
+/// The host parts of a column's upload: offsets (or views), the data parts, end to end, and
+/// where each of the array's data buffers starts among them (views: a buffer the array lists
+/// more than once, as the views of a column concatenated from batches that share a dictionary
+/// page's buffer do, goes up once).
 struct ByteParts<'a> {
     kind: ByteKind,
     width: u32,
     offsets: &'a [u8],
     data: Vec<&'a [u8]>,
+    bases: Vec<u64>,
+}
+
+/// `buffers` once each (the same bytes listed again are found by address and length), and
+/// where each listed buffer starts among them.
+fn distinct_parts(buffers: &[arrow::buffer::Buffer]) -> (Vec<&[u8]>, Vec<u64>) {
+    let mut at = std::collections::HashMap::new();
+    let (mut parts, mut bases, mut total) = (vec![], Vec::with_capacity(buffers.len()), 0u64);
+    for b in buffers {
+        let bytes = b.as_slice();
+        let base = *at.entry((bytes.as_ptr() as usize, bytes.len())).or_insert_with(|| {
+            parts.push(bytes);
+            total += bytes.len() as u64;
+            total - bytes.len() as u64
+        });
+        bases.push(base);
+    }
+    (parts, bases)
 }
 
 impl<'a> ByteParts<'a> {
@@ -107,14 +128,19 @@ impl<'a> ByteParts<'a> {
                     width: 0,
                     offsets,
                     data: vec![&buffers[1].as_slice()[..end]],
+                    bases: vec![0],
                 }
             }
-            ByteKind::Views => Self {
-                kind,
-                width: 0,
-                offsets: &buffers[0].as_slice()[off * 16..(off + n) * 16],
-                data: buffers[1..].iter().map(|b| b.as_slice()).collect(),
-            },
+            ByteKind::Views => {
+                let (data, bases) = distinct_parts(&buffers[1..]);
+                Self {
+                    kind,
+                    width: 0,
+                    offsets: &buffers[0].as_slice()[off * 16..(off + n) * 16],
+                    data,
+                    bases,
+                }
+            }
             ByteKind::Fixed => {
                 let DataType::FixedSizeBinary(w) = data.data_type() else {
                     return None;
@@ -125,6 +151,7 @@ impl<'a> ByteParts<'a> {
                     width: w as u32,
                     offsets: &[],
                     data: vec![&buffers[0].as_slice()[off * w..(off + n) * w]],
+                    bases: vec![0],
                 }
             }
         })
@@ -132,7 +159,7 @@ impl<'a> ByteParts<'a> {
 
     /// Device bytes the upload holds.
     fn device_bytes(&self) -> usize {
-        self.offsets.len() + self.data.iter().map(|d| d.len()).sum::<usize>() + 8 * self.data.len()
+        self.offsets.len() + self.data.iter().map(|d| d.len()).sum::<usize>() + 8 * self.bases.len()
     }
 }
 
@@ -158,13 +185,7 @@ impl DeviceBytes {
         let offsets = gpu.alloc_bytes(parts.offsets.len())?;
         let data_len: usize = parts.data.iter().map(|d| d.len()).sum();
         let bytes = gpu.alloc_bytes(data_len)?;
-        let mut starts = Vec::with_capacity(parts.data.len());
-        let mut at = 0u64;
-        for d in &parts.data {
-            starts.push(at);
-            at += d.len() as u64;
-        }
-        let bases = stream.clone_htod(&starts)?;
+        let bases = stream.clone_htod(&parts.bases)?;
         // SAFETY: each destination holds its parts; heap parts are copied before the calls return.
         unsafe {
             copies.upload_parts(&[parts.offsets], offsets.device_ptr(stream).0)?;
@@ -177,6 +198,11 @@ impl DeviceBytes {
             data: bytes,
             bases,
         })
+    }
+
+    /// Device bytes it holds.
+    pub(crate) fn len(&self) -> usize {
+        self.offsets.len() + self.data.len() + 8 * self.bases.len()
     }
 
     fn arg(&self, gpu: &Gpu) -> ByteColumnArg {

@@ -507,6 +507,7 @@ impl GpuSortSession {
             device_ties && DeviceBytes::takes(c)
         })?;
         drop(downloaded);
+        log::debug!(target: "gpusort::timeline", "session: {} tie groups found", ties.resolved.len());
         stats.tie_groups = ties.resolved.len();
         if ties.resolved.is_empty() {
             return Ok(());
@@ -544,12 +545,21 @@ impl GpuSortSession {
         let mut left = vec![];
         for t in tails {
             let column = &columns[t.field];
+            let start = Instant::now();
             let bytes = DeviceBytes::upload(&self.gpu, column.values.as_ref(), copies)?;
+            log::debug!(
+                target: "gpusort::timeline",
+                "session: {} bytes of the tied column sent up in {:.1} ms",
+                bytes.len(),
+                start.elapsed().as_secs_f64() * 1e3
+            );
+            let start = Instant::now();
             let done = self.gpu.order_tails(&bytes, t, &mut sorted.perm_dev, copies)?;
             log::debug!(
                 target: "gpusort::timeline",
-                "session: {} tie groups ordered on the device ({} batches, {} radix rounds, {} left to the host)",
+                "session: {} tie groups ordered on the device in {:.1} ms ({} batches, {} radix rounds, {} left to the host)",
                 t.groups.len(),
+                start.elapsed().as_secs_f64() * 1e3,
                 done.batches,
                 done.large_rounds,
                 done.left.len()
