@@ -20,8 +20,10 @@
 //   ties_scatter puts the rows back at their groups' positions. The runs still equal go round
 //   again with the next 8 bytes, or to ties_bmcs once they fit a batch.
 //
-// A value's bytes come from the column as Arrow holds it (ByteColumn): offsets (i32 or i64)
-// and bytes, 16-byte views and their data buffers end to end, or fixed-width values.
+// A value's bytes come from a ByteColumn: offsets (i32 or i64) and bytes, 16-byte views and
+// their data buffers end to end, or fixed-width values. The host gathers the tied rows' bytes
+// past the prefix into offsets and bytes, in sorted order (ties.rs), and the kernels sort
+// indices of those tails; ties_place then writes each tail's input row at its sorted position.
 
 #if !defined(TIES_CAP) || !defined(TIES_BLOCK) || !defined(TIES_MAX_ROUNDS)
 #error "defined by the host before the sources (kernels.rs SHARED_CONSTANTS)"
@@ -312,5 +314,18 @@ extern "C" __global__ void ties_scatter(const TieGroup* groups, u32 count, u32 m
     for (u32 k = blockIdx.x * blockDim.x + threadIdx.x; k < m; k += gridDim.x * blockDim.x) {
         const TieGroup& g = groups[group_of(groups, count, k)];
         perm[g.start + (k - g.first)] = rows[k];
+    }
+}
+
+// ---- the gathered tails ----
+
+// The groups' rows back in the permutation: the groups were ordered as ranges of `ks`, the
+// indices of the gathered tails (group g's at [first, first + len)), and tail k is input row
+// krow[k]; group g's sorted positions start at g.start.
+extern "C" __global__ void ties_place(const TieGroup* groups, u32 count, u32 m, const u32* ks, const u32* krow,
+                                      u32* perm) {
+    for (u32 j = blockIdx.x * blockDim.x + threadIdx.x; j < m; j += gridDim.x * blockDim.x) {
+        const TieGroup& g = groups[group_of(groups, count, j)];
+        perm[g.start + (j - g.first)] = krow[ks[j]];
     }
 }

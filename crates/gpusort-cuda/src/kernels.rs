@@ -686,6 +686,8 @@ pub struct Kernels {
     pub ties_keys: CudaFunction,
     /// Sorted rows of large tie groups back at their positions.
     pub ties_scatter: CudaFunction,
+    /// Ordered tails' input rows at their groups' positions in the permutation.
+    pub ties_place: CudaFunction,
     /// The dynamic shared memory the scatters, the one-sweep pass and the MSD kernels may use
     /// (their `MAX_DYNAMIC_SHARED_SIZE_BYTES`): a sort needing more does not use them.
     pub smem: DynSmem,
@@ -805,6 +807,7 @@ impl Kernels {
             ties_bmcs: f("ties_bmcs")?,
             ties_keys: f("ties_keys")?,
             ties_scatter: f("ties_scatter")?,
+            ties_place: f("ties_place")?,
             modules: modules.clone(),
             smem: DynSmem::default(),
         };
@@ -1182,7 +1185,7 @@ mod tests {
             ),
             ("keys.cu", &["key_bounds", "encode_keys"]),
             ("presorted.cu", &["order_scan", "reverse_rows", "reverse_iota"]),
-            ("ties.cu", &["ties_bmcs", "ties_keys", "ties_scatter"]),
+            ("ties.cu", &["ties_bmcs", "ties_keys", "ties_scatter", "ties_place"]),
         ];
         for (family, names) in kernels {
             let (_, source) = programs.iter().find(|(n, _)| n == family).unwrap();

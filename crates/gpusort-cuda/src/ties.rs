@@ -18,14 +18,14 @@
 
 use std::ops::Range;
 
-use arrow::array::{Array, ArrayData};
 use arrow::compute::SortColumn;
 use arrow::datatypes::DataType;
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use gpusort::plan::{Strategy, radix_passes};
 use gpusort::ties::TailGroups;
+use rayon::prelude::*;
 
-use crate::error::{CudaSortError, Result};
+use crate::error::Result;
 use crate::gpu::{Gpu, rows_u32};
 use crate::kernels::{TIES_BLOCK, TIES_CAP, TIES_MAX_ROUNDS};
 use crate::memory::device_bytes_needed;
@@ -79,130 +79,24 @@ struct ByteColumnArg {
 // SAFETY: device addresses and two words, laid out as the kernel's struct.
 unsafe impl DeviceRepr for ByteColumnArg {}
 
-/// The host parts of a column's upload: offsets (or views), the data parts, end to end, and
-/// where each of the array's data buffers starts among them (views: a buffer the array lists
-/// more than once, as the views of a column concatenated from batches that share a dictionary
-/// page's buffer do, goes up once).
-struct ByteParts<'a> {
-    kind: ByteKind,
-    width: u32,
-    offsets: &'a [u8],
-    data: Vec<&'a [u8]>,
-    bases: Vec<u64>,
-}
-
-/// `buffers` once each (the same bytes listed again are found by address and length), and
-/// where each listed buffer starts among them.
-fn distinct_parts(buffers: &[arrow::buffer::Buffer]) -> (Vec<&[u8]>, Vec<u64>) {
-    let mut at = std::collections::HashMap::new();
-    let (mut parts, mut bases, mut total) = (vec![], Vec::with_capacity(buffers.len()), 0u64);
-    for b in buffers {
-        let bytes = b.as_slice();
-        let base = *at.entry((bytes.as_ptr() as usize, bytes.len())).or_insert_with(|| {
-            parts.push(bytes);
-            total += bytes.len() as u64;
-            total - bytes.len() as u64
-        });
-        bases.push(base);
-    }
-    (parts, bases)
-}
-
-impl<'a> ByteParts<'a> {
-    /// What of `data`'s buffers the device reads, or `None` for a type it does not.
-    fn of(data: &'a ArrayData) -> Option<Self> {
-        let kind = ByteKind::of(data.data_type())?;
-        let (n, off) = (data.len(), data.offset());
-        let buffers = data.buffers();
-        Some(match kind {
-            ByteKind::Offsets32 | ByteKind::Offsets64 => {
-                let w = if kind == ByteKind::Offsets32 { 4 } else { 8 };
-                let offsets = &buffers[0].as_slice()[off * w..(off + n + 1) * w];
-                // The bytes up to the last value's end (offsets index the whole buffer).
-                let end = match kind {
-                    ByteKind::Offsets32 => i32::from_le_bytes(offsets[n * 4..].try_into().ok()?) as usize,
-                    _ => i64::from_le_bytes(offsets[n * 8..].try_into().ok()?) as usize,
-                };
-                Self {
-                    kind,
-                    width: 0,
-                    offsets,
-                    data: vec![&buffers[1].as_slice()[..end]],
-                    bases: vec![0],
-                }
-            }
-            ByteKind::Views => {
-                let (data, bases) = distinct_parts(&buffers[1..]);
-                Self {
-                    kind,
-                    width: 0,
-                    offsets: &buffers[0].as_slice()[off * 16..(off + n) * 16],
-                    data,
-                    bases,
-                }
-            }
-            ByteKind::Fixed => {
-                let DataType::FixedSizeBinary(w) = data.data_type() else {
-                    return None;
-                };
-                let w = *w as usize;
-                Self {
-                    kind,
-                    width: w as u32,
-                    offsets: &[],
-                    data: vec![&buffers[0].as_slice()[off * w..(off + n) * w]],
-                    bases: vec![0],
-                }
-            }
-        })
-    }
-
-    /// Device bytes the upload holds.
-    fn device_bytes(&self) -> usize {
-        self.offsets.len() + self.data.iter().map(|d| d.len()).sum::<usize>() + 8 * self.bases.len()
-    }
-}
-
 impl DeviceBytes {
-    /// Whether the device reads `column`'s values (strings and binaries of every layout).
-    pub(crate) fn takes(column: &SortColumn) -> bool {
-        ByteKind::of(column.values.data_type()).is_some()
-    }
-
-    /// Device bytes the upload of `array` holds (0 for a type the device does not read).
-    pub(crate) fn bytes_of(array: &dyn Array) -> usize {
-        ByteParts::of(&array.to_data()).map_or(0, |p| p.device_bytes())
-    }
-
-    /// `array`'s values on `gpu`, copied through `copies` (the host's memory is no longer
-    /// needed when this returns).
-    pub(crate) fn upload(gpu: &Gpu, array: &dyn Array, copies: &mut Transfers) -> Result<Self> {
-        let data = array.to_data();
-        let parts = ByteParts::of(&data).ok_or_else(|| {
-            CudaSortError::Unsupported(format!("tie groups of a {} column on the device", array.data_type()))
-        })?;
+    /// `offsets` (i32 or i64 as `kind` says) and `data` on `gpu`, copied through `copies` (the
+    /// host's memory is no longer needed when this returns).
+    fn upload(gpu: &Gpu, kind: ByteKind, offsets: &[u8], data: &[u8], copies: &mut Transfers) -> Result<Self> {
         let stream = gpu.stream();
-        let offsets = gpu.alloc_bytes(parts.offsets.len())?;
-        let data_len: usize = parts.data.iter().map(|d| d.len()).sum();
-        let bytes = gpu.alloc_bytes(data_len)?;
-        let bases = stream.clone_htod(&parts.bases)?;
-        // SAFETY: each destination holds its parts; heap parts are copied before the calls return.
-        unsafe {
-            copies.upload_parts(&[parts.offsets], offsets.device_ptr(stream).0)?;
-            copies.upload_parts(&parts.data, bytes.device_ptr(stream).0)?;
-        }
+        let up = |bytes: &[u8], copies: &mut Transfers| -> Result<CudaSlice<u8>> {
+            let dst = gpu.alloc_bytes(bytes.len())?;
+            // SAFETY: `dst` holds the bytes; heap bytes are copied before the call returns.
+            unsafe { copies.upload_parts(&[bytes], dst.device_ptr(stream).0) }?;
+            Ok(dst)
+        };
         Ok(Self {
-            kind: parts.kind,
-            width: parts.width,
-            offsets,
-            data: bytes,
-            bases,
+            kind,
+            width: 0,
+            offsets: up(offsets, copies)?,
+            data: up(data, copies)?,
+            bases: stream.clone_htod(&[0u64])?,
         })
-    }
-
-    /// Device bytes it holds.
-    pub(crate) fn len(&self) -> usize {
-        self.offsets.len() + self.data.len() + 8 * self.bases.len()
     }
 
     fn arg(&self, gpu: &Gpu) -> ByteColumnArg {
@@ -214,6 +108,88 @@ impl DeviceBytes {
             kind: self.kind as u32,
             width: self.width,
         }
+    }
+}
+
+/// The bytes past the shared ones of every row of some tie groups, gathered on the host in
+/// sorted order (one linear read of each tied value, no comparison): their offsets and bytes,
+/// and each one's input row. What goes up is the tails, not the column: at TPC-H SF10,
+/// `l_comment`'s tied rows' tails are a few hundred MB against the column's 2.8 GB (views and
+/// data buffers), whose upload took longer than the host's whole ordering (stop 26).
+pub(crate) struct GatheredTails {
+    kind: ByteKind,
+    offsets: Vec<u8>,
+    data: Vec<u8>,
+    rows: Vec<u32>,
+    /// Where each group's tails start.
+    firsts: Vec<usize>,
+}
+
+impl GatheredTails {
+    /// The tails of `tails`' groups of `column`, the rows at their positions in `perm`; `None`
+    /// where the column is not a string or binary array.
+    pub(crate) fn gather(column: &SortColumn, tails: &TailGroups, perm: &[u32]) -> Option<Self> {
+        let firsts: Vec<usize> = (tails.groups.iter())
+            .scan(0, |m, g| {
+                *m += g.len();
+                Some(*m - g.len())
+            })
+            .collect();
+        let rows: Vec<u32> = (tails.groups.par_iter())
+            .flat_map_iter(|g| perm[g.clone()].iter().copied())
+            .collect();
+        let skip = tails.skip;
+        gpusort::ties::with_value_bytes(column, |bytes| {
+            let lens: Vec<usize> = rows
+                .par_iter()
+                .map(|&r| bytes(r as usize).len().saturating_sub(skip))
+                .collect();
+            let mut ends = Vec::with_capacity(rows.len() + 1);
+            ends.push(0usize);
+            for l in &lens {
+                ends.push(ends.last().unwrap() + l);
+            }
+            let total = *ends.last().unwrap();
+            let mut data = vec![0u8; total];
+            let base = data.as_mut_ptr() as usize;
+            rows.par_iter().zip(ends.par_iter()).for_each(|(&r, &at)| {
+                let tail = &bytes(r as usize)[skip..];
+                // SAFETY: the tails' ranges of `data` are disjoint and within it.
+                unsafe { std::ptr::copy_nonoverlapping(tail.as_ptr(), (base as *mut u8).add(at), tail.len()) };
+            });
+            let (kind, offsets) = match i32::try_from(total) {
+                Ok(_) => (
+                    ByteKind::Offsets32,
+                    ends.iter().flat_map(|&e| (e as i32).to_le_bytes()).collect(),
+                ),
+                Err(_) => (
+                    ByteKind::Offsets64,
+                    ends.iter().flat_map(|&e| (e as i64).to_le_bytes()).collect(),
+                ),
+            };
+            Self {
+                kind,
+                offsets,
+                data,
+                rows,
+                firsts,
+            }
+        })
+    }
+
+    /// Whether tails of `column` can be gathered (strings and binaries of every layout).
+    pub(crate) fn takes(column: &SortColumn) -> bool {
+        ByteKind::of(column.values.data_type()).is_some()
+    }
+
+    /// Device bytes its upload holds, with the sorts' own ([`tails_device_bytes`]).
+    pub(crate) fn device_bytes(&self, tails: &TailGroups) -> usize {
+        self.offsets.len() + self.data.len() + 8 * self.rows.len() + tails_device_bytes(tails)
+    }
+
+    /// Bytes of the tails.
+    pub(crate) fn len(&self) -> usize {
+        self.data.len()
     }
 }
 
@@ -229,7 +205,7 @@ pub(crate) struct TailsOrdered {
     pub left: Vec<(Range<usize>, usize)>,
 }
 
-/// Device bytes [`Gpu::order_tails`] holds beside the column for `tails`' groups: the radix
+/// Device bytes [`Gpu::order_tails`] holds beside the tails for `tails`' groups: the radix
 /// sort of the large groups' rows at their first round, and the batch tables.
 pub(crate) fn tails_device_bytes(tails: &TailGroups) -> usize {
     let large: usize = tails.groups.iter().map(|g| g.len()).filter(|&l| l > TIES_CAP).sum();
@@ -242,6 +218,63 @@ pub(crate) fn tails_device_bytes(tails: &TailGroups) -> usize {
 }
 
 impl Gpu {
+    /// Orders `tails`' groups of `perm` (sorted position -> input row) on the device by their
+    /// `gathered` tails: the tails' indices sorted as [`Self::order_tails`] does, group by group,
+    /// then each group's input rows written at its positions (`ties_place`). Returns what
+    /// [`Self::order_tails`] did, with the groups left to the host as ranges of `perm` and the
+    /// bytes their rows share.
+    pub(crate) fn order_gathered(
+        &self,
+        gathered: &GatheredTails,
+        tails: &TailGroups,
+        perm: &mut CudaSlice<u32>,
+        copies: &mut Transfers,
+    ) -> Result<TailsOrdered> {
+        let m = gathered.rows.len();
+        let m32 = rows_u32(m)?;
+        let s = self.stream();
+        let bytes = DeviceBytes::upload(self, gathered.kind, &gathered.offsets, &gathered.data, copies)?;
+        let krow = self.alloc_words(m)?;
+        // SAFETY: the row words are initialized; `krow` holds them.
+        unsafe { copies.upload_parts(&[bytemuck_words(&gathered.rows)], krow.device_ptr(s).0) }?;
+        let mut ks = self.iota(m)?;
+        let by_tail = TailGroups {
+            groups: (gathered.firsts.iter().zip(&tails.groups))
+                .map(|(&f, g)| f..f + g.len())
+                .collect(),
+            skip: 0,
+            ..tails.clone()
+        };
+        let mut done = self.order_tails(&bytes, &by_tail, &mut ks, copies)?;
+        let mut table = vec![];
+        for (g, &f) in tails.groups.iter().zip(&gathered.firsts) {
+            table.extend([rows_u32(g.start)?, g.len() as u32, rows_u32(f)?, 0]);
+        }
+        let groups_dev = s.clone_htod(&table)?;
+        let count = rows_u32(tails.groups.len())?;
+        // SAFETY: the table describes the groups, `m` rows in all, inside `perm`; `ks` holds
+        // indices of `krow`.
+        unsafe {
+            s.launch_builder(&self.kernels()?.ties_place)
+                .arg(&groups_dev)
+                .arg(&count)
+                .arg(&m32)
+                .arg(&ks)
+                .arg(&krow)
+                .arg(perm)
+                .launch(self.grid_for(m))?
+        };
+        s.synchronize()?;
+        // The groups left to the host, from ranges of tails back to ranges of `perm`.
+        for (r, skip) in &mut done.left {
+            let g = gathered.firsts.partition_point(|&f| f <= r.start) - 1;
+            let start = tails.groups[g].start + (r.start - gathered.firsts[g]);
+            *r = start..start + r.len();
+            *skip += tails.skip;
+        }
+        Ok(done)
+    }
+
     /// Orders `tails`' groups of `perm` (sorted position -> input row) by `column`'s bytes
     /// past their shared ones, stably: small groups in batches, large groups by the radix sort
     /// (module docs). Returns when the device is done.
@@ -467,4 +500,10 @@ impl Gpu {
             })
             .collect())
     }
+}
+
+/// The bytes of `words`.
+fn bytemuck_words(words: &[u32]) -> &[u8] {
+    // SAFETY: initialized words, viewed as their bytes.
+    unsafe { std::slice::from_raw_parts(words.as_ptr() as *const u8, std::mem::size_of_val(words)) }
 }

@@ -180,44 +180,51 @@ pub fn find_ties(
 /// with nothing done, where `column` is not a string or binary array.
 pub fn order_tails(column: &SortColumn, skip: usize, groups: &[Range<usize>], perm: &mut [u32]) -> bool {
     let descending = column.options.is_some_and(|o| o.descending);
+    with_value_bytes(column, |bytes| sort_tails(bytes, skip, descending, groups, perm)).is_some()
+}
+
+/// Calls `f` with an accessor of the bytes of `column`'s values by row (downcast once), where
+/// `column` is a string or binary array; `None` for another type.
+pub fn with_value_bytes<'a, R>(
+    column: &'a SortColumn,
+    f: impl FnOnce(&(dyn Fn(usize) -> &'a [u8] + Sync + 'a)) -> R,
+) -> Option<R> {
     let values = column.values.as_ref();
-    // Each type's accessor on its own (downcast once, not per comparison).
-    match values.data_type() {
+    Some(match values.data_type() {
         DataType::Utf8 => {
             let a = values.as_string::<i32>();
-            sort_tails(&|i| a.value(i).as_bytes(), skip, descending, groups, perm)
+            f(&|i| a.value(i).as_bytes())
         }
         DataType::LargeUtf8 => {
             let a = values.as_string::<i64>();
-            sort_tails(&|i| a.value(i).as_bytes(), skip, descending, groups, perm)
+            f(&|i| a.value(i).as_bytes())
         }
         DataType::Utf8View => {
             let a = values.as_string_view();
-            sort_tails(&|i| a.value(i).as_bytes(), skip, descending, groups, perm)
+            f(&|i| a.value(i).as_bytes())
         }
         DataType::Binary => {
             let a = values.as_binary::<i32>();
-            sort_tails(&|i| a.value(i), skip, descending, groups, perm)
+            f(&|i| a.value(i))
         }
         DataType::LargeBinary => {
             let a = values.as_binary::<i64>();
-            sort_tails(&|i| a.value(i), skip, descending, groups, perm)
+            f(&|i| a.value(i))
         }
         DataType::BinaryView => {
             let a = values.as_binary_view();
-            sort_tails(&|i| a.value(i), skip, descending, groups, perm)
+            f(&|i| a.value(i))
         }
         DataType::FixedSizeBinary(_) => {
             let a = values.as_fixed_size_binary();
-            sort_tails(&|i| a.value(i), skip, descending, groups, perm)
+            f(&|i| a.value(i))
         }
-        _ => return false,
-    }
-    true
+        _ => return None,
+    })
 }
 
 /// [`order_tails`] over one column type's byte accessor: each group refined in parallel.
-fn sort_tails<'a, F: Fn(usize) -> &'a [u8] + Sync>(
+fn sort_tails<'a, F: Fn(usize) -> &'a [u8] + Sync + ?Sized>(
     bytes: &F,
     skip: usize,
     descending: bool,
@@ -241,7 +248,7 @@ const REFINE_DEPTH: usize = 4;
 /// place, which reads every value once instead of once per comparison; the runs still equal
 /// with more bytes to come take the next 8, and after [`REFINE_DEPTH`] steps a comparison
 /// sort of the rest of the values finishes them.
-fn refine<'a, F: Fn(usize) -> &'a [u8] + Sync>(
+fn refine<'a, F: Fn(usize) -> &'a [u8] + Sync + ?Sized>(
     bytes: &F,
     skip: usize,
     descending: bool,
@@ -293,7 +300,12 @@ fn refine<'a, F: Fn(usize) -> &'a [u8] + Sync>(
 }
 
 /// Orders `rows` (as [`refine`]) by comparing the bytes past `skip` in full.
-fn compare_tails<'a, F: Fn(usize) -> &'a [u8] + Sync>(bytes: &F, skip: usize, descending: bool, rows: &mut [u32]) {
+fn compare_tails<'a, F: Fn(usize) -> &'a [u8] + Sync + ?Sized>(
+    bytes: &F,
+    skip: usize,
+    descending: bool,
+    rows: &mut [u32],
+) {
     let tail = |row: u32| &bytes(row as usize)[skip..];
     // Rows and their places: an unstable sort by (tail, place) is a stable sort by tail.
     let order = |a: &u64, b: &u64| {

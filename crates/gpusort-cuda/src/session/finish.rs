@@ -26,7 +26,7 @@ use crate::gpu::Gpu;
 use crate::memory::{DeviceReservation, device_bytes_needed};
 use crate::pinned::{HostBuffer, PinnedPool};
 use crate::table::{DeviceColumn, DeviceTable, GpuSortPlan};
-use crate::ties::{DeviceBytes, tails_device_bytes};
+use crate::ties::GatheredTails;
 use crate::transfer::Transfers;
 
 /// Keys encoded on the host: the encoder (its layout, and the columns tied rows are ordered
@@ -504,7 +504,7 @@ impl GpuSortSession {
         let columns = encoder.sort_columns();
         let device_ties = self.gpu.options().device_ties;
         let ties = gpusort::ties::find_ties(encoder.layout(), columns, &views, sorted.perm.as_words_mut(), &|c| {
-            device_ties && DeviceBytes::takes(c)
+            device_ties && GatheredTails::takes(c)
         })?;
         drop(downloaded);
         log::debug!(target: "gpusort::timeline", "session: {} tie groups found", ties.resolved.len());
@@ -512,12 +512,18 @@ impl GpuSortSession {
         if ties.resolved.is_empty() {
             return Ok(());
         }
-        // The device orders its groups only while the budget holds their memory beside the sort's.
-        let need = (ties.deferred.iter())
-            .map(|t| DeviceBytes::bytes_of(columns[t.field].values.as_ref()) + tails_device_bytes(t))
+        // The deferred groups' tails, gathered while the host's permutation is current; the
+        // device orders them while the budget holds their memory beside the sort's.
+        let gathered: Vec<GatheredTails> = (ties.deferred.iter())
+            .filter_map(|t| GatheredTails::gather(&columns[t.field], t, sorted.perm.as_words()))
+            .collect();
+        let need = (gathered.iter().zip(&ties.deferred))
+            .map(|(g, t)| g.device_bytes(t))
             .max()
             .unwrap_or(0);
-        let on_device = !ties.deferred.is_empty() && reservation.try_grow_to(reservation.bytes() + need);
+        let on_device = gathered.len() == ties.deferred.len()
+            && !gathered.is_empty()
+            && reservation.try_grow_to(reservation.bytes() + need);
         if !on_device {
             for t in &ties.deferred {
                 gpusort::ties::order_tails(&columns[t.field], t.skip, &t.groups, sorted.perm.as_words_mut());
@@ -526,52 +532,47 @@ impl GpuSortSession {
         // SAFETY: `perm` is only read until the downloads below have synchronized.
         sorted.perm_dev = unsafe { copies.upload_buffer_words(&self.gpu, &sorted.perm, n) }?;
         if on_device {
-            self.order_tails_on_device(columns, &ties.deferred, sorted, copies)?;
+            self.order_tails_on_device(columns, &ties.deferred, &gathered, sorted, copies)?;
             stats.device_tie_groups = ties.deferred.iter().map(|t| t.groups.len()).sum();
         }
         Ok(())
     }
 
-    /// `tails`' groups ordered on the device in `sorted.perm_dev` ([`Gpu::order_tails`]), the
-    /// host's copy of the permutation brought up to date, and what the device left (values
-    /// equal for more than 256 bytes past the prefix) ordered on the host and sent back up.
+    /// `tails`' groups ordered on the device in `sorted.perm_dev` by their `gathered` tails
+    /// ([`Gpu::order_gathered`]), the host's copy of the permutation brought up to date, and
+    /// what the device left (values equal for more than 256 bytes past the prefix) ordered on
+    /// the host and sent back up.
     fn order_tails_on_device(
         &self,
         columns: &[SortColumn],
         tails: &[TailGroups],
+        gathered: &[GatheredTails],
         sorted: &mut Sorted,
         copies: &mut Transfers,
     ) -> Result<()> {
         let mut left = vec![];
-        for t in tails {
-            let column = &columns[t.field];
+        for (t, g) in tails.iter().zip(gathered) {
             let start = Instant::now();
-            let bytes = DeviceBytes::upload(&self.gpu, column.values.as_ref(), copies)?;
+            let done = self.gpu.order_gathered(g, t, &mut sorted.perm_dev, copies)?;
             log::debug!(
                 target: "gpusort::timeline",
-                "session: {} bytes of the tied column sent up in {:.1} ms",
-                bytes.len(),
-                start.elapsed().as_secs_f64() * 1e3
-            );
-            let start = Instant::now();
-            let done = self.gpu.order_tails(&bytes, t, &mut sorted.perm_dev, copies)?;
-            log::debug!(
-                target: "gpusort::timeline",
-                "session: {} tie groups ordered on the device in {:.1} ms ({} batches, {} radix rounds, {} left to the host)",
+                "session: {} tie groups ({} bytes of tails) ordered on the device in {:.1} ms ({} batches, {} radix \
+                 rounds, {} left to the host)",
                 t.groups.len(),
+                g.len(),
                 start.elapsed().as_secs_f64() * 1e3,
                 done.batches,
                 done.large_rounds,
                 done.left.len()
             );
-            left.extend(done.left.into_iter().map(|(g, skip)| (column, g, skip)));
+            left.extend(done.left.into_iter().map(|(r, skip)| (&columns[t.field], r, skip)));
         }
         // SAFETY: synchronized right after.
         unsafe { copies.download_words(&sorted.perm_dev, &mut sorted.perm) }?;
         self.gpu.stream().synchronize()?;
         if !left.is_empty() {
-            for (column, g, skip) in left {
-                gpusort::ties::order_tails(column, skip, &[g], sorted.perm.as_words_mut());
+            for (column, r, skip) in left {
+                gpusort::ties::order_tails(column, skip, &[r], sorted.perm.as_words_mut());
             }
             // SAFETY: as in `order_ties`.
             sorted.perm_dev = unsafe { copies.upload_buffer_words(&self.gpu, &sorted.perm, self.rows) }?;
