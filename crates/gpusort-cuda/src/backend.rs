@@ -41,6 +41,7 @@ use crate::error::{CudaSortError, Result};
 use crate::gpu::Gpu;
 use crate::kernels::KernelCache;
 use crate::memory::{DeviceBudget, device_bytes_needed};
+use crate::options::GpuOptions;
 use crate::pinned::PinnedPool;
 use crate::session::GpuSortSession;
 
@@ -68,7 +69,16 @@ impl CudaBackend {
     /// A backend on device `ordinal` with kernels from `cache`. The process's
     /// [`PinnedPool`] pins host memory with this device's driver from now on.
     pub fn with_cache(ordinal: usize, cache: &KernelCache) -> Result<Self> {
-        let gpu = Gpu::open(ordinal, cache)?;
+        Self::with_gpu(Gpu::open(ordinal, cache)?, ordinal)
+    }
+
+    /// A backend on device `ordinal` with kernels from `cache` and `options` instead of those
+    /// the device's tuning profile and the `GPUSORT_*` variables give.
+    pub fn with_options(ordinal: usize, cache: &KernelCache, options: GpuOptions) -> Result<Self> {
+        Self::with_gpu(Gpu::open_with(ordinal, cache, options)?, ordinal)
+    }
+
+    fn with_gpu(gpu: Gpu, ordinal: usize) -> Result<Self> {
         PinnedPool::global().attach(gpu.context());
         let budget = DeviceBudget::for_device(ordinal, gpu.options().device_budget, || gpu.free_memory().unwrap_or(0));
         Ok(Self {

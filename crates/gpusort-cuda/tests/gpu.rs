@@ -29,7 +29,10 @@ use arrow::datatypes::{DataType, Field, Schema};
 use cudarc::driver::CudaSlice;
 use gpusort::plan::{InputOrder, RadixPass, Strategy, radix_passes, varying_bits};
 use gpusort::{CpuBackend, EncoderOptions, KeyEncoder, SortBackend, SortKey, SortRequest, SortSpec};
-use gpusort_cuda::{CudaBackend, DeviceColumn, DeviceRecords, DeviceTable, Gpu, GpuSortPlan, SortSwitches};
+use gpusort_cuda::{
+    CudaBackend, DeviceColumn, DeviceRecords, DeviceTable, DeviceTies, Gpu, GpuOptions, GpuSortPlan, KernelCache,
+    SortSwitches,
+};
 use gpusort_testing::{EDGE_SIZES, assert_matches_reference, random_case, rng_from_env};
 use rand::prelude::*;
 use rand::rngs::SmallRng;
@@ -973,7 +976,15 @@ fn tie_array(values: &[Option<Vec<u8>>], data_type: &DataType) -> ArrayRef {
 /// the groups.
 #[test]
 fn backend_orders_tied_string_prefixes_on_the_device() {
-    let Some(b) = backend() else { return };
+    let Some(shared) = backend() else { return };
+    // Every group on the device, however few rows it holds (`DeviceTies::Auto` leaves groups of
+    // a few rows to the host).
+    let options = GpuOptions {
+        device_ties: DeviceTies::Always,
+        ..shared.gpu().options().clone()
+    };
+    drop(shared);
+    let b = CudaBackend::with_options(0, &KernelCache::from_env(), options).unwrap();
     let cpu = CpuBackend::new();
     let mut rng = SmallRng::seed_from_u64(23);
     // Under the sanitizers: one direction, one spec and one prefix of each shape and type.

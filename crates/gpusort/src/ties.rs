@@ -51,7 +51,7 @@ pub fn resolve_ties(
     words: &[&[u32]],
     perm: &mut [u32],
 ) -> Result<Vec<Range<usize>>> {
-    Ok(find_ties(layout, sort_columns, words, perm, &|_| false)?.resolved)
+    Ok(find_ties(layout, sort_columns, words, perm, &|_, _| false)?.resolved)
 }
 
 /// Tie groups of one field whose order [`find_ties`] left to its caller: every later field is
@@ -78,15 +78,15 @@ pub struct Ties {
     pub deferred: Vec<TailGroups>,
 }
 
-/// [`resolve_ties`], but the groups of a field whose later fields are exact and whose column
-/// `defer` takes are left as they are and returned ([`Ties::deferred`]), for the caller to
+/// [`resolve_ties`], but the groups of a field whose later fields are exact and that `defer`
+/// takes (given the field's column and groups) are left as they are and returned ([`Ties::deferred`]), for the caller to
 /// order elsewhere (the GPU backend orders them on the device).
 pub fn find_ties(
     layout: &KeyLayout,
     sort_columns: &[SortColumn],
     words: &[&[u32]],
     perm: &mut [u32],
-    defer: &dyn Fn(&SortColumn) -> bool,
+    defer: &dyn Fn(&SortColumn, &[Range<usize>]) -> bool,
 ) -> Result<Ties> {
     let n = perm.len();
     let mut resolved: Vec<Range<usize>> = vec![];
@@ -141,7 +141,7 @@ pub fn find_ties(
         }
         let later_exact = layout.fields()[s + 1..].iter().all(|f| f.exact);
         let skip = common_prefix + prefix_bytes;
-        if later_exact && defer(&sort_columns[s]) {
+        if later_exact && defer(&sort_columns[s], &groups) {
             resolved.extend(groups.iter().cloned());
             resolved.sort_by_key(|r| r.start);
             deferred.push(TailGroups {

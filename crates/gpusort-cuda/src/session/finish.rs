@@ -503,9 +503,16 @@ impl GpuSortSession {
             .collect();
         let columns = encoder.sort_columns();
         let device_ties = self.gpu.options().device_ties;
-        let ties = gpusort::ties::find_ties(encoder.layout(), columns, &views, sorted.perm.as_words_mut(), &|c| {
-            device_ties && GatheredTails::takes(c)
-        })?;
+        let ties = gpusort::ties::find_ties(
+            encoder.layout(),
+            columns,
+            &views,
+            sorted.perm.as_words_mut(),
+            &|c, groups| {
+                let rows = groups.iter().map(|g| g.len()).sum();
+                device_ties.on_device(groups.len(), rows) && GatheredTails::takes(c)
+            },
+        )?;
         drop(downloaded);
         log::debug!(target: "gpusort::timeline", "session: {} tie groups found", ties.resolved.len());
         stats.tie_groups = ties.resolved.len();
