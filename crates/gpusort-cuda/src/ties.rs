@@ -129,12 +129,7 @@ impl GatheredTails {
     /// The tails of `tails`' groups of `column`, the rows at their positions in `perm`; `None`
     /// where the column is not a string or binary array.
     pub(crate) fn gather(column: &SortColumn, tails: &TailGroups, perm: &[u32]) -> Option<Self> {
-        let firsts: Vec<usize> = (tails.groups.iter())
-            .scan(0, |m, g| {
-                *m += g.len();
-                Some(*m - g.len())
-            })
-            .collect();
+        let firsts = firsts(&tails.groups);
         let rows: Vec<u32> = (tails.groups.par_iter())
             .flat_map_iter(|g| perm[g.clone()].iter().copied())
             .collect();
@@ -246,11 +241,7 @@ impl Gpu {
             ..tails.clone()
         };
         let mut done = self.order_tails(&bytes, &by_tail, &mut ks, copies)?;
-        let mut table = vec![];
-        for (g, &f) in tails.groups.iter().zip(&gathered.firsts) {
-            table.extend([rows_u32(g.start)?, g.len() as u32, rows_u32(f)?, 0]);
-        }
-        let groups_dev = s.clone_htod(&table)?;
+        let groups_dev = s.clone_htod(&group_table(&tails.groups, &gathered.firsts)?)?;
         let count = rows_u32(tails.groups.len())?;
         // SAFETY: the table describes the groups, `m` rows in all, inside `perm`; `ks` holds
         // indices of `krow`.
@@ -390,15 +381,10 @@ impl Gpu {
         perm: &mut CudaSlice<u32>,
         copies: &mut Transfers,
     ) -> Result<Vec<Range<usize>>> {
-        let mut table = vec![];
-        let mut m = 0usize;
-        for g in groups {
-            table.extend([rows_u32(g.start)?, g.len() as u32, rows_u32(m)?, 0]);
-            m += g.len();
-        }
+        let m: usize = groups.iter().map(|g| g.len()).sum();
         let m32 = rows_u32(m)?;
         let s = self.stream();
-        let groups_dev = s.clone_htod(&table)?;
+        let groups_dev = s.clone_htod(&group_table(groups, &firsts(groups))?)?;
         let count = groups.len() as u32;
         let words = [
             self.alloc_words(m)?,
@@ -482,14 +468,7 @@ impl Gpu {
         let w: Vec<&[u32]> = host.iter().map(|h| h.as_words()).collect();
         let same = |k: usize| w.iter().all(|w| w[k] == w[k - 1]);
         let more = if descending { 0 } else { 9 };
-        let firsts: Vec<usize> = groups
-            .iter()
-            .scan(0, |m, g| {
-                let first = *m;
-                *m += g.len();
-                Some(first)
-            })
-            .collect();
+        let firsts = firsts(groups);
         Ok(gpusort::ties::runs(m, &same)
             .into_iter()
             .filter(|r| w[3][r.start] == more)
@@ -500,6 +479,25 @@ impl Gpu {
             })
             .collect())
     }
+}
+
+/// Where each of `groups`' rows start among all their rows, group after group.
+fn firsts(groups: &[Range<usize>]) -> Vec<usize> {
+    (groups.iter())
+        .scan(0, |m, g| {
+            *m += g.len();
+            Some(*m - g.len())
+        })
+        .collect()
+}
+
+/// `TieGroup`s (ties.cu) of `groups`, whose rows start at `firsts` among all their rows.
+fn group_table(groups: &[Range<usize>], firsts: &[usize]) -> Result<Vec<u32>> {
+    let mut table = Vec::with_capacity(4 * groups.len());
+    for (g, &f) in groups.iter().zip(firsts) {
+        table.extend([rows_u32(g.start)?, rows_u32(g.len())?, rows_u32(f)?, 0]);
+    }
+    Ok(table)
 }
 
 /// The bytes of `words`.
