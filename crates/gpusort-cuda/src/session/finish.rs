@@ -1,6 +1,6 @@
 //! [`GpuSortSession::finish`] as named steps: the host's columns and key, the uploads joined,
 //! the device plan and its memory, the device phase (assembly, the key on the device,
-//! [`Gpu::sort`]), ties ordered on the host, the downloads beside the host's gathers, the output
+//! [`Gpu::sort`]), ties ordered (on the device by their bytes past the prefix, `ties.rs`, or on the host), the downloads beside the host's gathers, the output
 //! batch. The sort itself is `sort.rs` (Bandyopadhyay & Sahni's strategies, ICPADS 2011,
 //! section IV); no kernel is launched here but through [`Gpu`].
 
@@ -74,7 +74,7 @@ struct DevicePlan {
     reservation: DeviceReservation,
     strategy: Strategy,
     direct: bool,
-    /// Whether the key is inexact (truncated string prefixes): ties are ordered on the host.
+    /// Whether the key is inexact (truncated string prefixes): tie groups are found on the host (and ordered there or on the device).
     inexact: bool,
     columns: Vec<GpuColumn>,
     /// Indices into `columns` of the columns with nulls.

@@ -36,7 +36,8 @@
 //!    device from the assembled columns ([`crate::encode`]: the same words, no host pass and
 //!    no key upload; `GPUSORT_DEVICE_KEYS=0` encodes them on the host instead);
 //! 3. [`Gpu::sort`] runs the planned strategy (the rule calibrated on the H100, or the one asked for);
-//!    truncated string keys that tie are ordered on the host as in the one-batch sort;
+//!    truncated string keys that tie are found on the host and ordered there or, for groups of
+//!    many rows, on the device (`ties.rs`, `GPUSORT_DEVICE_TIES`);
 //! 4. the sorted device columns come down straight into pinned pool buffers that become the
 //!    output arrays (no host copy after the download), while the host concatenates and
 //!    gathers the other columns through the permutation ([`gather_column`]).
@@ -76,9 +77,10 @@ use self::upload::{Part, SegmentJob, SegmentLayout, Uploader};
 
 /// Bytes of a string or binary sort key (after the column's common prefix) that a GPU sort
 /// encodes into its key unless asked otherwise: each key word costs the device a few radix
-/// passes (milliseconds), while rows whose truncated prefixes tie are ordered on the host by
-/// comparing whole values (seconds: TPC-H's `l_comment`, 60M rows of 10-43 bytes, took 5.2 s
-/// to resolve with the CPU backend's 8-byte prefixes).
+/// passes (milliseconds), while rows whose truncated prefixes tie are found in the downloaded
+/// key words and ordered past the prefix (TPC-H's `l_comment`, 60M rows of 10-43 bytes, took
+/// 5.2 s to resolve with the CPU backend's 8-byte prefixes at stop 13; finding its groups at
+/// 32 bytes takes ~0.5 s on the H100 machine, ordering them ~0.25 s, stop 26).
 pub const GPU_STRING_PREFIX_BYTES: usize = 32;
 
 /// Pinned staging bytes of one segment (its rows: this over the bytes of a row of payload).
