@@ -20,56 +20,25 @@
 //   ties_scatter puts the rows back at their groups' positions. The runs still equal go round
 //   again with the next 8 bytes, or to ties_bmcs once they fit a batch.
 //
-// A value's bytes come from a ByteColumn: offsets (i32 or i64) and bytes, 16-byte views and
-// their data buffers end to end, or fixed-width values. The host gathers the tied rows' bytes
-// past the prefix into offsets and bytes, in sorted order (ties.rs), and the kernels sort
-// indices of those tails; ties_place then writes each tail's input row at its sorted position.
+// The host gathers the tied rows' bytes past the prefix (their tails) into offsets and bytes,
+// in sorted order (ties.rs): the kernels sort indices of those tails, and ties_place then writes
+// each tail's input row at its sorted position.
 
 #if !defined(TIES_CAP) || !defined(TIES_BLOCK) || !defined(TIES_MAX_ROUNDS)
 #error "defined by the host before the sources (kernels.rs SHARED_CONSTANTS)"
 #endif
 
-// ByteColumn.kind (ties.rs ByteKind).
-#define BYTES_OFFSETS32 0u
-#define BYTES_OFFSETS64 1u
-#define BYTES_VIEWS 2u
-#define BYTES_FIXED 3u
-
-// A string or binary column on the device, passed by value.
+// The gathered tails, passed by value: tail k is data[offsets[k], offsets[k + 1]).
 struct ByteColumn {
-    const u8* offsets;  // n + 1 offsets (i32 or i64), or n views of 16 bytes
-    const u8* data;     // the values' bytes; views: every data buffer, end to end
-    const u64* bases;   // views: where each data buffer starts in `data`
-    u32 kind;
-    u32 width;          // BYTES_FIXED: bytes per value
+    const long long* offsets;
+    const u8* data;
 };
 
-// Where row `row`'s value starts, and its length.
-__device__ __forceinline__ const u8* value_at(const ByteColumn& c, u32 row, u32& len) {
-    switch (c.kind) {
-        case BYTES_OFFSETS32: {
-            const int* o = (const int*)c.offsets;
-            const int a = o[row];
-            len = (u32)(o[row + 1] - a);
-            return c.data + a;
-        }
-        case BYTES_OFFSETS64: {
-            const long long* o = (const long long*)c.offsets;
-            const long long a = o[row];
-            len = (u32)(o[row + 1] - a);
-            return c.data + a;
-        }
-        case BYTES_VIEWS: {
-            // Arrow's view: length, then 12 inline bytes, or 4 prefix bytes, buffer and offset.
-            const u32* v = (const u32*)(c.offsets + (size_t)row * 16);
-            len = v[0];
-            if (len <= 12) return (const u8*)(v + 1);
-            return c.data + c.bases[v[2]] + v[3];
-        }
-        default:
-            len = c.width;
-            return c.data + (size_t)row * c.width;
-    }
+// Where tail `k` starts, and its length.
+__device__ __forceinline__ const u8* value_at(const ByteColumn& c, u32 k, u32& len) {
+    const long long a = c.offsets[k];
+    len = (u32)(c.offsets[k + 1] - a);
+    return c.data + a;
 }
 
 // Bytes [skip, skip + 8) of a value of `len` bytes at `p`, big-endian and zero-padded, and how

@@ -10,16 +10,16 @@
 //!   bytes, bytes left) with the row index (`ties_keys`, [`Gpu::sort`], `ties_scatter`); their
 //!   runs still equal take the next 8 bytes, as large groups again or in batches.
 //!
-//! The column's values go up as Arrow holds them ([`DeviceBytes`]). What is still equal after
-//! [`TIES_MAX_ROUNDS`] rounds (256 bytes past the prefix) is returned for the host's
-//! comparison sort.
+//! What goes up is each tied row's bytes past the prefix, gathered on the host in sorted order
+//! ([`GatheredTails`]). What is still equal after [`TIES_MAX_ROUNDS`] rounds (256 bytes past the
+//! prefix) is returned for the host's comparison sort.
 //!
 //! [`find_ties`]: gpusort::ties::find_ties
 
 use std::ops::Range;
 
+use arrow::buffer::{Buffer, ScalarBuffer};
 use arrow::compute::SortColumn;
-use arrow::datatypes::DataType;
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use gpusort::plan::{Strategy, radix_passes};
 use gpusort::ties::TailGroups;
@@ -32,38 +32,10 @@ use crate::memory::device_bytes_needed;
 use crate::table::{DeviceColumn, DeviceTable, GpuSortPlan};
 use crate::transfer::Transfers;
 
-/// How a [`DeviceBytes`] holds its values (`ByteColumn.kind` in ties.cu).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ByteKind {
-    Offsets32 = 0,
-    Offsets64 = 1,
-    Views = 2,
-    Fixed = 3,
-}
-
-impl ByteKind {
-    /// The kind of a column of `data_type`, if the device reads it.
-    fn of(data_type: &DataType) -> Option<Self> {
-        match data_type {
-            DataType::Utf8 | DataType::Binary => Some(Self::Offsets32),
-            DataType::LargeUtf8 | DataType::LargeBinary => Some(Self::Offsets64),
-            DataType::Utf8View | DataType::BinaryView => Some(Self::Views),
-            DataType::FixedSizeBinary(_) => Some(Self::Fixed),
-            _ => None,
-        }
-    }
-}
-
-/// A string or binary column's values on the device as Arrow holds them: offsets and bytes,
-/// views and their data buffers end to end (with where each buffer starts), or fixed-width
-/// values.
+/// Gathered tails on the device: `offsets` (i64) and `data`, as `ByteColumn` in ties.cu reads them.
 pub(crate) struct DeviceBytes {
-    kind: ByteKind,
-    width: u32,
-    /// Offsets, or views (unused for fixed-width values).
     offsets: CudaSlice<u8>,
     data: CudaSlice<u8>,
-    bases: CudaSlice<u64>,
 }
 
 /// `ByteColumn`, passed by value.
@@ -71,42 +43,17 @@ pub(crate) struct DeviceBytes {
 struct ByteColumnArg {
     offsets: u64,
     data: u64,
-    bases: u64,
-    kind: u32,
-    width: u32,
 }
 
-// SAFETY: device addresses and two words, laid out as the kernel's struct.
+// SAFETY: two device addresses, laid out as the kernel's struct.
 unsafe impl DeviceRepr for ByteColumnArg {}
 
 impl DeviceBytes {
-    /// `offsets` (i32 or i64 as `kind` says) and `data` on `gpu`, copied through `copies` (the
-    /// host's memory is no longer needed when this returns).
-    fn upload(gpu: &Gpu, kind: ByteKind, offsets: &[u8], data: &[u8], copies: &mut Transfers) -> Result<Self> {
-        let stream = gpu.stream();
-        let up = |bytes: &[u8], copies: &mut Transfers| -> Result<CudaSlice<u8>> {
-            let dst = gpu.alloc_bytes(bytes.len())?;
-            // SAFETY: `dst` holds the bytes; heap bytes are copied before the call returns.
-            unsafe { copies.upload_parts(&[bytes], dst.device_ptr(stream).0) }?;
-            Ok(dst)
-        };
-        Ok(Self {
-            kind,
-            width: 0,
-            offsets: up(offsets, copies)?,
-            data: up(data, copies)?,
-            bases: stream.clone_htod(&[0u64])?,
-        })
-    }
-
     fn arg(&self, gpu: &Gpu) -> ByteColumnArg {
         let s = gpu.stream();
         ByteColumnArg {
             offsets: self.offsets.device_ptr(s).0,
             data: self.data.device_ptr(s).0,
-            bases: self.bases.device_ptr(s).0,
-            kind: self.kind as u32,
-            width: self.width,
         }
     }
 }
@@ -114,13 +61,13 @@ impl DeviceBytes {
 /// The bytes past the shared ones of every row of some tie groups, gathered on the host in
 /// sorted order (one linear read of each tied value, no comparison): their offsets and bytes,
 /// and each one's input row. What goes up is the tails, not the column: at TPC-H SF10,
-/// `l_comment`'s tied rows' tails are a few hundred MB against the column's 2.8 GB (views and
-/// data buffers), whose upload took longer than the host's whole ordering (stop 26).
+/// `l_comment`'s tied rows' tails are 60 MB against the column's 2.8 GB (views and data
+/// buffers), whose upload took longer than the host's whole ordering (stop 26).
 pub(crate) struct GatheredTails {
-    kind: ByteKind,
-    offsets: Vec<u8>,
+    /// Where each tail starts, and the last one ends (i64).
+    offsets: Buffer,
     data: Vec<u8>,
-    rows: Vec<u32>,
+    rows: ScalarBuffer<u32>,
     /// Where each group's tails start.
     firsts: Vec<usize>,
 }
@@ -140,33 +87,21 @@ impl GatheredTails {
                 .map(|&r| bytes(r as usize).len().saturating_sub(skip))
                 .collect();
             let mut ends = Vec::with_capacity(rows.len() + 1);
-            ends.push(0usize);
-            for l in &lens {
-                ends.push(ends.last().unwrap() + l);
+            ends.push(0i64);
+            for &l in &lens {
+                ends.push(ends.last().unwrap() + l as i64);
             }
-            let total = *ends.last().unwrap();
-            let mut data = vec![0u8; total];
+            let mut data = vec![0u8; *ends.last().unwrap() as usize];
             let base = data.as_mut_ptr() as usize;
             rows.par_iter().zip(ends.par_iter()).for_each(|(&r, &at)| {
                 let tail = &bytes(r as usize)[skip..];
                 // SAFETY: the tails' ranges of `data` are disjoint and within it.
-                unsafe { std::ptr::copy_nonoverlapping(tail.as_ptr(), (base as *mut u8).add(at), tail.len()) };
+                unsafe { std::ptr::copy_nonoverlapping(tail.as_ptr(), (base as *mut u8).add(at as usize), tail.len()) };
             });
-            let (kind, offsets) = match i32::try_from(total) {
-                Ok(_) => (
-                    ByteKind::Offsets32,
-                    ends.iter().flat_map(|&e| (e as i32).to_le_bytes()).collect(),
-                ),
-                Err(_) => (
-                    ByteKind::Offsets64,
-                    ends.iter().flat_map(|&e| (e as i64).to_le_bytes()).collect(),
-                ),
-            };
             Self {
-                kind,
-                offsets,
+                offsets: Buffer::from_vec(ends),
                 data,
-                rows,
+                rows: ScalarBuffer::from(rows),
                 firsts,
             }
         })
@@ -174,7 +109,7 @@ impl GatheredTails {
 
     /// Whether tails of `column` can be gathered (strings and binaries of every layout).
     pub(crate) fn takes(column: &SortColumn) -> bool {
-        ByteKind::of(column.values.data_type()).is_some()
+        gpusort::ties::with_value_bytes(column, |_| ()).is_some()
     }
 
     /// Device bytes its upload holds, with the sorts' own ([`tails_device_bytes`]).
@@ -228,10 +163,11 @@ impl Gpu {
         let m = gathered.rows.len();
         let m32 = rows_u32(m)?;
         let s = self.stream();
-        let bytes = DeviceBytes::upload(self, gathered.kind, &gathered.offsets, &gathered.data, copies)?;
-        let krow = self.alloc_words(m)?;
-        // SAFETY: the row words are initialized; `krow` holds them.
-        unsafe { copies.upload_parts(&[bytemuck_words(&gathered.rows)], krow.device_ptr(s).0) }?;
+        let bytes = DeviceBytes {
+            offsets: copies.upload_heap(self, gathered.offsets.as_slice())?,
+            data: copies.upload_heap(self, &gathered.data)?,
+        };
+        let krow = copies.upload_heap(self, gathered.rows.inner().as_slice())?;
         let mut ks = self.iota(m)?;
         let by_tail = TailGroups {
             groups: (gathered.firsts.iter().zip(&tails.groups))
@@ -498,10 +434,4 @@ fn group_table(groups: &[Range<usize>], firsts: &[usize]) -> Result<Vec<u32>> {
         table.extend([rows_u32(g.start)?, rows_u32(g.len())?, rows_u32(f)?, 0]);
     }
     Ok(table)
-}
-
-/// The bytes of `words`.
-fn bytemuck_words(words: &[u32]) -> &[u8] {
-    // SAFETY: initialized words, viewed as their bytes.
-    unsafe { std::slice::from_raw_parts(words.as_ptr() as *const u8, std::mem::size_of_val(words)) }
 }

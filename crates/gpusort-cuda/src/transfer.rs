@@ -106,40 +106,27 @@ impl Transfers {
     /// # Safety
     /// `dst` has room for `src`.
     unsafe fn upload_through_ring(&mut self, src: &[u8], dst: CUdeviceptr) -> Result<()> {
-        // SAFETY: the caller's contract.
-        unsafe { self.upload_parts(&[src], dst) }
-    }
-
-    /// Copies heap memory `parts`, end to end, to the device at `dst` through the ring (many
-    /// small parts fill a chunk together); returns once the parts are no longer needed.
-    ///
-    /// # Safety
-    /// `dst` has room for every part.
-    pub(crate) unsafe fn upload_parts(&mut self, parts: &[&[u8]], dst: CUdeviceptr) -> Result<()> {
-        let total: usize = parts.iter().map(|p| p.len()).sum();
-        // The part being staged, and how much of it is.
-        let (mut part, mut at) = (0, 0);
-        for (i, start) in (0..total).step_by(RING_CHUNK).enumerate() {
-            let len = RING_CHUNK.min(total - start);
+        for (i, chunk) in src.chunks(RING_CHUNK).enumerate() {
             let stream = Arc::clone(&self.stream);
             let slot = self.slot(i % RING_SLOTS)?;
-            let staged = &mut slot.buf.as_mut_slice()[..len];
-            let mut filled = 0;
-            while filled < len {
-                let p = parts[part];
-                let take = (p.len() - at).min(len - filled);
-                host_copy(&p[at..at + take], &mut staged[filled..filled + take]);
-                (filled, at) = (filled + take, at + take);
-                if at == p.len() {
-                    (part, at) = (part + 1, 0);
-                }
-            }
+            let staged = &mut slot.buf.as_mut_slice()[..chunk.len()];
+            host_copy(chunk, staged);
             // SAFETY: the slot stays untouched until its event passes; `dst` has room.
-            unsafe { result::memcpy_htod_async(dst + start as u64, &*staged, stream.cu_stream()) }?;
+            unsafe { result::memcpy_htod_async(dst + (i * RING_CHUNK) as u64, &*staged, stream.cu_stream()) }?;
             slot.done = Some(stream.record_event(None)?);
         }
-        self.to_device += total as u64;
+        self.to_device += src.len() as u64;
         Ok(())
+    }
+
+    /// Heap memory `src` copied into a new device buffer of `gpu` through the ring; `src` is no
+    /// longer needed when this returns.
+    pub(crate) fn upload_heap(&mut self, gpu: &Gpu, src: &[u8]) -> Result<CudaSlice<u8>> {
+        let dst = gpu.alloc_bytes(src.len())?;
+        let ptr = dst.device_ptr(&self.stream).0;
+        // SAFETY: `dst` holds `src.len()` bytes.
+        unsafe { self.upload_through_ring(src, ptr) }?;
+        Ok(dst)
     }
 
     /// Copies `src` on the device into heap memory `dst` through the ring, after the work
