@@ -519,26 +519,15 @@ impl GpuSortSession {
         if ties.resolved.is_empty() {
             return Ok(());
         }
-        // The deferred groups' tails, gathered while the host's permutation is current; the
-        // device orders them while the budget holds their memory beside the sort's.
-        let gathered: Vec<GatheredTails> = (ties.deferred.iter())
-            .filter_map(|t| GatheredTails::gather(&columns[t.field], t, sorted.perm.as_words()))
-            .collect();
-        let need = (gathered.iter().zip(&ties.deferred))
-            .map(|(g, t)| g.device_bytes(t))
-            .max()
-            .unwrap_or(0);
-        let on_device = gathered.len() == ties.deferred.len()
-            && !gathered.is_empty()
-            && reservation.try_grow_to(reservation.bytes() + need);
-        if !on_device {
+        let gathered = tails_for_device(columns, &ties.deferred, sorted.perm.as_words(), reservation);
+        if gathered.is_none() {
             for t in &ties.deferred {
                 gpusort::ties::order_tails(&columns[t.field], t.skip, &t.groups, sorted.perm.as_words_mut());
             }
         }
         // SAFETY: `perm` is only read until the downloads below have synchronized.
         sorted.perm_dev = unsafe { copies.upload_buffer_words(&self.gpu, &sorted.perm, n) }?;
-        if on_device {
+        if let Some(gathered) = gathered {
             self.order_tails_on_device(columns, &ties.deferred, &gathered, sorted, copies)?;
             stats.device_tie_groups = ties.deferred.iter().map(|t| t.groups.len()).sum();
         }
@@ -859,4 +848,23 @@ impl GpuSortSession {
         }
         Ok(Assembled { values, bitmaps })
     }
+}
+
+/// The tails of `deferred`'s groups ([`GatheredTails`]), gathered while the host's permutation
+/// `perm` is current, when there are some and `reservation` grows to hold them on the device
+/// beside the sort; `None` leaves the groups to the host.
+fn tails_for_device(
+    columns: &[SortColumn],
+    deferred: &[TailGroups],
+    perm: &[u32],
+    reservation: &mut DeviceReservation,
+) -> Option<Vec<GatheredTails>> {
+    if deferred.is_empty() {
+        return None;
+    }
+    let gathered = (deferred.iter())
+        .map(|t| GatheredTails::gather(&columns[t.field], t, perm))
+        .collect::<Option<Vec<_>>>()?;
+    let need = (gathered.iter().zip(deferred)).map(|(g, t)| g.device_bytes(t)).max()?;
+    reservation.try_grow_to(reservation.bytes() + need).then_some(gathered)
 }
