@@ -121,7 +121,7 @@ fn stage_width(schema: &Schema, direct: bool) -> usize {
 #[cfg(test)]
 mod tests {
     use gpusort_cuda::KernelTuning;
-    use gpusort_cuda::shapes::SmemLimits;
+    use gpusort_cuda::shapes::SmLimits;
 
     use super::*;
 
@@ -133,7 +133,7 @@ mod tests {
     fn the_plan_names_the_strategy_that_runs() {
         let mut conditional = 0;
         for kib in [64, 96, 99, 163, 227] {
-            let shapes = KernelShapes::new(SmemLimits::gpu_with(kib << 10), &KernelTuning::default());
+            let shapes = KernelShapes::new(SmLimits::gpu_with(kib << 10), &KernelTuning::default());
             for planned in Strategy::ALL {
                 for stage in [4, 8] {
                     for bound in 1..=6 {
@@ -163,7 +163,7 @@ mod tests {
     /// bytes runs SRTS whatever the key, and the plan says so; on the H100 it runs MSD.
     #[test]
     fn msd_is_named_srts_where_it_does_not_fit() {
-        let at = |kib: usize| KernelShapes::new(SmemLimits::gpu_with(kib << 10), &KernelTuning::default());
+        let at = |kib: usize| KernelShapes::new(SmLimits::gpu_with(kib << 10), &KernelTuning::default());
         assert_eq!(runnable_name(&at(99), Strategy::MSD_DIRECT, Some(2), 8), "srts-direct");
         assert_eq!(runnable_name(&at(227), Strategy::MSD_DIRECT, Some(2), 8), "msd-direct");
         assert_eq!(

@@ -241,7 +241,10 @@ mod tests {
         let info = DeviceInfo::h100_example();
         let line = Gpu::shapes_for(&info, &GpuOptions::default()).to_string();
         assert!(
-            line.starts_with("227 KiB a block, 228 KiB an SM: tiles 256 x 16; one sweep 256 x 20 (3 blocks/SM)"),
+            line.starts_with(
+                "227 KiB a block, 228 KiB, 2048 threads and 64 Ki registers an SM: tiles 256 x 16; one sweep 256 x 20 \
+                 (3 blocks/SM, compiled for 3: 80 registers a thread)"
+            ),
             "{line}"
         );
         let capped = GpuOptions {
@@ -250,7 +253,10 @@ mod tests {
         };
         let line = Gpu::shapes_for(&info, &capped).to_string();
         assert!(
-            line.starts_with("99 KiB a block, 100 KiB an SM: tiles 256 x 16; one sweep 256 x 12 (2 blocks/SM)"),
+            line.starts_with(
+                "99 KiB a block, 100 KiB, 2048 threads and 64 Ki registers an SM: tiles 256 x 16; one sweep 256 x 12 \
+                 (2 blocks/SM, compiled for 2: 128 registers a thread)"
+            ),
             "{line}"
         );
         // Only GPUSORT_* variables the test does not set: the line is there.

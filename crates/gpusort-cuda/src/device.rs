@@ -77,6 +77,8 @@ pub struct DeviceInfo {
     pub smem_per_block: usize,
     /// Shared memory of one SM (`MAX_SHARED_MEMORY_PER_MULTIPROCESSOR`; 228 KiB on the H100).
     pub smem_per_sm: usize,
+    /// Threads resident on one SM (`MAX_THREADS_PER_MULTIPROCESSOR`; 2048 on the H100).
+    pub threads_per_sm: u32,
     /// 32-bit registers of one SM (`MAX_REGISTERS_PER_MULTIPROCESSOR`).
     pub registers_per_sm: u32,
     /// L2 cache bytes (`L2_CACHE_SIZE`).
@@ -102,6 +104,7 @@ impl DeviceInfo {
             total_memory: 80 << 30,
             smem_per_block: 227 << 10,
             smem_per_sm: 228 << 10,
+            threads_per_sm: 2048,
             registers_per_sm: 65536,
             l2_bytes: 50 << 20,
             free_memory: 79 << 30,
@@ -120,12 +123,15 @@ impl fmt::Display for DeviceInfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "cuda:{} {} ({}, {} SMs, {} KiB shared memory per block, {:.1} GiB, {:.1} GiB free; driver {}.{}, NVRTC {}.{})",
+            "cuda:{} {} ({}, {} SMs, {} KiB shared memory per block, {} threads an SM, {} MiB L2, {:.1} GiB, \
+             {:.1} GiB free; driver {}.{}, NVRTC {}.{})",
             self.ordinal,
             self.name,
             self.arch(),
             self.multiprocessors,
             self.smem_per_block >> 10,
+            self.threads_per_sm,
+            self.l2_bytes >> 20,
             self.total_memory as f64 / (1u64 << 30) as f64,
             self.free_memory as f64 / (1u64 << 30) as f64,
             self.driver_version / 1000,
@@ -250,6 +256,7 @@ pub(crate) fn open(ordinal: usize) -> Result<(std::sync::Arc<CudaContext>, Devic
     let attr = |a| ctx.attribute(a).map_err(driver);
     let smem_per_block = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize;
     let smem_per_sm = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)? as usize;
+    let threads_per_sm = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)? as u32;
     let registers_per_sm = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR)? as u32;
     let l2_bytes = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize;
     let mut driver_version = 0;
@@ -263,6 +270,7 @@ pub(crate) fn open(ordinal: usize) -> Result<(std::sync::Arc<CudaContext>, Devic
         total_memory,
         smem_per_block,
         smem_per_sm,
+        threads_per_sm,
         registers_per_sm,
         l2_bytes,
         free_memory,
@@ -301,7 +309,10 @@ mod tests {
         );
         let info = DeviceInfo::h100_example();
         assert_eq!(info.arch(), "sm_90");
-        assert!(info.to_string().contains("132 SMs, 227 KiB shared memory per block"));
+        assert!(
+            info.to_string()
+                .contains("132 SMs, 227 KiB shared memory per block, 2048 threads an SM, 50 MiB L2")
+        );
         assert!(info.to_string().contains("driver 13.0"));
     }
 

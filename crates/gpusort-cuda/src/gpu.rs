@@ -19,7 +19,7 @@ use crate::error::{CudaSortError, Result};
 use crate::kernels::{BLOCK, CacheOutcome, KernelCache, KernelTuning, Kernels, LoadingKernels};
 use crate::options::GpuOptions;
 use crate::presorted::ScanBufPool;
-use crate::shapes::{KernelShapes, SmemLimits};
+use crate::shapes::{KernelShapes, SmLimits};
 use crate::table::SortSwitches;
 
 /// `n` as the row count kernels take (a u32): one sort holds at most 2^32 - 1 rows.
@@ -127,7 +127,7 @@ impl Gpu {
     /// The kernels' shapes on device `info` with `options` (their `GPUSORT_SMEM_CAP` and tuning):
     /// what [`Self::open_with`] compiles and plans with (`gpusort info` shows them).
     pub fn shapes_for(info: &DeviceInfo, options: &GpuOptions) -> KernelShapes {
-        KernelShapes::new(SmemLimits::of(info).capped(options.smem_cap), &options.tuning)
+        KernelShapes::new(SmLimits::of(info).capped(options.smem_cap), &options.tuning)
     }
 
     /// The kernels' shapes on this device.

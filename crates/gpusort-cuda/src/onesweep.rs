@@ -18,7 +18,6 @@ use crate::gpu::Gpu;
 use crate::kernels::{BLOCK, ONESWEEP_HIST_IPT, ONESWEEP_MAX_DIGITS, ONESWEEP_MAX_ROWS};
 use crate::lanes::{PassInputs, scatter_smem};
 use crate::profile::Profile;
-use crate::shapes::resident;
 
 /// The narrowest digit of a one-sweep pass: only the 256-bin pass is compiled, and digits of up
 /// to 4 bits keep SRTS's 16-bin kernels.
@@ -122,15 +121,15 @@ pub(crate) struct OnesweepBufs {
 impl Gpu {
     /// Persistent blocks of the one-sweep pass: as many as fit on the device at once (the grid
     /// the prototype measured), at most one per tile.
-    /// Under `GPUSORT_SMEM_CAP`, no more blocks than an SM of the capped GPU holds.
+    /// Under `GPUSORT_SMEM_CAP`, no more blocks than an SM of the capped GPU holds (the
+    /// driver's occupancy counts the kernel's real registers).
     fn onesweep_grid(&self, dyn_smem: u32, num_tiles: usize) -> Result<u32> {
         let pass = &self.kernels()?.onesweep_pass;
         let fixed = pass.shared_size_bytes()?.max(0) as usize;
-        let capped = resident(
-            self.shapes.limits.per_sm,
-            dyn_smem as usize + fixed,
-            self.onesweep_block,
-        );
+        let capped = self
+            .shapes
+            .limits
+            .resident(dyn_smem as usize + fixed, self.onesweep_block, 1);
         let per_sm = pass
             .occupancy_max_active_blocks_per_multiprocessor(self.onesweep_block, dyn_smem as usize, None)?
             .min(capped)

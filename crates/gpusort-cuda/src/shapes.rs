@@ -3,7 +3,7 @@
 //! offer, so that every GPU from Turing to Blackwell gets kernels that load, and the H100 the
 //! shapes measured on it (one point of the function).
 //!
-//! [`KernelShapes::new`] is pure host code: it takes [`SmemLimits`] (the device's, or capped by
+//! [`KernelShapes::new`] is pure host code: it takes [`SmLimits`] (the device's, or capped by
 //! `GPUSORT_SMEM_CAP` to emulate a smaller GPU on a larger one) and the tuning asked for, and
 //! estimates each kernel's static shared memory from the sources' layouts. When the kernels are
 //! loaded, each one's dynamic shared memory is set to what the shapes need, at most what the
@@ -74,22 +74,59 @@ pub const fn msd_local_smem(words: usize, stage_width: usize) -> usize {
     key * MSD_LOCAL_CAP + 4 * MSD_LOCAL_CAP
 }
 
-/// The shared memory a block and an SM may use.
+/// What a block and an SM offer: shared memory, threads and registers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SmemLimits {
+pub struct SmLimits {
     /// Most shared memory of one block, static and dynamic, with opt-in.
     pub per_block: usize,
     /// Shared memory of one SM.
     pub per_sm: usize,
+    /// Threads resident on one SM (2048 from Volta to Hopper and on the A100; 1536 on sm_86,
+    /// sm_89 and sm_120; 1024 on Turing).
+    pub threads_per_sm: u32,
+    /// 32-bit registers of one SM (64 Ki on every architecture from Volta on).
+    pub registers_per_sm: u32,
 }
 
-impl SmemLimits {
+/// Threads an SM holds where the device does not say otherwise (Volta, the A100, Hopper).
+pub const DEFAULT_THREADS_PER_SM: u32 = 2048;
+
+/// Registers of an SM where the device does not say otherwise (every architecture from Volta).
+pub const DEFAULT_REGISTERS_PER_SM: u32 = 64 * 1024;
+
+/// Most registers one thread may use (every architecture from Volta).
+pub const MAX_REGISTERS_PER_THREAD: u32 = 255;
+
+/// Threads a one-sweep SM is compiled to hold at most (`ONESWEEP_MIN_BLOCKS` of onesweep.cu by
+/// default: 3 blocks of 256, 2 of 384, 1 of 512), so that larger residency does not squeeze the
+/// tile's registers into spills.
+pub const ONESWEEP_COMPILED_THREADS: u32 = 768;
+
+impl SmLimits {
     /// The device's limits.
     pub fn of(info: &DeviceInfo) -> Self {
         Self {
             per_block: info.smem_per_block,
             per_sm: info.smem_per_sm,
+            threads_per_sm: info.threads_per_sm,
+            registers_per_sm: info.registers_per_sm,
         }
+    }
+
+    /// Blocks of `threads` threads using `smem` bytes of shared memory and `registers` registers
+    /// a thread that an SM holds at once: the least of what its shared memory (with the 1 KiB a
+    /// block keeps), its threads and its registers allow.
+    pub fn resident(&self, smem: usize, threads: u32, registers: u32) -> u32 {
+        let by_smem = (self.per_sm / (smem + SMEM_RESERVED_PER_BLOCK)) as u32;
+        let by_registers = self.registers_per_sm / (registers.max(1) * threads);
+        by_smem.min(self.threads_per_sm / threads).min(by_registers)
+    }
+
+    /// The registers a thread of a kernel compiled with `__launch_bounds__(threads, min_blocks)`
+    /// may use: what leaves room for `min_blocks` blocks, in the allocation unit of 8, at most
+    /// [`MAX_REGISTERS_PER_THREAD`].
+    pub fn register_cap(&self, threads: u32, min_blocks: u32) -> u32 {
+        (self.registers_per_sm / (threads * min_blocks.max(1)) / 8 * 8).min(MAX_REGISTERS_PER_THREAD)
     }
 
     /// The limits of a GPU whose blocks may use `per_block` bytes and whose SMs have that and
@@ -100,10 +137,13 @@ impl SmemLimits {
         Self {
             per_block,
             per_sm: per_block + SMEM_RESERVED_PER_BLOCK,
+            threads_per_sm: DEFAULT_THREADS_PER_SM,
+            registers_per_sm: DEFAULT_REGISTERS_PER_SM,
         }
     }
 
-    /// These limits, at most those of a GPU with `cap` bytes a block (`GPUSORT_SMEM_CAP`).
+    /// These limits, with shared memory at most that of a GPU with `cap` bytes a block
+    /// (`GPUSORT_SMEM_CAP`); threads and registers as they are.
     pub fn capped(self, cap: Option<usize>) -> Self {
         match cap {
             None => self,
@@ -112,6 +152,7 @@ impl SmemLimits {
                 Self {
                     per_block: self.per_block.min(g.per_block),
                     per_sm: self.per_sm.min(g.per_sm),
+                    ..self
                 }
             }
         }
@@ -127,6 +168,13 @@ pub struct OnesweepShape {
     pub ipt: usize,
     /// Blocks resident on an SM with 8-byte staging (the persistent grid is this many per SM).
     pub blocks_per_sm: u32,
+    /// Blocks per SM the pass is compiled for (`ONESWEEP_MIN_BLOCKS`, the minimum of its
+    /// `__launch_bounds__`): [`ONESWEEP_COMPILED_THREADS`] worth, at most what the SM's shared
+    /// memory and threads hold, so that a GPU with less shared memory gives the tile the
+    /// registers that the blocks it cannot hold would have had.
+    pub min_blocks: u32,
+    /// Registers a thread of the pass may use ([`SmLimits::register_cap`] for `min_blocks`).
+    pub registers: u32,
 }
 
 /// Every kernel's shape on a device: the tiles they are compiled with and the strategies that
@@ -134,7 +182,7 @@ pub struct OnesweepShape {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KernelShapes {
     /// The limits they were chosen for.
-    pub limits: SmemLimits,
+    pub limits: SmLimits,
     /// Rows per thread of a GRS / SRTS / MSD tile (`IPT`).
     pub ipt: usize,
     /// The one-sweep pass, or `None` where no tile of it fits (SRTS then runs three kernels a
@@ -147,17 +195,12 @@ pub struct KernelShapes {
     pub msd_local_words: [usize; 2],
 }
 
-/// Blocks of `smem` bytes (`threads` threads) that fit on an SM with `per_sm` bytes.
-pub(crate) fn resident(per_sm: usize, smem: usize, threads: u32) -> u32 {
-    ((per_sm / (smem + SMEM_RESERVED_PER_BLOCK)) as u32).min(2048 / threads)
-}
-
 impl KernelShapes {
     /// The shapes for `limits` and the tuning asked for: each tile as asked where it fits, else
     /// the largest that fits; the one-sweep tile (unless `GPUSORT_ONESWEEP_IPT` chose it) shrunk
     /// to keep [`ONESWEEP_MIN_RESIDENT`] blocks per SM, down to [`ONESWEEP_MIN_IPT`] rows per
     /// thread.
-    pub fn new(limits: SmemLimits, tuning: &KernelTuning) -> Self {
+    pub fn new(limits: SmLimits, tuning: &KernelTuning) -> Self {
         let per_block = limits.per_block;
         let tile_fits = |ipt: usize| {
             let tile = BLOCK as usize * ipt;
@@ -169,10 +212,20 @@ impl KernelShapes {
         let os_need = |i: usize| {
             scatter_smem(block as usize * i, MAX_STAGE_WIDTH) as usize + onesweep_static_smem(block as usize)
         };
-        let os_shape = |i: usize| OnesweepShape {
-            block,
-            ipt: i,
-            blocks_per_sm: resident(limits.per_sm, os_need(i), block),
+        let os_shape = |i: usize| {
+            // Registers limit nothing here: the pass is compiled for the blocks the rest allows.
+            let held = limits.resident(os_need(i), block, 1);
+            let min_blocks = tuning
+                .onesweep_min_blocks
+                .unwrap_or_else(|| (ONESWEEP_COMPILED_THREADS / block).clamp(1, held.max(1)));
+            let registers = limits.register_cap(block, min_blocks);
+            OnesweepShape {
+                block,
+                ipt: i,
+                blocks_per_sm: limits.resident(os_need(i), block, registers),
+                min_blocks,
+                registers,
+            }
         };
         let asked = tuning.onesweep_ipt();
         let fitting = (1..=asked).rev().find(|&i| os_need(i) <= per_block);
@@ -235,10 +288,13 @@ impl KernelShapes {
     pub fn tuning(&self, tuning: &KernelTuning) -> KernelTuning {
         let mut t = tuning.clone();
         t.ipt = self.ipt;
-        if let Some(s) = self.onesweep
-            && s.ipt != tuning.onesweep_ipt()
-        {
-            t.onesweep_ipt = Some(s.ipt);
+        if let Some(s) = self.onesweep {
+            if s.ipt != tuning.onesweep_ipt() {
+                t.onesweep_ipt = Some(s.ipt);
+            }
+            if s.min_blocks != ONESWEEP_COMPILED_THREADS / s.block {
+                t.onesweep_min_blocks = Some(s.min_blocks);
+            }
         }
         t
     }
@@ -249,14 +305,20 @@ impl fmt::Display for KernelShapes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} KiB a block, {} KiB an SM: tiles {} x {}; ",
+            "{} KiB a block, {} KiB, {} threads and {} Ki registers an SM: tiles {} x {}; ",
             self.limits.per_block >> 10,
             self.limits.per_sm >> 10,
+            self.limits.threads_per_sm,
+            self.limits.registers_per_sm >> 10,
             BLOCK,
             self.ipt
         )?;
         match self.onesweep {
-            Some(s) => write!(f, "one sweep {} x {} ({} blocks/SM)", s.block, s.ipt, s.blocks_per_sm)?,
+            Some(s) => write!(
+                f,
+                "one sweep {} x {} ({} blocks/SM, compiled for {}: {} registers a thread)",
+                s.block, s.ipt, s.blocks_per_sm, s.min_blocks, s.registers
+            )?,
             None => write!(f, "no one sweep (SRTS three-kernel passes)")?,
         }
         write!(
@@ -296,79 +358,102 @@ mod tests {
     const KIB: usize = 1024;
 
     fn shapes(per_block_kib: usize) -> KernelShapes {
-        KernelShapes::new(SmemLimits::gpu_with(per_block_kib * KIB), &KernelTuning::default())
+        KernelShapes::new(SmLimits::gpu_with(per_block_kib * KIB), &KernelTuning::default())
     }
 
-    /// The shape function at the block limits of the V100 (96 KiB), sm_86/sm_89 (99 KiB), the
-    /// A100 (163 KiB) and the H100 (227 KiB; 228 KiB an SM): the H100 gets the measured shapes.
+    /// A GPU's limits: `per_block` and `per_sm` KiB of shared memory, `threads` an SM.
+    fn gpu(per_block: usize, per_sm: usize, threads_per_sm: u32) -> SmLimits {
+        SmLimits {
+            per_block: per_block * KIB,
+            per_sm: per_sm * KIB,
+            threads_per_sm,
+            registers_per_sm: 64 * 1024,
+        }
+    }
+
+    /// A one-sweep shape of 256-thread blocks compiled for `min_blocks` an SM (80 registers a
+    /// thread for 3 blocks, 128 for 2, 255 for 1).
+    fn os(ipt: usize, blocks_per_sm: u32, min_blocks: u32) -> Option<OnesweepShape> {
+        Some(OnesweepShape {
+            block: 256,
+            ipt,
+            blocks_per_sm,
+            min_blocks,
+            registers: [255, 255, 128, 80][min_blocks as usize],
+        })
+    }
+
+    /// The shape function at the limits of the V100 (96 KiB), sm_86/sm_89 (99 KiB), the A100
+    /// (163 KiB) and the H100 (227 KiB; 228 KiB an SM): the H100 gets the measured shapes. Where
+    /// shared memory holds fewer one-sweep blocks than the H100's three, the pass is compiled for
+    /// the blocks it holds, with the registers the others would have had.
     #[test]
     fn shapes_at_each_gpu_s_shared_memory() {
-        let h100 = KernelShapes::new(
-            SmemLimits {
-                per_block: 227 * KIB,
-                per_sm: 228 * KIB,
-            },
-            &KernelTuning::default(),
-        );
+        let h100 = KernelShapes::new(gpu(227, 228, 2048), &KernelTuning::default());
         assert_eq!(h100, shapes(227));
-        let os = |ipt, blocks_per_sm| {
-            Some(OnesweepShape {
-                block: 256,
-                ipt,
-                blocks_per_sm,
-            })
-        };
         assert_eq!(
             (h100.ipt, h100.onesweep, h100.msd_wide, h100.msd_local_words),
-            (16, os(20, 3), true, [4, 4])
+            (16, os(20, 3, 3), true, [4, 4])
         );
         assert_eq!(h100.tuning(&KernelTuning::default()), KernelTuning::default());
         let a100 = shapes(163);
         assert_eq!(
             (a100.ipt, a100.onesweep, a100.msd_wide, a100.msd_local_words),
-            (16, os(20, 2), true, [3, 3])
+            (16, os(20, 2, 2), true, [3, 3])
         );
-        assert_eq!(a100.tuning(&KernelTuning::default()), KernelTuning::default());
+        let a100_tuning = a100.tuning(&KernelTuning::default());
+        assert_eq!(
+            (a100_tuning.onesweep_ipt, a100_tuning.onesweep_min_blocks),
+            (None, Some(2))
+        );
         let ada = shapes(99);
         assert_eq!(
             (ada.ipt, ada.onesweep, ada.msd_wide, ada.msd_local_words),
-            (16, os(12, 2), false, [1, 0])
+            (16, os(12, 2, 2), false, [1, 0])
         );
         assert_eq!(ada.tuning(&KernelTuning::default()).onesweep_ipt, Some(12));
+        // sm_86 / sm_89 as they are: 1536 threads an SM hold the same two blocks.
+        assert_eq!(
+            KernelShapes::new(gpu(99, 100, 1536), &KernelTuning::default()),
+            KernelShapes {
+                limits: gpu(99, 100, 1536),
+                ..ada
+            }
+        );
         let volta = shapes(96);
         assert_eq!(
             (volta.ipt, volta.onesweep, volta.msd_wide, volta.msd_local_words),
-            (16, os(12, 2), false, [1, 0])
+            (16, os(12, 2, 2), false, [1, 0])
         );
         // A real V100's SM has 96 KiB, no reserve beyond the block's: a smaller tile keeps 2 blocks.
-        let v100 = KernelShapes::new(
-            SmemLimits {
-                per_block: 96 * KIB,
-                per_sm: 96 * KIB,
-            },
-            &KernelTuning::default(),
-        );
-        assert_eq!(v100.onesweep, os(11, 2));
-        // Turing (sm_75: 64 KiB a block and an SM): one one-sweep block an SM, no MSD.
-        let turing = KernelShapes::new(
-            SmemLimits {
-                per_block: 64 * KIB,
-                per_sm: 64 * KIB,
-            },
-            &KernelTuning::default(),
-        );
+        let v100 = KernelShapes::new(gpu(96, 96, 2048), &KernelTuning::default());
+        assert_eq!(v100.onesweep, os(11, 2, 2));
+        // Turing (sm_75: 64 KiB a block and an SM, 1024 threads): one one-sweep block an SM,
+        // compiled with every register it may have; no MSD.
+        let turing = KernelShapes::new(gpu(64, 64, 1024), &KernelTuning::default());
         assert_eq!(
             (turing.ipt, turing.onesweep, turing.msd_wide, turing.msd_local_words),
-            (16, os(17, 1), false, [0, 0])
+            (16, os(17, 1, 1), false, [0, 0])
         );
+        // Threads bound residency where shared memory does not: 512 threads an SM hold two blocks.
+        let few_threads = KernelShapes::new(gpu(227, 228, 512), &KernelTuning::default());
+        assert_eq!(few_threads.onesweep, os(20, 2, 2));
+        // Asked-for compiled blocks stay as asked; the registers follow them.
+        let asked = KernelTuning {
+            onesweep_min_blocks: Some(1),
+            ..KernelTuning::default()
+        };
+        assert_eq!(KernelShapes::new(gpu(227, 228, 2048), &asked).onesweep, os(20, 1, 1));
         assert_eq!(
             h100.to_string(),
-            "227 KiB a block, 228 KiB an SM: tiles 256 x 16; one sweep 256 x 20 (3 blocks/SM); MSD partition \
+            "227 KiB a block, 228 KiB, 2048 threads and 64 Ki registers an SM: tiles 256 x 16; one sweep 256 x 20 \
+             (3 blocks/SM, compiled for 3: 80 registers a thread); MSD partition \
              digits up to 11 bits, MSD block-local sorts of keys up to 4 words (4-byte lanes), 4 (8-byte lanes)"
         );
         assert_eq!(
             volta.to_string(),
-            "96 KiB a block, 97 KiB an SM: tiles 256 x 16; one sweep 256 x 12 (2 blocks/SM); MSD partition \
+            "96 KiB a block, 97 KiB, 2048 threads and 64 Ki registers an SM: tiles 256 x 16; one sweep 256 x 12 \
+             (2 blocks/SM, compiled for 2: 128 registers a thread); MSD partition \
              digits up to 8 bits, MSD block-local sorts of keys up to 1 words (4-byte lanes), 0 (8-byte lanes)"
         );
     }
@@ -433,12 +518,9 @@ mod tests {
             last = Some(s);
         }
         // The cap lowers both limits, never raises them.
-        let h100 = SmemLimits {
-            per_block: 227 * KIB,
-            per_sm: 228 * KIB,
-        };
+        let h100 = gpu(227, 228, 2048);
         assert_eq!(h100.capped(None), h100);
-        assert_eq!(h100.capped(Some(99 * KIB)), SmemLimits::gpu_with(99 * KIB));
+        assert_eq!(h100.capped(Some(99 * KIB)), SmLimits::gpu_with(99 * KIB));
         assert_eq!(h100.capped(Some(300 * KIB)), h100);
     }
 
@@ -468,6 +550,6 @@ mod tests {
     }
 
     fn shapes_for(kib: usize, t: &KernelTuning) -> KernelShapes {
-        KernelShapes::new(SmemLimits::gpu_with(kib * KIB), t)
+        KernelShapes::new(SmLimits::gpu_with(kib * KIB), t)
     }
 }
