@@ -255,7 +255,7 @@ mod tests {
         assert!(
             line.starts_with(
                 "99 KiB a block, 100 KiB, 2048 threads and 64 Ki registers an SM: tiles 256 x 16; one sweep 256 x 12 \
-                 (2 blocks/SM, compiled for 2: 128 registers a thread)"
+                 (2 blocks/SM, compiled for 3: 80 registers a thread)"
             ),
             "{line}"
         );

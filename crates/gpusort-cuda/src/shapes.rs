@@ -169,9 +169,10 @@ pub struct OnesweepShape {
     /// Blocks resident on an SM with 8-byte staging (the persistent grid is this many per SM).
     pub blocks_per_sm: u32,
     /// Blocks per SM the pass is compiled for (`ONESWEEP_MIN_BLOCKS`, the minimum of its
-    /// `__launch_bounds__`): [`ONESWEEP_COMPILED_THREADS`] worth, at most what the SM's shared
-    /// memory and threads hold, so that a GPU with less shared memory gives the tile the
-    /// registers that the blocks it cannot hold would have had.
+    /// `__launch_bounds__`): [`ONESWEEP_COMPILED_THREADS`] worth, at most what the SM's threads
+    /// hold. Not fewer where shared memory holds fewer: compiled for the two blocks that 163 KiB
+    /// holds (128 registers a thread instead of 80), 100M u32 keys sorted 13% slower on the
+    /// H100 (and u64 keys 6% faster; kernels/NOTES.md, "Registers").
     pub min_blocks: u32,
     /// Registers a thread of the pass may use ([`SmLimits::register_cap`] for `min_blocks`).
     pub registers: u32,
@@ -213,11 +214,9 @@ impl KernelShapes {
             scatter_smem(block as usize * i, MAX_STAGE_WIDTH) as usize + onesweep_static_smem(block as usize)
         };
         let os_shape = |i: usize| {
-            // Registers limit nothing here: the pass is compiled for the blocks the rest allows.
-            let held = limits.resident(os_need(i), block, 1);
-            let min_blocks = tuning
-                .onesweep_min_blocks
-                .unwrap_or_else(|| (ONESWEEP_COMPILED_THREADS / block).clamp(1, held.max(1)));
+            let min_blocks = tuning.onesweep_min_blocks.unwrap_or_else(|| {
+                (ONESWEEP_COMPILED_THREADS / block).clamp(1, (limits.threads_per_sm / block).max(1))
+            });
             let registers = limits.register_cap(block, min_blocks);
             OnesweepShape {
                 block,
@@ -292,7 +291,7 @@ impl KernelShapes {
             if s.ipt != tuning.onesweep_ipt() {
                 t.onesweep_ipt = Some(s.ipt);
             }
-            if s.min_blocks != ONESWEEP_COMPILED_THREADS / s.block {
+            if s.min_blocks != (ONESWEEP_COMPILED_THREADS / s.block).max(1) {
                 t.onesweep_min_blocks = Some(s.min_blocks);
             }
         }
@@ -384,9 +383,8 @@ mod tests {
     }
 
     /// The shape function at the limits of the V100 (96 KiB), sm_86/sm_89 (99 KiB), the A100
-    /// (163 KiB) and the H100 (227 KiB; 228 KiB an SM): the H100 gets the measured shapes. Where
-    /// shared memory holds fewer one-sweep blocks than the H100's three, the pass is compiled for
-    /// the blocks it holds, with the registers the others would have had.
+    /// (163 KiB) and the H100 (227 KiB; 228 KiB an SM): the H100 gets the measured shapes. The
+    /// pass is compiled for three blocks of 256 wherever an SM's threads hold them.
     #[test]
     fn shapes_at_each_gpu_s_shared_memory() {
         let h100 = KernelShapes::new(gpu(227, 228, 2048), &KernelTuning::default());
@@ -399,17 +397,13 @@ mod tests {
         let a100 = shapes(163);
         assert_eq!(
             (a100.ipt, a100.onesweep, a100.msd_wide, a100.msd_local_words),
-            (16, os(20, 2, 2), true, [3, 3])
+            (16, os(20, 2, 3), true, [3, 3])
         );
-        let a100_tuning = a100.tuning(&KernelTuning::default());
-        assert_eq!(
-            (a100_tuning.onesweep_ipt, a100_tuning.onesweep_min_blocks),
-            (None, Some(2))
-        );
+        assert_eq!(a100.tuning(&KernelTuning::default()), KernelTuning::default());
         let ada = shapes(99);
         assert_eq!(
             (ada.ipt, ada.onesweep, ada.msd_wide, ada.msd_local_words),
-            (16, os(12, 2, 2), false, [1, 0])
+            (16, os(12, 2, 3), false, [1, 0])
         );
         assert_eq!(ada.tuning(&KernelTuning::default()).onesweep_ipt, Some(12));
         // sm_86 / sm_89 as they are: 1536 threads an SM hold the same two blocks.
@@ -423,21 +417,26 @@ mod tests {
         let volta = shapes(96);
         assert_eq!(
             (volta.ipt, volta.onesweep, volta.msd_wide, volta.msd_local_words),
-            (16, os(12, 2, 2), false, [1, 0])
+            (16, os(12, 2, 3), false, [1, 0])
         );
         // A real V100's SM has 96 KiB, no reserve beyond the block's: a smaller tile keeps 2 blocks.
         let v100 = KernelShapes::new(gpu(96, 96, 2048), &KernelTuning::default());
-        assert_eq!(v100.onesweep, os(11, 2, 2));
-        // Turing (sm_75: 64 KiB a block and an SM, 1024 threads): one one-sweep block an SM,
-        // compiled with every register it may have; no MSD.
+        assert_eq!(v100.onesweep, os(11, 2, 3));
+        // Turing (sm_75: 64 KiB a block and an SM, 1024 threads): one one-sweep block an SM; no
+        // MSD.
         let turing = KernelShapes::new(gpu(64, 64, 1024), &KernelTuning::default());
         assert_eq!(
             (turing.ipt, turing.onesweep, turing.msd_wide, turing.msd_local_words),
-            (16, os(17, 1, 1), false, [0, 0])
+            (16, os(17, 1, 3), false, [0, 0])
         );
-        // Threads bound residency where shared memory does not: 512 threads an SM hold two blocks.
+        // Threads bound residency and the compiled blocks where shared memory does not: 512
+        // threads an SM hold two blocks.
         let few_threads = KernelShapes::new(gpu(227, 228, 512), &KernelTuning::default());
         assert_eq!(few_threads.onesweep, os(20, 2, 2));
+        assert_eq!(
+            few_threads.tuning(&KernelTuning::default()).onesweep_min_blocks,
+            Some(2)
+        );
         // Asked-for compiled blocks stay as asked; the registers follow them.
         let asked = KernelTuning {
             onesweep_min_blocks: Some(1),
@@ -453,7 +452,7 @@ mod tests {
         assert_eq!(
             volta.to_string(),
             "96 KiB a block, 97 KiB, 2048 threads and 64 Ki registers an SM: tiles 256 x 16; one sweep 256 x 12 \
-             (2 blocks/SM, compiled for 2: 128 registers a thread); MSD partition \
+             (2 blocks/SM, compiled for 3: 80 registers a thread); MSD partition \
              digits up to 8 bits, MSD block-local sorts of keys up to 1 words (4-byte lanes), 0 (8-byte lanes)"
         );
     }

@@ -41,6 +41,161 @@ fn bits_at(words: &[&[u32]], pad: u32, row: usize, pos: u32, nbits: u32) -> u64 
     v
 }
 
+/// How a sorted key tells that a row's value of an inexact byte field was cut at its prefix:
+/// the null flag (where the field has one) says "not null", and the length bits hold the
+/// capped length (the prefix and one). The GPU backend runs the same test on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TruncationTest {
+    /// The null flag's key bit and the value it has for a value that is not null.
+    pub null_flag: Option<(u32, u32)>,
+    /// The length bits' first key bit and count (at most 32), and the code of a truncated
+    /// value; 0 bits where every value has one length, and then the code is 1 when that length
+    /// is the capped one (every value truncated), else 0.
+    pub length: (u32, u32, u32),
+}
+
+impl TruncationTest {
+    /// The test of `layout`'s field `s`; `None` for an exact field or one that is not bytes.
+    pub fn of(layout: &KeyLayout, s: usize) -> Option<Self> {
+        let field = &layout.fields()[s];
+        let FieldEncoding::Bytes {
+            prefix_bytes,
+            len_min,
+            len_max,
+            ..
+        } = field.encoding
+        else {
+            return None;
+        };
+        if field.exact {
+            return None;
+        }
+        let cap = prefix_bytes as u32 + 1;
+        let len_bits = (len_max - len_min).bit_len();
+        let code = if field.options.descending {
+            len_max.wrapping_sub(cap)
+        } else {
+            cap.wrapping_sub(len_min)
+        };
+        Some(Self {
+            null_flag: (field.null_bits == 1).then_some((field.pos, field.options.nulls_first as u32)),
+            length: if len_bits == 0 {
+                (0, 0, (len_min == cap) as u32)
+            } else {
+                (field.end() - len_bits, len_bits, code)
+            },
+        })
+    }
+
+    /// Whether sorted `row` of the key `words` (with `pad` leading bits) holds a truncated value.
+    pub fn holds(&self, words: &[&[u32]], pad: u32, row: usize) -> bool {
+        if let Some((pos, present)) = self.null_flag
+            && bits_at(words, pad, row, pos, 1) != present as u64
+        {
+            return false; // a null
+        }
+        match self.length {
+            (_, 0, code) => code != 0,
+            (pos, bits, code) => bits_at(words, pad, row, pos, bits) == code as u64,
+        }
+    }
+}
+
+/// Where [`find_ties`] reads the sorted key: which rows agree with the row before them on every
+/// key bit through a field, and which rows' values of a field were truncated.
+pub trait TieMarks: Sync {
+    /// The maximal runs of at least two of the `rows` sorted rows whose keys agree through
+    /// field `s`.
+    fn equal_runs(&self, s: usize, rows: usize) -> Vec<Range<usize>>;
+    /// Whether sorted row `row`'s value of the inexact byte field `s` was truncated.
+    fn truncated(&self, s: usize, row: usize) -> bool;
+}
+
+/// The sorted key words on the host, read where [`find_ties`] asks ([`TieMarks`]).
+pub struct KeyWords<'a> {
+    layout: &'a KeyLayout,
+    words: &'a [&'a [u32]],
+}
+
+impl<'a> KeyWords<'a> {
+    /// The sorted `words` of keys of `layout`.
+    pub fn new(layout: &'a KeyLayout, words: &'a [&'a [u32]]) -> Self {
+        Self { layout, words }
+    }
+}
+
+impl KeyWords<'_> {
+    /// The [`TieBitmaps`] pair of field `s` (rows that agree with the row before them through
+    /// it, rows whose value was truncated), computed here: what the GPU backend computes on the
+    /// device; `None` for a field that is exact or not bytes.
+    pub fn bitmaps(&self, s: usize, rows: usize) -> Option<[Vec<u32>; 2]> {
+        let test = TruncationTest::of(self.layout, s)?;
+        let n = rows;
+        let mut bits = [vec![0u32; n.div_ceil(32)], vec![0u32; n.div_ceil(32)]];
+        for g in self.equal_runs(s, n) {
+            for i in g.start + 1..g.end {
+                bits[0][i / 32] |= 1 << (i % 32);
+            }
+        }
+        for i in 0..n {
+            if test.holds(self.words, self.layout.pad(), i) {
+                bits[1][i / 32] |= 1 << (i % 32);
+            }
+        }
+        Some(bits)
+    }
+}
+
+impl TieMarks for KeyWords<'_> {
+    fn equal_runs(&self, s: usize, rows: usize) -> Vec<Range<usize>> {
+        let masks: Vec<(usize, u32)> = (0..self.words.len())
+            .map(|w| (w, self.layout.word_mask_through(s, w)))
+            .filter(|&(_, m)| m != 0)
+            .collect();
+        let words = self.words;
+        runs(rows, &|i| {
+            masks.iter().all(|&(w, m)| (words[w][i] ^ words[w][i - 1]) & m == 0)
+        })
+    }
+
+    fn truncated(&self, s: usize, row: usize) -> bool {
+        TruncationTest::of(self.layout, s).is_some_and(|t| t.holds(self.words, self.layout.pad(), row))
+    }
+}
+
+/// [`TieMarks`] as bitmaps over the sorted rows (bit `i % 32` of word `i / 32` is row `i`), one
+/// pair a field: rows that agree with the row before them through the field, and rows whose
+/// value was truncated. The GPU backend computes them on the device and downloads these bits
+/// instead of the key.
+pub struct TieBitmaps<'a> {
+    fields: Vec<Option<[&'a [u32]; 2]>>,
+}
+
+impl<'a> TieBitmaps<'a> {
+    /// For each field its (agrees, truncated) bitmaps, or `None` for a field that has no ties
+    /// to find.
+    pub fn new(fields: Vec<Option<[&'a [u32]; 2]>>) -> Self {
+        Self { fields }
+    }
+
+    fn bit(bits: &[u32], i: usize) -> bool {
+        bits[i / 32] >> (i % 32) & 1 == 1
+    }
+}
+
+impl TieMarks for TieBitmaps<'_> {
+    fn equal_runs(&self, s: usize, rows: usize) -> Vec<Range<usize>> {
+        match self.fields.get(s) {
+            Some(Some([agrees, _])) => runs(rows, &|i| Self::bit(agrees, i)),
+            _ => vec![],
+        }
+    }
+
+    fn truncated(&self, s: usize, row: usize) -> bool {
+        matches!(self.fields.get(s), Some(Some([_, t])) if Self::bit(t, row))
+    }
+}
+
 /// Finds the tie groups of `layout`'s inexact fields in the sorted `words` and orders
 /// them by `sort_columns` (one per field, as [`crate::keys::KeyEncoder::sort_columns`]
 /// gives them). `perm` maps sorted positions to input rows and is reordered inside each
@@ -51,7 +206,8 @@ pub fn resolve_ties(
     words: &[&[u32]],
     perm: &mut [u32],
 ) -> Result<Vec<Range<usize>>> {
-    Ok(find_ties(layout, sort_columns, words, perm, &|_, _| false)?.resolved)
+    let marks = KeyWords::new(layout, words);
+    Ok(find_ties(layout, sort_columns, &marks, perm, &|_, _| false)?.resolved)
 }
 
 /// Tie groups of one field whose order [`find_ties`] left to its caller: every later field is
@@ -78,13 +234,14 @@ pub struct Ties {
     pub deferred: Vec<TailGroups>,
 }
 
-/// [`resolve_ties`], but the groups of a field whose later fields are exact and that `defer`
-/// takes (given the field's column and groups) are left as they are and returned ([`Ties::deferred`]), for the caller to
-/// order elsewhere (the GPU backend orders them on the device).
+/// [`resolve_ties`] over the key as `marks` read it, but the groups of a field whose later
+/// fields are exact and that `defer` takes (given the field's column and groups) are left as
+/// they are and returned ([`Ties::deferred`]), for the caller to order elsewhere (the GPU
+/// backend orders them on the device).
 pub fn find_ties(
     layout: &KeyLayout,
     sort_columns: &[SortColumn],
-    words: &[&[u32]],
+    marks: &dyn TieMarks,
     perm: &mut [u32],
     defer: &dyn Fn(&SortColumn, &[Range<usize>]) -> bool,
 ) -> Result<Ties> {
@@ -92,49 +249,19 @@ pub fn find_ties(
     let mut resolved: Vec<Range<usize>> = vec![];
     let mut deferred = vec![];
     for (s, field) in layout.fields().iter().enumerate() {
-        if field.exact || n < 2 {
-            continue;
-        }
         let FieldEncoding::Bytes {
             common_prefix,
             prefix_bytes,
-            len_min,
-            len_max,
             ..
         } = field.encoding
         else {
             continue;
         };
-        // Where truncation shows in the key: the capped length (prefix + 1) in the length bits.
-        let cap = prefix_bytes as u32 + 1;
-        let len_bits = (len_max - len_min).bit_len();
-        let truncated_code = if field.options.descending {
-            len_max.wrapping_sub(cap)
-        } else {
-            cap.wrapping_sub(len_min)
-        } as u64;
-        let pad = layout.pad();
-        let is_truncated = |row: usize| {
-            if field.null_bits == 1 {
-                let flag = bits_at(words, pad, row, field.pos, 1);
-                if flag != field.options.nulls_first as u64 {
-                    return false; // a null
-                }
-            }
-            if len_bits == 0 {
-                len_min == cap
-            } else {
-                bits_at(words, pad, row, field.end() - len_bits, len_bits) == truncated_code
-            }
-        };
-        let masks: Vec<(usize, u32)> = (0..words.len())
-            .map(|w| (w, layout.word_mask_through(s, w)))
-            .filter(|&(_, m)| m != 0)
-            .collect();
-        let same = |i: usize| masks.iter().all(|&(w, m)| (words[w][i] ^ words[w][i - 1]) & m == 0);
-        let groups: Vec<Range<usize>> = runs(n, &same)
-            .into_iter()
-            .filter(|g| is_truncated(g.start) && !inside(&resolved, g))
+        if field.exact || n < 2 {
+            continue;
+        }
+        let groups: Vec<Range<usize>> = (marks.equal_runs(s, n).into_iter())
+            .filter(|g| marks.truncated(s, g.start) && !inside(&resolved, g))
             .collect();
         if groups.is_empty() {
             continue;
@@ -157,22 +284,29 @@ pub fn find_ties(
             resolved.sort_by_key(|r| r.start);
             continue;
         }
-        let cmp = LexicographicalComparator::try_new(&sort_columns[s..])?;
-        let base = perm.as_mut_ptr() as usize;
-        groups.par_iter().for_each(|g| {
-            // SAFETY: groups are disjoint ranges of `perm`.
-            let slice = unsafe { std::slice::from_raw_parts_mut((base as *mut u32).add(g.start), g.len()) };
-            let order = |a: &u32, b: &u32| cmp.compare(*a as usize, *b as usize).then(a.cmp(b));
-            if slice.len() > 4096 {
-                slice.par_sort_unstable_by(order);
-            } else {
-                slice.sort_unstable_by(order);
-            }
-        });
+        sort_groups(&sort_columns[s..], &groups, perm)?;
         resolved.extend(groups);
         resolved.sort_by_key(|r| r.start);
     }
     Ok(Ties { resolved, deferred })
+}
+
+/// Orders each of `groups` (disjoint ranges of `perm`) by comparing the full values of
+/// `sort_columns`, the input row last, in parallel.
+fn sort_groups(sort_columns: &[SortColumn], groups: &[Range<usize>], perm: &mut [u32]) -> Result<()> {
+    let cmp = LexicographicalComparator::try_new(sort_columns)?;
+    let base = perm.as_mut_ptr() as usize;
+    groups.par_iter().for_each(|g| {
+        // SAFETY: groups are disjoint ranges of `perm`.
+        let slice = unsafe { std::slice::from_raw_parts_mut((base as *mut u32).add(g.start), g.len()) };
+        let order = |a: &u32, b: &u32| cmp.compare(*a as usize, *b as usize).then(a.cmp(b));
+        if slice.len() > 4096 {
+            slice.par_sort_unstable_by(order);
+        } else {
+            slice.sort_unstable_by(order);
+        }
+    });
+    Ok(())
 }
 
 /// Orders each group of `perm` (disjoint ranges whose rows share `column`'s first `skip`
@@ -400,6 +534,72 @@ mod tests {
         assert!(runs(1, &|_| true).is_empty());
         assert_eq!(runs(2, &|_| true), vec![0..2]);
         assert_eq!(runs(3, &|i| i == 2), vec![1..3]);
+    }
+
+    /// Ties found through the device's bitmaps ([`TieBitmaps`]) are the ties found in the key
+    /// words ([`KeyWords`]): the same groups, ordered the same, for strings ASC and DESC, nulls
+    /// first and last, with nulls, values as long as the prefix, and a later exact key.
+    #[test]
+    fn bitmaps_find_the_ties_the_key_words_find() {
+        use std::sync::Arc;
+
+        use arrow::array::{ArrayRef, Int32Array, RecordBatch, StringArray};
+        use arrow::datatypes::{Field, Schema};
+
+        use crate::keys::{EncoderOptions, KeyEncoder};
+        use crate::spec::{SortKey, SortSpec};
+
+        let n = 3000;
+        let s: StringArray = (0..n)
+            .map(|i| match i % 7 {
+                0 => None,
+                1 => Some(format!("{:02}", i % 40)),
+                2 => Some(format!("{}", i % 10)),
+                _ => Some(format!("{:02}-shared-{}-{}", i % 40, i % 5, (i * 37) % 101)),
+            })
+            .collect();
+        let b = Int32Array::from_iter_values((0..n).map(|i| (i % 4) as i32));
+        let cols: Vec<ArrayRef> = vec![Arc::new(s), Arc::new(b)];
+        let schema = Schema::new(vec![
+            Field::new("s", cols[0].data_type().clone(), true),
+            Field::new("b", cols[1].data_type().clone(), false),
+        ]);
+        let batch = RecordBatch::try_new(Arc::new(schema), cols).unwrap();
+        for (descending, nulls_first) in [(false, false), (true, true), (true, false)] {
+            for later in [false, true] {
+                let mut keys = vec![SortKey::new(0, descending, nulls_first)];
+                if later {
+                    keys.push(SortKey::new(1, false, false));
+                }
+                let enc =
+                    KeyEncoder::try_new(&batch, &SortSpec::new(keys), &EncoderOptions { max_prefix_bytes: 2 }).unwrap();
+                let encoded = enc.encode();
+                let mut order: Vec<u32> = (0..n as u32).collect();
+                order.sort_by_key(|&r| encoded.words.iter().map(|w| w[r as usize]).collect::<Vec<_>>());
+                let sorted: Vec<Vec<u32>> = (encoded.words.iter())
+                    .map(|w| order.iter().map(|&r| w[r as usize]).collect())
+                    .collect();
+                let views: Vec<&[u32]> = sorted.iter().map(Vec::as_slice).collect();
+                let layout = enc.layout();
+                let words = KeyWords::new(layout, &views);
+                let bitmaps: Vec<Option<[Vec<u32>; 2]>> =
+                    (0..layout.fields().len()).map(|f| words.bitmaps(f, n)).collect();
+                assert!(bitmaps[0].is_some() && bitmaps.iter().skip(1).all(Option::is_none));
+                let bits = TieBitmaps::new(
+                    bitmaps
+                        .iter()
+                        .map(|b| b.as_ref().map(|[a, t]| [&a[..], &t[..]]))
+                        .collect(),
+                );
+                let (mut by_words, mut by_bits) = (order.clone(), order.clone());
+                let cols = enc.sort_columns();
+                let from_words = find_ties(layout, cols, &words, &mut by_words, &|_, _| false).unwrap();
+                let from_bits = find_ties(layout, cols, &bits, &mut by_bits, &|_, _| false).unwrap();
+                assert!(from_words.resolved.len() > 10, "{descending} {nulls_first} {later}");
+                assert_eq!(from_words, from_bits);
+                assert_eq!(by_words, by_bits);
+            }
+        }
     }
 
     #[test]

@@ -506,7 +506,7 @@ impl GpuSortSession {
         let ties = gpusort::ties::find_ties(
             encoder.layout(),
             columns,
-            &views,
+            &gpusort::ties::KeyWords::new(encoder.layout(), &views),
             sorted.perm.as_words_mut(),
             &|c, groups| {
                 let rows = groups.iter().map(|g| g.len()).sum();
