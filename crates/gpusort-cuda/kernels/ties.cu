@@ -20,6 +20,12 @@
 //   ties_scatter puts the rows back at their groups' positions. The runs still equal go round
 //   again with the next 8 bytes, or to ties_bmcs once they fit a batch.
 //
+// Finding the groups comes first: ties_marks reads the sorted key words once and writes two
+// bitmaps of the sorted rows, the rows whose key agrees with the row before them through the
+// string field, and the rows whose value was cut at the prefix (gpusort::ties::TruncationTest).
+// The host downloads those bits (2 bits a row, not the key's words) and reads the groups from
+// them; the large groups' rounds find their runs still equal the same way.
+//
 // The host gathers the tied rows' bytes past the prefix (their tails) into offsets and bytes,
 // in sorted order (ties.rs): the kernels sort indices of those tails, and ties_place then writes
 // each tail's input row at its sorted position.
@@ -296,5 +302,53 @@ extern "C" __global__ void ties_place(const TieGroup* groups, u32 count, u32 m, 
     for (u32 j = blockIdx.x * blockDim.x + threadIdx.x; j < m; j += gridDim.x * blockDim.x) {
         const TieGroup& g = groups[group_of(groups, count, j)];
         perm[g.start + (j - g.first)] = krow[ks[j]];
+    }
+}
+
+// ---- finding the groups ----
+
+// One key word of the sorted rows, as ties_marks reads it: row i's word is p[i & rows], so a
+// word that does not vary (rows = 0) is one value; `mask` holds the word's bits that a tie
+// compares (0: none).
+struct MarkWord {
+    const u32* p;
+    u32 mask;
+    u32 rows;
+};
+
+// `nbits` (1 to 32) bits of row i's key from bit `g` (counted from word 0's most significant bit).
+__device__ __forceinline__ u32 key_bits(const MarkWord* words, u32 i, u32 g, u32 nbits) {
+    const u32 w = g / 32, off = g % 32;
+    u64 v = (u64)words[w].p[i & words[w].rows] << 32;
+    if (off + nbits > 32) v |= words[w + 1].p[i & words[w + 1].rows];
+    return (u32)((v << off) >> (64 - nbits));
+}
+
+// For each sorted row i of n: bit i of `agree` when its key equals row i - 1's under every word's
+// mask, and bit i of `marked` when its null flag (if has_null: the bit at null_bit) is `present`
+// and its len_bits bits at len_bit equal `code` (len_bits 0: when code is not 0). A warp writes
+// one word of each bitmap per 32 rows.
+extern "C" __global__ void ties_marks(const MarkWord* words, u32 nwords, u32 n, u32 has_null, u32 null_bit,
+                                      u32 present, u32 len_bit, u32 len_bits, u32 code, u32* agree, u32* marked) {
+    const u32 lane = threadIdx.x % 32;
+    const u32 stride = gridDim.x * blockDim.x;
+    for (u32 first = (blockIdx.x * blockDim.x + threadIdx.x) - lane; first < n; first += stride) {
+        const u32 i = first + lane;
+        bool same = false, mark = false;
+        if (i < n) {
+            same = i > 0;
+            for (u32 w = 0; w < nwords && same; w++) {
+                const MarkWord k = words[w];
+                same = ((k.p[i & k.rows] ^ k.p[(i - 1) & k.rows]) & k.mask) == 0;
+            }
+            mark = !has_null || key_bits(words, i, null_bit, 1) == present;
+            mark = mark && (len_bits == 0 ? code != 0 : key_bits(words, i, len_bit, len_bits) == code);
+        }
+        const u32 a = __ballot_sync(0xffffffffu, same);
+        const u32 m = __ballot_sync(0xffffffffu, mark);
+        if (lane == 0) {
+            agree[first / 32] = a;
+            marked[first / 32] = m;
+        }
     }
 }

@@ -688,6 +688,8 @@ pub struct Kernels {
     pub ties_scatter: CudaFunction,
     /// Ordered tails' input rows at their groups' positions in the permutation.
     pub ties_place: CudaFunction,
+    /// Bitmaps of the sorted rows equal to the row before, and of those whose value was cut.
+    pub ties_marks: CudaFunction,
     /// The dynamic shared memory the scatters, the one-sweep pass and the MSD kernels may use
     /// (their `MAX_DYNAMIC_SHARED_SIZE_BYTES`): a sort needing more does not use them.
     pub smem: DynSmem,
@@ -808,6 +810,7 @@ impl Kernels {
             ties_keys: f("ties_keys")?,
             ties_scatter: f("ties_scatter")?,
             ties_place: f("ties_place")?,
+            ties_marks: f("ties_marks")?,
             modules: modules.clone(),
             smem: DynSmem::default(),
         };
@@ -1185,7 +1188,10 @@ mod tests {
             ),
             ("keys.cu", &["key_bounds", "encode_keys"]),
             ("presorted.cu", &["order_scan", "reverse_rows", "reverse_iota"]),
-            ("ties.cu", &["ties_bmcs", "ties_keys", "ties_scatter", "ties_place"]),
+            (
+                "ties.cu",
+                &["ties_bmcs", "ties_keys", "ties_scatter", "ties_place", "ties_marks"],
+            ),
         ];
         for (family, names) in kernels {
             let (_, source) = programs.iter().find(|(n, _)| n == family).unwrap();

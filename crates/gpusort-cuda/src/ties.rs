@@ -22,13 +22,14 @@ use arrow::buffer::{Buffer, ScalarBuffer};
 use arrow::compute::SortColumn;
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 use gpusort::plan::{Strategy, radix_passes};
-use gpusort::ties::TailGroups;
+use gpusort::ties::{TailGroups, TieBitmaps, TieMarks, TruncationTest};
 use rayon::prelude::*;
 
 use crate::error::Result;
 use crate::gpu::{Gpu, rows_u32};
 use crate::kernels::{TIES_BLOCK, TIES_CAP, TIES_MAX_ROUNDS};
 use crate::memory::device_bytes_needed;
+use crate::pinned::HostBuffer;
 use crate::table::{DeviceColumn, DeviceTable, GpuSortPlan};
 use crate::transfer::Transfers;
 
@@ -383,7 +384,7 @@ impl Gpu {
     }
 
     /// The runs of equal sorted key words (`ties_keys`' four) whose values go on past these 8
-    /// bytes, as ranges of sorted positions of `groups`.
+    /// bytes, as ranges of sorted positions of `groups`: found in [`Self::tie_marks`]'s bits.
     fn equal_runs(
         &self,
         keys: &[CudaSlice<u32>],
@@ -392,30 +393,123 @@ impl Gpu {
         copies: &mut Transfers,
     ) -> Result<Vec<Range<usize>>> {
         let m: usize = groups.iter().map(|g| g.len()).sum();
-        let pool = crate::pinned::PinnedPool::global();
-        let mut host = vec![];
-        for k in keys {
-            let mut h = pool.transfer_buffer(4 * m);
-            // SAFETY: read after the synchronization below.
-            unsafe { copies.download_words(k, &mut h) }?;
-            host.push(h);
-        }
-        self.stream().synchronize()?;
-        let w: Vec<&[u32]> = host.iter().map(|h| h.as_words()).collect();
-        let same = |k: usize| w.iter().all(|w| w[k] == w[k - 1]);
-        let more = if descending { 0 } else { 9 };
+        let words: Vec<SortedWord<'_>> = keys.iter().map(|k| SortedWord::Varying(k, u32::MAX)).collect();
+        // The bytes-left code (word 3) of a value that goes on.
+        let more = TruncationTest {
+            null_flag: None,
+            length: (96, 32, if descending { 0 } else { 9 }),
+        };
+        let [agree, marked] = self.tie_marks(&words, 0, &more, m, copies)?;
+        let marks = TieBitmaps::new(vec![Some([agree.as_words(), marked.as_words()])]);
         let firsts = firsts(groups);
-        Ok(gpusort::ties::runs(m, &same)
-            .into_iter()
-            .filter(|r| w[3][r.start] == more)
+        Ok((marks.equal_runs(0, m).into_iter())
+            .filter(|r| marks.truncated(0, r.start))
             .map(|r| {
-                let g = w[0][r.start] as usize;
+                let g = firsts.partition_point(|&f| f <= r.start) - 1;
                 let start = groups[g].start + (r.start - firsts[g]);
                 start..start + r.len()
             })
             .collect())
     }
+
+    /// The [`TieBitmaps`] pair of `n` sorted rows of a key of `words` (with `pad` leading bits):
+    /// the rows whose key agrees with the row before them under the words' masks, and the rows
+    /// whose bits pass `test`. Computed on the device (`ties_marks`, one read of the words) and
+    /// downloaded: 2 bits a row instead of the key's words (11 words a row for lineitem's
+    /// `l_comment` list, whose download and host scan took ~0.5 s at SF10 in stop 26). The
+    /// bitmaps (1/16 byte a row) fit in the session's reservation, which held a second copy of
+    /// the key (at least 4 bytes a row) for the sort that has finished.
+    pub(crate) fn tie_marks(
+        &self,
+        words: &[SortedWord<'_>],
+        pad: u32,
+        test: &TruncationTest,
+        n: usize,
+        copies: &mut Transfers,
+    ) -> Result<[HostBuffer; 2]> {
+        let s = self.stream();
+        let constants: Vec<u32> = (words.iter())
+            .map(|w| match w {
+                SortedWord::Constant(v) => *v,
+                SortedWord::Varying(..) => 0,
+            })
+            .collect();
+        let constants_dev = s.clone_htod(&constants)?;
+        let base = constants_dev.device_ptr(s).0;
+        let table: Vec<MarkWordArg> = (words.iter().enumerate())
+            .map(|(w, word)| match word {
+                SortedWord::Varying(dev, mask) => MarkWordArg {
+                    p: dev.device_ptr(s).0,
+                    mask: *mask,
+                    rows: u32::MAX,
+                },
+                SortedWord::Constant(_) => MarkWordArg {
+                    p: base + 4 * w as u64,
+                    mask: 0,
+                    rows: 0,
+                },
+            })
+            .collect();
+        let table_dev = s.clone_htod(&table)?;
+        let bits_words = n.div_ceil(32);
+        let (agree, marked) = (self.alloc_words(bits_words)?, self.alloc_words(bits_words)?);
+        let (nwords, n32) = (words.len() as u32, rows_u32(n)?);
+        let (has_null, null_bit, present) = match test.null_flag {
+            Some((pos, present)) => (1u32, pad + pos, present),
+            None => (0, 0, 0),
+        };
+        let (len_pos, len_bits, code) = test.length;
+        let len_bit = if len_bits == 0 { 0 } else { pad + len_pos };
+        // SAFETY: the table holds `nwords` words of at least `n` rows each (or one value, read
+        // at index 0); each bitmap holds a word per 32 rows.
+        unsafe {
+            s.launch_builder(&self.kernels()?.ties_marks)
+                .arg(&table_dev)
+                .arg(&nwords)
+                .arg(&n32)
+                .arg(&has_null)
+                .arg(&null_bit)
+                .arg(&present)
+                .arg(&len_bit)
+                .arg(&len_bits)
+                .arg(&code)
+                .arg(&agree)
+                .arg(&marked)
+                .launch(self.grid_for(n))?
+        };
+        let pool = crate::pinned::PinnedPool::global();
+        let mut host = [
+            pool.transfer_buffer(4 * bits_words),
+            pool.transfer_buffer(4 * bits_words),
+        ];
+        for (dev, h) in [&agree, &marked].into_iter().zip(&mut host) {
+            // SAFETY: read after the synchronization below.
+            unsafe { copies.download_words(dev, h) }?;
+        }
+        s.synchronize()?;
+        Ok(host)
+    }
 }
+
+/// One word of a sorted key on the device, as [`Gpu::tie_marks`] reads it.
+pub(crate) enum SortedWord<'a> {
+    /// The word's sorted values, and its bits a tie compares.
+    Varying(&'a CudaSlice<u32>, u32),
+    /// A word every row shares: its value.
+    Constant(u32),
+}
+
+/// `MarkWord` (ties.cu): row i's word is `p[i & rows]`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct MarkWordArg {
+    p: u64,
+    mask: u32,
+    rows: u32,
+}
+
+// SAFETY: a device address and two words, laid out as the kernel's struct.
+unsafe impl DeviceRepr for MarkWordArg {}
 
 /// Where each of `groups`' rows start among all their rows, group after group.
 fn firsts(groups: &[Range<usize>]) -> Vec<usize> {
@@ -434,4 +528,71 @@ fn group_table(groups: &[Range<usize>], firsts: &[usize]) -> Result<Vec<u32>> {
         table.extend([rows_u32(g.start)?, rows_u32(g.len())?, rows_u32(f)?, 0]);
     }
     Ok(table)
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::rngs::SmallRng;
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+    use crate::kernels::KernelCache;
+
+    /// `ties_marks` on the GPU writes the bits the host reads from the same words: neighbours
+    /// equal under each word's mask (a constant word among them), and rows whose null flag and
+    /// length bits (across a word boundary, after a pad) pass the test, over a row count that
+    /// is not a multiple of 32.
+    #[test]
+    fn tie_marks_are_the_host_s() {
+        let gpu = match Gpu::open(0, &KernelCache::from_env()) {
+            Ok(gpu) => gpu,
+            Err(e) => return crate::test_support::not_run("TIE MARKS GPU TEST", e),
+        };
+        let n = 100_003;
+        let mut rng = SmallRng::seed_from_u64(27);
+        // Few distinct values, so that many neighbours agree.
+        let words: Vec<Vec<u32>> = (0..4)
+            .map(|w| match w {
+                2 => vec![0x8000_0001; n],
+                _ => (0..n)
+                    .map(|_| rng.random_range(0..3u32) << 30 | rng.random_range(0..2u32))
+                    .collect(),
+            })
+            .collect();
+        let views: Vec<&[u32]> = words.iter().map(Vec::as_slice).collect();
+        let masks = [u32::MAX, 0xC000_0000, u32::MAX, 0];
+        let pad = 3;
+        let tests = [
+            TruncationTest {
+                null_flag: Some((0, 1)),
+                length: (28, 3, 2),
+            },
+            TruncationTest {
+                null_flag: None,
+                length: (0, 0, 1),
+            },
+            TruncationTest {
+                null_flag: Some((32 - pad, 0)),
+                length: (0, 0, 0),
+            },
+        ];
+        let s = gpu.stream();
+        let dev: Vec<CudaSlice<u32>> = words.iter().map(|w| s.clone_htod(w).unwrap()).collect();
+        let sorted: Vec<SortedWord<'_>> = (dev.iter().zip(masks).enumerate())
+            .map(|(w, (d, m))| match w {
+                2 => SortedWord::Constant(words[2][0]),
+                _ => SortedWord::Varying(d, m),
+            })
+            .collect();
+        let mut copies = Transfers::new(s);
+        for test in &tests {
+            let [agree, marked] = gpu.tie_marks(&sorted, pad, test, n, &mut copies).unwrap();
+            for i in 0..n {
+                let same = i > 0 && (0..4).all(|w| (words[w][i] ^ words[w][i - 1]) & masks[w] == 0);
+                let bit = |b: &HostBuffer| b.as_words()[i / 32] >> (i % 32) & 1 == 1;
+                assert_eq!(bit(&agree), same, "row {i}");
+                assert_eq!(bit(&marked), test.holds(&views, pad, i), "row {i}, {test:?}");
+            }
+        }
+    }
 }

@@ -14,7 +14,7 @@ use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr, result};
 use gpusort::cpu::gather::{concat_column, fixed_array, gather_column};
 use gpusort::keys::{KeyLayout, OrdinalKind, native_ordinal_kind};
 use gpusort::plan::{RecordMove, Strategy, radix_passes};
-use gpusort::ties::TailGroups;
+use gpusort::ties::{TailGroups, TieBitmaps, TruncationTest};
 use gpusort::{KeyEncoder, SortKey, SortOutput, SortSpec, SortStats};
 use rayon::prelude::*;
 
@@ -26,7 +26,7 @@ use crate::gpu::Gpu;
 use crate::memory::{DeviceReservation, device_bytes_needed};
 use crate::pinned::{HostBuffer, PinnedPool};
 use crate::table::{DeviceColumn, DeviceTable, GpuSortPlan};
-use crate::ties::GatheredTails;
+use crate::ties::{GatheredTails, SortedWord};
 use crate::transfer::Transfers;
 
 /// Keys encoded on the host: the encoder (its layout, and the columns tied rows are ordered
@@ -457,11 +457,12 @@ impl GpuSortSession {
         Ok(DeviceKeyWords { words, varying, bits })
     }
 
-    /// Rows whose truncated string prefixes tie, found in the sorted key words downloaded
-    /// ([`gpusort::ties::find_ties`]): the groups of a field whose later fields are exact are
-    /// ordered on the device by the bytes past the prefix ([`Self::order_tails_on_device`]),
-    /// the others on the host by their whole values, and the corrected permutation goes back
-    /// up for the gathers. Nothing to do for an exact key.
+    /// Rows whose truncated string prefixes tie, found in bitmaps of the sorted key computed
+    /// on the device ([`Self::tie_bitmaps`], [`gpusort::ties::find_ties`]): the groups of a
+    /// field whose later fields are exact are ordered on the device by the bytes past the
+    /// prefix ([`Self::order_tails_on_device`]), the others on the host by their whole values,
+    /// and the corrected permutation goes back up for the gathers. Nothing to do for an exact
+    /// key.
     fn order_ties(
         &self,
         keys: &KeySource,
@@ -471,49 +472,32 @@ impl GpuSortSession {
         stats: &mut SortStats,
     ) -> Result<()> {
         let n = self.rows;
-        let KeySource::Host(HostKeys {
-            encoder,
-            words,
-            varying,
-        }) = keys
-        else {
+        let KeySource::Host(host_keys) = keys else {
             return Ok(());
         };
+        let encoder = &host_keys.encoder;
         if encoder.layout().is_exact() || n <= 1 {
             return Ok(());
         }
-        let pool = PinnedPool::global();
-        let mut downloaded: Vec<Option<HostBuffer>> = vec![];
-        for (w, v) in sorted.table.keys.iter().zip(varying) {
-            downloaded.push(if *v != 0 {
-                let mut host = pool.transfer_buffer(4 * n);
-                // SAFETY: synchronized below, before any read.
-                unsafe { copies.download_words(w, &mut host) }?;
-                Some(host)
-            } else {
-                None
-            });
-        }
-        self.gpu.stream().synchronize()?;
-        // Constant words are sorted in any order.
-        let views: Vec<&[u32]> = downloaded
-            .iter()
-            .zip(words)
-            .map(|(s, original)| s.as_ref().unwrap_or(original).as_words())
-            .collect();
+        let bitmaps = self.tie_bitmaps(host_keys, &sorted.table.keys, copies)?;
+        let marks = TieBitmaps::new(
+            (bitmaps.iter())
+                .map(|b| b.as_ref().map(|[a, t]| [a.as_words(), t.as_words()]))
+                .collect(),
+        );
         let columns = encoder.sort_columns();
         let device_ties = self.gpu.options().device_ties;
         let ties = gpusort::ties::find_ties(
             encoder.layout(),
             columns,
-            &gpusort::ties::KeyWords::new(encoder.layout(), &views),
+            &marks,
             sorted.perm.as_words_mut(),
             &|c, groups| {
                 let rows = groups.iter().map(|g| g.len()).sum();
                 device_ties.on_device(groups.len(), rows) && GatheredTails::takes(c)
             },
         )?;
-        drop(downloaded);
+        drop(bitmaps);
         log::debug!(target: "gpusort::timeline", "session: {} tie groups found", ties.resolved.len());
         stats.tie_groups = ties.resolved.len();
         if ties.resolved.is_empty() {
@@ -532,6 +516,41 @@ impl GpuSortSession {
             stats.device_tie_groups = ties.deferred.iter().map(|t| t.groups.len()).sum();
         }
         Ok(())
+    }
+
+    /// For each field of `keys` whose ties are to be found ([`TruncationTest::of`]), the
+    /// bitmaps of its sorted rows equal to the row before through it and of its truncated
+    /// values ([`Gpu::tie_marks`]), read from the sorted key words `sorted_keys` on the device
+    /// (a word that does not vary is the host's value).
+    fn tie_bitmaps(
+        &self,
+        keys: &HostKeys,
+        sorted_keys: &[CudaSlice<u32>],
+        copies: &mut Transfers,
+    ) -> Result<Vec<Option<[HostBuffer; 2]>>> {
+        let layout = keys.encoder.layout();
+        let mut bitmaps = vec![];
+        for s in 0..layout.fields().len() {
+            let Some(test) = TruncationTest::of(layout, s) else {
+                bitmaps.push(None);
+                continue;
+            };
+            let words: Vec<SortedWord<'_>> = (sorted_keys.iter().zip(&keys.varying).zip(&keys.words))
+                .enumerate()
+                .map(|(w, ((dev, &v), host))| match v {
+                    0 => SortedWord::Constant(host.as_words()[0]),
+                    _ => SortedWord::Varying(dev, layout.word_mask_through(s, w)),
+                })
+                .collect();
+            bitmaps.push(Some(self.gpu.tie_marks(
+                &words,
+                layout.pad(),
+                &test,
+                self.rows,
+                copies,
+            )?));
+        }
+        Ok(bitmaps)
     }
 
     /// `tails`' groups ordered on the device in `sorted.perm_dev` by their `gathered` tails
