@@ -337,17 +337,16 @@ impl<S: BytesSource> BytesField<S> {
     }
 
     #[inline(always)]
-    fn write_value(&self, w: &KeyWriter, row: usize, mut pos: u32) {
+    fn write_value(&self, w: &KeyWriter, row: usize, pos: u32) {
         let b = self.src.bytes(row);
         let tail = &b[self.lcp.min(b.len())..];
         let invert = if self.descending { u64::MAX } else { 0 };
+        // SAFETY: rows of one range are written by one thread; the field fits the key.
+        let mut sink = unsafe { w.sink(row, pos) };
         let mut start = 0;
         while start < self.prefix {
             let take = (self.prefix - start).min(8);
-            let piece = load_be(tail, start, take) ^ invert;
-            // SAFETY: rows of one range are written by one thread; the field fits the key.
-            unsafe { w.put(row, pos, piece, take as u32 * 8) };
-            pos += take as u32 * 8;
+            sink.push(load_be(tail, start, take) ^ invert, take as u32 * 8);
             start += take;
         }
         if self.len_bits > 0 {
@@ -357,8 +356,7 @@ impl<S: BytesSource> BytesField<S> {
             } else {
                 l - self.len_min
             };
-            // SAFETY: as above.
-            unsafe { w.put(row, pos, l as u64, self.len_bits) };
+            sink.push(l as u64, self.len_bits);
         }
     }
 }
@@ -389,10 +387,23 @@ fn load_be(b: &[u8], start: usize, count: usize) -> u64 {
     let v = if b.len() >= start + 8 {
         u64::from_be_bytes(b[start..start + 8].try_into().unwrap())
     } else {
-        let mut buf = [0u8; 8];
+        // Fewer than 8 bytes left: 4, 2 and 1 at a time (no call of memcpy for a few bytes).
         let avail = &b[start.min(b.len())..];
-        buf[..avail.len()].copy_from_slice(avail);
-        u64::from_be_bytes(buf)
+        let (mut v, mut p, mut shift) = (0u64, 0, 64);
+        if avail.len() >= 4 {
+            shift -= 32;
+            v |= (u32::from_be_bytes(avail[..4].try_into().unwrap()) as u64) << shift;
+            p = 4;
+        }
+        if avail.len() - p >= 2 {
+            shift -= 16;
+            v |= (u16::from_be_bytes(avail[p..p + 2].try_into().unwrap()) as u64) << shift;
+            p += 2;
+        }
+        if avail.len() > p {
+            v |= (avail[p] as u64) << (shift - 8);
+        }
+        v
     };
     v >> (64 - 8 * count as u32)
 }
@@ -676,5 +687,20 @@ mod tests {
         assert_eq!(load_be(b"abcdefghij", 2, 8), u64::from_be_bytes(*b"cdefghij"));
         assert_eq!(load_be(b"abc", 5, 2), 0);
         assert_eq!(load_be(b"abcdefghij", 8, 3), 0x696a00);
+        // Every length left past `start` (0 to 7 read 4, 2 and 1 bytes at a time, 8 and more
+        // at once) against a zero-padded copy.
+        let bytes: Vec<u8> = (1..=24).collect();
+        for len in 0..=bytes.len() {
+            for start in 0..=len + 2 {
+                for count in 1..=8 {
+                    let mut padded = [0u8; 8];
+                    for (i, p) in padded.iter_mut().enumerate().take(count) {
+                        *p = bytes[..len].get(start + i).copied().unwrap_or(0);
+                    }
+                    let want = u64::from_be_bytes(padded) >> (64 - 8 * count as u32);
+                    assert_eq!(load_be(&bytes[..len], start, count), want, "{len} {start} {count}");
+                }
+            }
+        }
     }
 }

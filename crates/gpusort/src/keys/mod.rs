@@ -299,6 +299,12 @@ pub struct EncodedKeys {
     pub num_rows: usize,
 }
 
+/// Rows of a key tile: every field is written into a tile before the next tile is cleared, so
+/// that its words (at most 16 a row of 4 bytes: 32 KiB) stay in the first-level cache while the
+/// fields OR their bits in. Measured on 2 cores (stop 27; 6M rows of an l_comment-like string,
+/// an i64 and an i32): 55-59 ns a row a thread, against 62-72 with whole chunks of 16K rows.
+pub const ENCODE_TILE: usize = 512;
+
 /// Builds the keys of a batch: analyzes the sort columns once ([`KeyEncoder::try_new`]),
 /// then writes the keys ([`KeyEncoder::encode`]).
 pub struct KeyEncoder {
@@ -416,7 +422,9 @@ impl KeyEncoder {
     /// found while the rows are in cache: a bit varies when it is set in some row (OR over the
     /// rows) and clear in another (AND over the rows).
     ///
-    /// Rows are written in parallel chunks, each cleared first, so the destination may be
+    /// Rows are written in parallel chunks, each cleared first (a tile of [`ENCODE_TILE`] rows
+    /// at a time, so that the fields' bits are ORed into words still in the core's first-level
+    /// cache), so the destination may be
     /// recycled memory (a pinned buffer of a transfer pool).
     pub fn encode_into(&self, words: &mut [&mut [u32]]) -> Vec<u32> {
         let n = self.num_rows;
@@ -431,11 +439,14 @@ impl KeyEncoder {
             .into_par_iter()
             .map(|c| {
                 let rows = c * CHUNK..n.min((c + 1) * CHUNK);
-                // SAFETY: each chunk clears and writes its own rows.
-                unsafe { writer.clear(rows.clone()) };
-                for (f, built) in self.layout.fields.iter().zip(&self.fields) {
-                    if f.bits() > 0 {
-                        built.encoder.encode(rows.clone(), &built.flag, &writer, f.pos);
+                for tile in rows.clone().step_by(ENCODE_TILE) {
+                    let tile = tile..rows.end.min(tile + ENCODE_TILE);
+                    // SAFETY: each chunk clears and writes its own rows.
+                    unsafe { writer.clear(tile.clone()) };
+                    for (f, built) in self.layout.fields.iter().zip(&self.fields) {
+                        if f.bits() > 0 {
+                            built.encoder.encode(tile.clone(), &built.flag, &writer, f.pos);
+                        }
                     }
                 }
                 // SAFETY: as above; the rows were just written.
