@@ -883,14 +883,21 @@ fn tie_strings(rng: &mut SmallRng, n: usize, shape: &str) -> Vec<Option<Vec<u8>>
         .map(|i| {
             let v = match shape {
                 // 300 equal bytes after the first: more rounds than the device takes, in a group
-                // larger than a batch ('a') and in batches ('b', 'c').
+                // larger than a batch ('a') and in batches ('b', 'c'). A tenth of the rows
+                // differ right after the second byte, so that a 2-byte prefix's groups share
+                // nothing past it (the rounds run out, the host finishes), while an 8-byte
+                // prefix's groups share 293 more bytes (skipped, one round).
                 "equal" => {
                     let first = if rng.random_bool(0.8) {
                         b'a'
                     } else {
                         b"bc"[rng.random_range(0..2)]
                     };
-                    [vec![first], vec![b'q'; 300], word(rng, 1)].concat()
+                    if rng.random_bool(0.1) {
+                        [vec![first, b'q', b'r'], word(rng, 4)].concat()
+                    } else {
+                        [vec![first], vec![b'q'; 300], word(rng, 1)].concat()
+                    }
                 }
                 // 60 shared bytes, then a few letters of three: long runs, many rounds.
                 "url" => {

@@ -363,7 +363,7 @@ impl<S: BytesSource> BytesField<S> {
 
 /// Length of the common prefix of `a` and `b`.
 #[inline]
-pub(crate) fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+pub fn common_prefix(a: &[u8], b: &[u8]) -> usize {
     let n = a.len().min(b.len());
     let mut i = 0;
     while i + 8 <= n {

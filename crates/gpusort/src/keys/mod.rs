@@ -34,6 +34,7 @@ use arrow::array::RecordBatch;
 use arrow::compute::{SortColumn, SortOptions};
 use rayon::prelude::*;
 
+pub use field::common_prefix;
 pub use ordinal::{OrdinalKind, U256};
 
 use crate::error::{GpusortError, Result};
