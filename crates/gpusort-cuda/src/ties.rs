@@ -207,9 +207,8 @@ impl Gpu {
         s.synchronize()?;
         // The groups left to the host, from ranges of tails back to ranges of `perm`.
         for (r, skip) in &mut done.left {
-            let g = gathered.firsts.partition_point(|&f| f <= r.start) - 1;
-            let start = tails.groups[g].start + (r.start - gathered.firsts[g]);
-            *r = start..start + r.len();
+            let (g, at) = in_perm(&tails.groups, &gathered.firsts, r);
+            *r = at;
             *skip += tails.skip + gathered.shared[g];
         }
         Ok(done)
@@ -416,11 +415,7 @@ impl Gpu {
         let firsts = firsts(groups);
         Ok((marks.equal_runs(0, m).into_iter())
             .filter(|r| marks.truncated(0, r.start))
-            .map(|r| {
-                let g = firsts.partition_point(|&f| f <= r.start) - 1;
-                let start = groups[g].start + (r.start - firsts[g]);
-                start..start + r.len()
-            })
+            .map(|r| in_perm(groups, &firsts, &r).1)
             .collect())
     }
 
@@ -563,6 +558,14 @@ fn firsts(groups: &[Range<usize>]) -> Vec<usize> {
             Some(*m - g.len())
         })
         .collect()
+}
+
+/// Where `r`, a range of `groups`' rows counted group after group (each group's first at
+/// `firsts`) inside one group, stands in the permutation; and that group.
+fn in_perm(groups: &[Range<usize>], firsts: &[usize], r: &Range<usize>) -> (usize, Range<usize>) {
+    let g = firsts.partition_point(|&f| f <= r.start) - 1;
+    let start = groups[g].start + (r.start - firsts[g]);
+    (g, start..start + r.len())
 }
 
 /// `TieGroup`s (ties.cu) of `groups`, whose rows start at `firsts` among all their rows.

@@ -115,12 +115,17 @@ pub trait TieMarks: Sync {
 pub struct KeyWords<'a> {
     layout: &'a KeyLayout,
     words: &'a [&'a [u32]],
+    /// Each field's [`TruncationTest`].
+    tests: Vec<Option<TruncationTest>>,
 }
 
 impl<'a> KeyWords<'a> {
     /// The sorted `words` of keys of `layout`.
     pub fn new(layout: &'a KeyLayout, words: &'a [&'a [u32]]) -> Self {
-        Self { layout, words }
+        let tests = (0..layout.fields().len())
+            .map(|s| TruncationTest::of(layout, s))
+            .collect();
+        Self { layout, words, tests }
     }
 }
 
@@ -129,7 +134,7 @@ impl KeyWords<'_> {
     /// it, rows whose value was truncated), computed here: what the GPU backend computes on the
     /// device; `None` for a field that is exact or not bytes.
     pub fn bitmaps(&self, s: usize, rows: usize) -> Option<[Vec<u32>; 2]> {
-        let test = TruncationTest::of(self.layout, s)?;
+        let test = self.tests[s]?;
         let n = rows;
         let mut bits = [vec![0u32; n.div_ceil(32)], vec![0u32; n.div_ceil(32)]];
         for g in self.equal_runs(s, n) {
@@ -159,7 +164,7 @@ impl TieMarks for KeyWords<'_> {
     }
 
     fn truncated(&self, s: usize, row: usize) -> bool {
-        TruncationTest::of(self.layout, s).is_some_and(|t| t.holds(self.words, self.layout.pad(), row))
+        self.tests[s].is_some_and(|t| t.holds(self.words, self.layout.pad(), row))
     }
 }
 

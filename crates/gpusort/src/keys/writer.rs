@@ -79,7 +79,9 @@ impl KeyWriter {
 /// Bits written into one row's key from a position on, in order, each word ORed once: what
 /// [`KeyWriter::put`] does piece by piece, without ORing one word again for every piece that
 /// touches it (a chain of stores and loads of one address, where most of a string field's
-/// encoding samples fell in stop 27's profile).
+/// encoding samples fell in stop 27's profile). [`KeyWriter::put`] stays a loop of its own for
+/// single pieces (integers, null flags): a sink of one piece encoded an i64, an i32 with nulls
+/// and an i64 13% slower on 2 cores (30.5 against 26.5 ms for 6M rows).
 pub(crate) struct BitSink<'a> {
     writer: &'a KeyWriter,
     row: usize,
