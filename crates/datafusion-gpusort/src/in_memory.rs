@@ -392,10 +392,13 @@ impl InMemorySorter {
     ///
     /// On the GPU, moving the rows through it costs less than a gather of them on the host:
     /// the host only stages and encodes, and the download lands in reused pinned memory.
+    /// `sorted_runs` (empty: not known) says that the parts are sorted runs of these many rows,
+    /// one after the other, which the device then merges instead of sorting them.
     pub(crate) async fn sort_whole_on_gpu(
         &mut self,
         parts: &[RecordBatch],
         rows: usize,
+        sorted_runs: Vec<usize>,
         limit: Option<usize>,
     ) -> Result<Option<RecordBatch>> {
         if !matches!(self.choose_path(rows)?, SortPath::Gpu(_)) {
@@ -411,6 +414,7 @@ impl InMemorySorter {
         let Some((session, gpu)) = self.session.take() else {
             return Ok(None);
         };
+        let session = session.with_sorted_runs(sorted_runs);
         match self.finish_session(session, gpu, limit).await? {
             Ok(sorted) => Ok(Some(sorted)),
             Err(reason) => {

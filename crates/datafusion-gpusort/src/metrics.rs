@@ -136,6 +136,9 @@ pub struct GpuSortMetrics {
     /// Steps of the final merge by key ranges (each a sort of one key range of all runs); 0
     /// when the row-by-row heap merge ran instead (too little memory for a step).
     pub range_merge_steps: Count,
+    /// Of those steps, the ones whose runs the GPU merged (`merge.cu`) instead of sorting
+    /// their rows.
+    pub gpu_merged_steps: Count,
     /// Time spent writing runs to disk (sorting them is in `sort_time`).
     pub spill_time: Time,
     /// Time spent merging runs (the final merge is also in `elapsed_compute`).
@@ -186,6 +189,7 @@ impl GpuSortMetrics {
             intermediate_merges: dev().counter("intermediate_merges", partition),
             merge_levels: dev().counter("merge_levels", partition),
             range_merge_steps: dev().counter("range_merge_steps", partition),
+            gpu_merged_steps: dev().counter("gpu_merged_steps", partition),
             spill_time: dev().subset_time("spill_time", partition),
             merge_time: summary().subset_time("merge_time", partition),
             spill: SpillMetrics::new(set, partition),
@@ -222,6 +226,9 @@ impl GpuSortMetrics {
         }
         if let Some(t) = stats.device_time {
             self.kernel_time.add_duration(t);
+        }
+        if stats.merged_runs > 0 {
+            self.gpu_merged_steps.add(1);
         }
         self.device_wait.add_duration(stats.device_wait);
         self.stage_time.add_duration(stats.stage_time);

@@ -8,8 +8,10 @@
 //! every run its loaded rows below the splitter: all rows of the whole input below it, since
 //! each run is sorted and loaded at least that far. Those rows, concatenated in run order,
 //! are sorted — stably, so ties keep their run order, which is input order — on the GPU when
-//! the step's sort is for it (the rows go through a GPU session whole), else by their keys
-//! alone into a permutation that the rows are gathered through in parallel. When no loaded
+//! the step's sort is for it (the rows go through a GPU session whole, told that they are
+//! sorted runs: the device merges them, `merge.cu`, where that takes fewer rounds than its
+//! radix passes), else by their keys alone into a permutation that the rows are gathered
+//! through in parallel. When no loaded
 //! row is below the splitter, the rows equal to it come first in the output: they leave run by
 //! run, unsorted (they are all equal).
 //!
@@ -183,12 +185,13 @@ impl RangeMerge {
         self.step += 1;
         let Some(splitter) = self.load(step).await? else {
             // Every run is loaded to its end: all that is left.
-            let mut parts = vec![];
+            let (mut parts, mut runs) = (vec![], vec![]);
             for r in self.readers.iter_mut() {
                 let n = r.rows;
                 r.take(n, &mut parts);
+                runs.push(n);
             }
-            return self.sort_step(parts, step).await;
+            return self.sort_step(parts, runs, step).await;
         };
         let counts = {
             let _timer = self.metrics.merge_time.timer();
@@ -205,10 +208,10 @@ impl RangeMerge {
             return Ok(Some(self.emit(equal)));
         }
         let mut parts = vec![];
-        for (r, n) in self.readers.iter_mut().zip(counts) {
+        for (r, &n) in self.readers.iter_mut().zip(&counts) {
             r.take(n, &mut parts);
         }
-        self.sort_step(parts, step).await
+        self.sort_step(parts, counts, step).await
     }
 
     /// Compares key columns in the sort's order.
@@ -262,9 +265,15 @@ impl RangeMerge {
         Ok(equal)
     }
 
-    /// Sorts `parts` (a step's rows, in run order) and emits them: whole on the GPU when the
-    /// step is for it, else by their keys and a parallel gather.
-    async fn sort_step(&mut self, parts: Vec<RecordBatch>, step: usize) -> Result<Option<Vec<RecordBatch>>> {
+    /// Sorts `parts` (a step's rows, in run order: `runs` rows of each run, each sorted) and
+    /// emits them: whole on the GPU when the step is for it (where the device merges the runs
+    /// instead of sorting them), else by their keys and a parallel gather.
+    async fn sort_step(
+        &mut self,
+        parts: Vec<RecordBatch>,
+        runs: Vec<usize>,
+        step: usize,
+    ) -> Result<Option<Vec<RecordBatch>>> {
         if parts.is_empty() {
             self.finish();
             return Ok(None);
@@ -273,7 +282,7 @@ impl RangeMerge {
         let limit = (self.remaining != usize::MAX).then_some(self.remaining);
         let rows: usize = parts.iter().map(|p| p.num_rows()).sum();
         log::debug!(target: "gpusort::timeline", "merge step {step}: {rows} rows in {} slices", parts.len());
-        if let Some(sorted) = self.sorter.sort_whole_on_gpu(&parts, rows, limit).await? {
+        if let Some(sorted) = self.sorter.sort_whole_on_gpu(&parts, rows, runs, limit).await? {
             // The step's input (slices of the loaded run batches, often their last
             // references) is freed on another core.
             rayon::spawn(move || drop(parts));

@@ -175,7 +175,8 @@ async fn gpu_sql_fuzz_matches_stock_datafusion() {
 /// The external sort on the GPU: a GPU memory budget far below the input cuts it into runs
 /// (at least 8), each sorted on the GPU; with a small memory pool too, runs spill and their keys
 /// sort on the GPU. Results equal stock DataFusion's stable order, the pool returns to zero and
-/// no spill file is left.
+/// no spill file is left. The merge steps of the wide keys merge their runs on the GPU
+/// (`merge.cu`) rather than sort them.
 #[tokio::test]
 async fn gpu_external_sort_in_budget_sized_runs() {
     if !gpu_present() {
@@ -190,6 +191,7 @@ async fn gpu_external_sort_in_budget_sized_runs() {
         ("gpusort.gpu_memory_limit", "17M"),
     ];
     for pool in [None, Some(3 << 20)] {
+        let mut merged_steps = 0;
         let ours = external::session(true, pool, external::disk_in(tmp.path()), &budget);
         for (q, stable) in external::QUERIES {
             let (expected, _) = external::run(&stock, stable).await.unwrap();
@@ -200,10 +202,13 @@ async fn gpu_external_sort_in_budget_sized_runs() {
                 "{q}, pool {pool:?}"
             );
             let (runs, gpu_sorts) = (external::metric(&m, "runs"), external::metric(&m, "gpu_sorts"));
+            merged_steps += external::metric(&m, "gpu_merged_steps");
             println!(
-                "{q}, pool {pool:?}: {runs} runs ({} for the GPU budget), {gpu_sorts} GPU sorts, {} spill files, path {}",
+                "{q}, pool {pool:?}: {runs} runs ({} for the GPU budget), {gpu_sorts} GPU sorts, {} spill files, {} of {} merge steps merged on the GPU, path {}",
                 external::metric(&m, "budget_runs"),
                 external::metric(&m, "spill_count"),
+                external::metric(&m, "gpu_merged_steps"),
+                external::metric(&m, "range_merge_steps"),
                 m.iter()
                     .filter(|x| x.value().name() == "path")
                     .map(|x| x.value().to_string())
@@ -217,6 +222,10 @@ async fn gpu_external_sort_in_budget_sized_runs() {
             }
             assert_eq!(ours.runtime_env().memory_pool.reserved(), 0, "{q}");
             assert_eq!(external::files_under(tmp.path()), 0, "{q}");
+        }
+        // In memory the runs merge by key ranges (with the small pool, by the heap merge).
+        if pool.is_none() {
+            assert!(merged_steps > 0, "no merge step merged its runs on the GPU");
         }
     }
 }

@@ -208,6 +208,7 @@ fn distributions(gpu: &Gpu, a: &Args, csv: &mut String) {
                     want_perm: false,
                     pack_gathers: a.pack,
                     switches: gpu.sort_switches(),
+                    sorted_runs: vec![],
                 };
                 let (min, med) = time_sort(gpu, &pristine, &plan, a.reps);
                 let _ = writeln!(
@@ -456,6 +457,7 @@ fn main() {
                         want_perm: false,
                         pack_gathers: a.pack,
                         switches: gpu.sort_switches(),
+                        sorted_runs: vec![],
                     };
                     let (min, med) = time_sort(&gpu, &pristine, &plan, a.reps);
                     let _ = writeln!(
@@ -523,6 +525,7 @@ fn main() {
                         want_perm: false,
                         pack_gathers: a.pack,
                         switches: gpu.sort_switches(),
+                        sorted_runs: vec![],
                     };
                     let (min, med) = time_sort(&gpu, &pristine, &plan, a.reps);
                     let _ = writeln!(csv, "keys,{ty},0,{kn},{bits},{},{min:.4},{med:.4}", label(strategy));

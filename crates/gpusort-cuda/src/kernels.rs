@@ -29,6 +29,7 @@ pub const FAMILIES: &[(&str, &str)] = &[
     ("keys.cu", include_str!("../kernels/keys.cu")),
     ("presorted.cu", include_str!("../kernels/presorted.cu")),
     ("ties.cu", include_str!("../kernels/ties.cu")),
+    ("merge.cu", include_str!("../kernels/merge.cu")),
 ];
 
 /// The family (source file of [`FAMILIES`]) that defines kernel `name`.
@@ -41,6 +42,7 @@ pub fn family_of(name: &str) -> &'static str {
         "key_bounds" | "encode_keys" => "keys.cu",
         "order_scan" | "reverse_rows" | "reverse_iota" => "presorted.cu",
         n if n.starts_with("ties_") => "ties.cu",
+        n if n.starts_with("merge_") => "merge.cu",
         _ => "gather.cu",
     }
 }
@@ -149,7 +151,22 @@ pub const SHARED_CONSTANTS: &[(&str, u64, bool)] = &[
     ("TIES_CAP", TIES_CAP as u64, false),
     ("TIES_BLOCK", TIES_BLOCK as u64, false),
     ("TIES_MAX_ROUNDS", TIES_MAX_ROUNDS as u64, false),
+    ("MERGE_BLOCK", MERGE_BLOCK as u64, false),
+    ("MERGE_IPT", MERGE_IPT as u64, false),
+    ("MERGE_MAX_WORDS", MERGE_MAX_WORDS as u64, false),
 ];
+
+/// Threads of a `merge_tiles` block (`MERGE_BLOCK`).
+pub const MERGE_BLOCK: u32 = 128;
+/// Rows a thread of `merge_tiles` merges (`MERGE_IPT`): a tile is [`MERGE_TILE`] rows.
+pub const MERGE_IPT: usize = 8;
+/// Output rows of one `merge_tiles` block.
+pub const MERGE_TILE: usize = MERGE_BLOCK as usize * MERGE_IPT;
+/// The most key words merge.cu compares (`MERGE_MAX_WORDS`): a tile's words and row indices
+/// take `(words + 1) * MERGE_TILE * 4` bytes of shared memory, 36 KiB at 8 words, within the
+/// 48 KiB every block may have without asking.
+pub const MERGE_MAX_WORDS: usize = 8;
+const _: () = assert!((MERGE_MAX_WORDS + 1) * MERGE_TILE * 4 + MERGE_TILE * 2 <= 48 * 1024);
 
 /// The most key words presorted.cu's `order_scan` compares (`ORDER_SCAN_MAX_WORDS`); a longer
 /// key takes the radix passes unscanned.
@@ -690,6 +707,10 @@ pub struct Kernels {
     pub ties_place: CudaFunction,
     /// Bitmaps of the sorted rows equal to the row before, and of those whose value was cut.
     pub ties_marks: CudaFunction,
+    /// Where each tile of a round of merges of sorted runs starts in its pair's first run.
+    pub merge_partition: CudaFunction,
+    /// A tile of a round of merges of sorted runs.
+    pub merge_tiles: CudaFunction,
     /// The dynamic shared memory the scatters, the one-sweep pass and the MSD kernels may use
     /// (their `MAX_DYNAMIC_SHARED_SIZE_BYTES`): a sort needing more does not use them.
     pub smem: DynSmem,
@@ -811,6 +832,8 @@ impl Kernels {
             ties_scatter: f("ties_scatter")?,
             ties_place: f("ties_place")?,
             ties_marks: f("ties_marks")?,
+            merge_partition: f("merge_partition")?,
+            merge_tiles: f("merge_tiles")?,
             modules: modules.clone(),
             smem: DynSmem::default(),
         };
@@ -1192,6 +1215,7 @@ mod tests {
                 "ties.cu",
                 &["ties_bmcs", "ties_keys", "ties_scatter", "ties_place", "ties_marks"],
             ),
+            ("merge.cu", &["merge_partition", "merge_tiles"]),
         ];
         for (family, names) in kernels {
             let (_, source) = programs.iter().find(|(n, _)| n == family).unwrap();

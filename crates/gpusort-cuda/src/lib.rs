@@ -20,6 +20,7 @@
 //! | [`gather`] | `gather.cu` | the indirect strategy's gathers, validity bits, device copies |
 //! | [`encode`] | `keys.cu` | sort keys encoded on the device |
 //! | `presorted` | `presorted.cu` | input already in order or reversed, found in one read of the key |
+//! | `merge` | `merge.cu` | sorted runs merged (a tree of merge-path merges, or the paper's odd-even merge-split) instead of radix-sorted |
 //! | `ties` | `ties.cu` | rows tied on a truncated string prefix, ordered on the device by their following bytes |
 //! | `sort` | — | [`Gpu::sort`]: a plan's passes, then its gathers |
 //! | `memory` | — | device memory a sort needs |
@@ -44,6 +45,7 @@ pub mod kernels;
 mod lanes;
 mod lsd;
 mod memory;
+mod merge;
 pub mod msd;
 pub mod nvcomp;
 pub mod onesweep;
@@ -66,6 +68,7 @@ pub use device::{DeviceInfo, GpuUnavailable, probe};
 pub use error::{CudaSortError, Result};
 pub use gpu::Gpu;
 pub use kernels::{KernelCache, KernelTuning};
+pub use merge::MergeMethod;
 pub use memory::{BudgetRefusal, DeviceBudget, DeviceBudgetStats, DeviceReservation};
 pub use nvcomp::{CompressStats, ZstdCompressor};
 pub use options::{DEVICE_TIES_MIN_MEAN_ROWS, DeviceTies, GpuOptions};

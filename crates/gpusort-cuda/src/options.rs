@@ -14,6 +14,7 @@ use gpusort::plan::{Layout, Strategy, payload_fields};
 use crate::device::DeviceInfo;
 use crate::error::{CudaSortError, Result};
 use crate::kernels::{KernelTuning, MSD_MAX_DIGIT_BITS};
+use crate::merge::MergeMethod;
 use crate::tune::{PROFILE_VAR, ProfileKey, TuningProfile};
 
 /// The GPU backend's settings.
@@ -41,6 +42,9 @@ pub struct GpuOptions {
     /// A sort first reads its key once to find input already in order or reversed
     /// (`presorted.rs`; off with `GPUSORT_PRESORTED=0`).
     pub presorted: bool,
+    /// How rows known to be sorted runs (an external sort's merge steps) are merged
+    /// (`merge.rs`; `GPUSORT_MERGE`: `tree`, the default, `odd-even`, or `0`: radix-sorted).
+    pub merge: Option<MergeMethod>,
     /// Where rows tied on a truncated string prefix are ordered (`ties.rs`;
     /// `GPUSORT_DEVICE_TIES`: `auto`, `1` on the device, `0` on the host).
     pub device_ties: DeviceTies,
@@ -103,6 +107,7 @@ impl Default for GpuOptions {
             device_keys: true,
             smem_cap: None,
             presorted: true,
+            merge: Some(MergeMethod::Tree),
             device_ties: DeviceTies::Auto,
             device_budget: None,
             tuning_profile: None,
@@ -164,6 +169,16 @@ impl GpuOptions {
             device_keys: var("GPUSORT_DEVICE_KEYS").as_deref() != Some("0"),
             smem_cap,
             presorted: var("GPUSORT_PRESORTED").as_deref() != Some("0"),
+            merge: match var("GPUSORT_MERGE").as_deref() {
+                None | Some("tree") => Some(MergeMethod::Tree),
+                Some("odd-even") => Some(MergeMethod::OddEven),
+                Some("0") => None,
+                Some(v) => {
+                    return Err(CudaSortError::Unsupported(format!(
+                        "GPUSORT_MERGE={v} (tree, odd-even or 0)"
+                    )));
+                }
+            },
             device_ties: match var("GPUSORT_DEVICE_TIES").as_deref() {
                 None | Some("auto") => DeviceTies::Auto,
                 Some("1") => DeviceTies::Always,
@@ -248,12 +263,16 @@ mod tests {
             ("GPUSORT_PAIR_LANES", "0"),
             ("GPUSORT_DEVICE_KEYS", "0"),
             ("GPUSORT_PRESORTED", "0"),
+            ("GPUSORT_MERGE", "odd-even"),
             ("GPUSORT_DEVICE_TIES", "0"),
             ("GPUSORT_IPT", "12"),
         ]))
         .unwrap();
         assert!(o.profile && !o.onesweep && !o.pair_lanes && !o.device_keys && !o.presorted);
         assert_eq!(o.device_ties, DeviceTies::Never);
+        assert_eq!(o.merge, Some(MergeMethod::OddEven));
+        assert_eq!(GpuOptions::from_vars(vars(&[("GPUSORT_MERGE", "0")])).unwrap().merge, None);
+        assert!(GpuOptions::from_vars(vars(&[("GPUSORT_MERGE", "heap")])).is_err());
         assert!(GpuOptions::from_vars(|n: &str| (n == "GPUSORT_DEVICE_TIES").then(|| "yes".to_string())).is_err());
         assert_eq!((o.msd_max_bits, o.tuning.ipt), (8, 12));
         // Only "1" turns profiling on; anything but "0" leaves the others on, as before.

@@ -39,6 +39,7 @@ const CUBINS: &[(&str, &str, &[u8])] = cubins![
     "sm_90" / "keys.cu",
     "sm_90" / "presorted.cu",
     "sm_90" / "ties.cu",
+    "sm_90" / "merge.cu",
 ];
 
 /// The hash of a program's source as built for `arch` (the options included).

@@ -5,12 +5,15 @@
 //! (`gather.rs`, `kernels/gather.cu`); it launches no kernel of its own. Before the passes, one
 //! read of the key (`presorted.rs`) finds input already in order (nothing moves) or strictly
 //! reversed (everything is reversed in place); the sort waits for it only once the passes' host
-//! work is done, just before their first kernel.
+//! work is done, just before their first kernel. Rows the plan says are a few sorted runs are
+//! merged instead (`merge.rs`) where that takes fewer rounds than the radix passes.
 
 use gpusort::plan::{Algorithm, InputOrder, RecordMove, Strategy};
 
 use crate::error::{CudaSortError, Result};
 use crate::gpu::{Gpu, rows_u32};
+use crate::kernels::MERGE_MAX_WORDS;
+use crate::merge::{MergeMethod, merge_rounds};
 use crate::presorted::{OrderScan, Passes};
 use crate::shapes::{msd_local_smem, msd_scatter_smem};
 use crate::table::{DeviceTable, GpuSortPlan, GpuSortResult};
@@ -26,7 +29,16 @@ impl Gpu {
         let mut perm = None;
         let mut order = OrderScan::off();
         let mut strategy = plan.strategy;
-        if n > 1 && !plan.passes.is_empty() {
+        let merge = self.merge_of(plan, n);
+        if let Some(method) = merge {
+            let p = self.merge_runs(&mut table.keys, &plan.key_words(), n, &plan.sorted_runs, method)?;
+            if !table.columns.is_empty() || table.records.is_some() {
+                // Packed gathers hold memory only an indirect plan reserves.
+                let pack = plan.pack_gathers && plan.strategy.record_move == RecordMove::Indirect;
+                self.gather_payload(table, &p, pack)?;
+            }
+            perm = Some(p);
+        } else if n > 1 && !plan.passes.is_empty() {
             if plan.switches.presorted {
                 // Enqueued, not waited for: the passes wait just before their first kernel.
                 order = self.start_order_scan(&table.keys, &plan.key_words(), n)?;
@@ -48,7 +60,20 @@ impl Gpu {
             kernel_ms: start.elapsed_ms(&end)?,
             input_order: order.found(),
             strategy,
+            merged_runs: merge.map_or(0, |_| plan.sorted_runs.iter().filter(|&&r| r > 0).count()),
         })
+    }
+
+    /// How `plan`'s sorted runs of `n` rows are merged, when they are: the switches' method,
+    /// where its rounds are fewer than the radix passes and the kernels take the key.
+    fn merge_of(&self, plan: &GpuSortPlan, n: usize) -> Option<MergeMethod> {
+        let method = plan.switches.merge?;
+        let words = plan.key_words().len();
+        if n < 2 || plan.passes.is_empty() || words > MERGE_MAX_WORDS {
+            return None;
+        }
+        let rounds = merge_rounds(&plan.sorted_runs, method).len();
+        (rounds > 0 && rounds < plan.passes.len()).then_some(method)
     }
 
     /// Refuses what the kernels do not take: more than 2^32 - 1 rows, MSD sizes out of range

@@ -8,6 +8,7 @@ use gpusort::plan::{InputOrder, RadixPass, Strategy};
 
 use crate::error::{CudaSortError, Result};
 use crate::kernels::{MSD_LOCAL_CAP, MSD_MAX_DIGIT_BITS};
+use crate::merge::MergeMethod;
 use crate::options::GpuOptions;
 
 /// A fixed-width ByField column on the device: `width` bytes (1, 2, 4, 8 or 16) per row.
@@ -59,6 +60,10 @@ pub struct GpuSortPlan {
     /// How the passes run: one sweep, lane pairs, MSD segment sizes ([`Gpu::sort_switches`](crate::Gpu::sort_switches)
     /// gives the device's defaults).
     pub switches: SortSwitches,
+    /// The rows are sorted runs of these many rows, one after the other (empty: not known).
+    /// With [`SortSwitches::merge`], they are merged (`merge.rs`) where that takes fewer rounds
+    /// than the plan's radix passes. Each run must be sorted by the key.
+    pub sorted_runs: Vec<usize>,
 }
 
 impl GpuSortPlan {
@@ -88,6 +93,9 @@ pub struct SortSwitches {
     pub msd_max_bits: u32,
     /// One read of the key first finds input already in order or reversed (`presorted.rs`).
     pub presorted: bool,
+    /// How a plan's sorted runs ([`GpuSortPlan::sorted_runs`]) are merged; `None`: they are
+    /// radix-sorted like any rows.
+    pub merge: Option<MergeMethod>,
 }
 
 impl SortSwitches {
@@ -100,6 +108,7 @@ impl SortSwitches {
             msd_local_rows: MSD_LOCAL_CAP,
             msd_max_bits: options.msd_max_bits,
             presorted: options.presorted,
+            merge: options.merge,
         }
     }
 
@@ -134,6 +143,8 @@ pub struct GpuSortResult {
     /// or SRTS where the device's shapes do not hold the MSD hybrid for this key
     /// ([`KernelShapes::runnable`](crate::shapes::KernelShapes::runnable)).
     pub strategy: Strategy,
+    /// Sorted runs merged instead of the radix passes (0: the passes ran, or nothing did).
+    pub merged_runs: usize,
 }
 
 #[cfg(test)]
@@ -156,6 +167,7 @@ mod tests {
                 msd_local_rows: MSD_LOCAL_CAP,
                 msd_max_bits: 5,
                 presorted: true,
+                merge: Some(MergeMethod::Tree),
             }
         );
         s.check().unwrap();

@@ -379,6 +379,7 @@ impl Gpu {
             want_perm: false,
             pack_gathers: false,
             switches: self.sort_switches(),
+            sorted_runs: vec![],
         };
         self.sort(&mut sorted, &plan)?;
         // SAFETY: as for ties_keys; `rows` holds the m sorted rows.

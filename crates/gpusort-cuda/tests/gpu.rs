@@ -7,7 +7,7 @@
 //! With `GPUSORT_REQUIRE_GPU=1` and no usable GPU every test fails. Without it, on a machine
 //! with no GPU, each test prints that it did not run and why.
 //!
-//! - `engine_*`: the device radix sorts (GRS, SRTS and MSD, direct and indirect, ByField columns
+//! - `engine_*`: the device radix sorts and merges of sorted runs (GRS, SRTS and MSD, direct and indirect, ByField columns
 //!   of every width and Hybrid records, 4- and 8-bit digits, 1- to 3-word keys) against a stable
 //!   sort on the host, at sizes around tile edges, on adversarial key distributions, at forced
 //!   MSD partition depths, SRTS as one sweep and as three kernels around whole rounds of the
@@ -29,9 +29,10 @@ use arrow::datatypes::{DataType, Field, Schema};
 use cudarc::driver::CudaSlice;
 use gpusort::plan::{InputOrder, RadixPass, Strategy, radix_passes, varying_bits};
 use gpusort::{CpuBackend, EncoderOptions, KeyEncoder, SortBackend, SortKey, SortRequest, SortSpec};
+use gpusort_cuda::kernels::MERGE_TILE;
 use gpusort_cuda::{
     CudaBackend, DeviceColumn, DeviceRecords, DeviceTable, DeviceTies, Gpu, GpuOptions, GpuSortPlan, KernelCache,
-    SortSwitches,
+    MergeMethod, SortSwitches,
 };
 use gpusort_testing::{EDGE_SIZES, assert_matches_reference, random_case, rng_from_env};
 use rand::prelude::*;
@@ -79,6 +80,20 @@ fn check_engine_with(
     switches: SortSwitches,
     what: &str,
 ) -> Option<InputOrder> {
+    check_engine_runs(gpu, case, strategy, bits, switches, &[], what).0
+}
+
+/// As [`check_engine_with`], the plan saying that the rows are sorted runs of `runs` rows;
+/// returns the input order found and the runs merged.
+fn check_engine_runs(
+    gpu: &Gpu,
+    case: &Case,
+    strategy: Strategy,
+    bits: u32,
+    switches: SortSwitches,
+    runs: &[usize],
+    what: &str,
+) -> (Option<InputOrder>, usize) {
     let n = case.keys.first().map_or(0, |w| w.len());
     let s = gpu.stream();
     let mut table = DeviceTable {
@@ -107,6 +122,7 @@ fn check_engine_with(
         // Both ways of gathering (indirect): packed groups and column by column.
         pack_gathers: n.is_multiple_of(2),
         switches,
+        sorted_runs: runs.to_vec(),
     };
     let result = gpu.sort(&mut table, &plan).unwrap_or_else(|e| panic!("{what}: {e}"));
     let want = reference_order(&case.keys, n);
@@ -147,7 +163,7 @@ fn check_engine_with(
             "{what}: records ({bytes} bytes) not moved with the keys"
         );
     }
-    result.input_order
+    (result.input_order, result.merged_runs)
 }
 
 /// A keys-only sort (no columns, no records, no permutation asked for) against the host: the key
@@ -170,6 +186,7 @@ fn check_engine_keys_only(gpu: &Gpu, keys: &[Vec<u32>], strategy: Strategy, bits
         want_perm: false,
         pack_gathers: false,
         switches: gpu.sort_switches(),
+        sorted_runs: vec![],
     };
     let result = gpu.sort(&mut table, &plan).unwrap_or_else(|e| panic!("{what}: {e}"));
     assert!(result.perm.is_none(), "{what}: a permutation nobody asked for");
@@ -351,6 +368,114 @@ fn engine_presorted_input() {
     let keys = keys_of(&mut rng, 70_000, 2, "reverse");
     check_engine_keys_only(gpu, &keys, Strategy::SRTS_DIRECT, 8, "reversed keys only");
     check_engine_keys_only(gpu, &keys, Strategy::MSD_DIRECT, 8, "reversed keys only");
+}
+
+/// Each run's rows of `keys` (runs of `runs` rows, one after the other) sorted by the key.
+fn sort_runs(keys: &mut [Vec<u32>], runs: &[usize]) {
+    let mut at = 0;
+    for &r in runs {
+        let mut rows: Vec<Vec<u32>> = (at..at + r).map(|i| keys.iter().map(|w| w[i]).collect()).collect();
+        rows.sort();
+        for (j, row) in rows.into_iter().enumerate() {
+            for (w, v) in row.into_iter().enumerate() {
+                keys[w][at + j] = v;
+            }
+        }
+        at += r;
+    }
+}
+
+/// Rounds of merges of `runs` by `method`: ceil(log2 k) for the tree, k for odd-even (k the
+/// runs that are not empty; none for one).
+fn merge_rounds_of(runs: &[usize], method: MergeMethod) -> usize {
+    let k = runs.iter().filter(|&&r| r > 0).count();
+    match (k, method) {
+        (0 | 1, _) => 0,
+        (k, MergeMethod::Tree) => k.next_power_of_two().trailing_zeros() as usize,
+        (k, MergeMethod::OddEven) => k,
+    }
+}
+
+/// Rows that are sorted runs, merged on the device instead of radix-sorted (merge.rs): the
+/// permutation, key words and moved columns against a stable sort, with tiles cut at run edges
+/// and inside runs, empty runs, one run, many small runs and runs of equal keys; the merge runs
+/// exactly where its rounds are fewer than the radix passes.
+#[test]
+fn engine_merges_sorted_runs() {
+    let Some(b) = backend() else { return };
+    let gpu = b.gpu();
+    let mut rng = SmallRng::seed_from_u64(24);
+    let t = MERGE_TILE;
+    let mut shapes: Vec<Vec<usize>> = vec![
+        vec![1, 1],
+        vec![5, 0, 3],
+        vec![70_000],
+        vec![t - 1, t + 1, 1, 2 * t, 0],
+        vec![100_000, 0, 100_000, 100_000, 99_999, 100_001],
+        vec![3; 40],
+        vec![300_001, 17],
+    ];
+    shapes.push((0..23).map(|_| rng.random_range(0..20_000)).collect());
+    for runs in &shapes {
+        let n: usize = runs.iter().sum();
+        for kind in ["random", "dups", "equal", "low"] {
+            for words in 1..=3 {
+                let hybrid = words == 2;
+                let mut c = case(&mut rng, n, words, kind, hybrid);
+                sort_runs(&mut c.keys, runs);
+                let passes = radix_passes(&varying_bits(&c.keys), 8).len();
+                for method in [MergeMethod::Tree, MergeMethod::OddEven] {
+                    let switches = SortSwitches {
+                        merge: Some(method),
+                        ..gpu.sort_switches()
+                    };
+                    for strategy in [Strategy::SRTS_DIRECT, Strategy::MSD_INDIRECT] {
+                        let what = format!("runs {:?} {kind} words {words} {} {strategy}", &runs[..runs.len().min(6)], method.name());
+                        let (_, merged) = check_engine_runs(gpu, &c, strategy, 8, switches, runs, &what);
+                        let rounds = merge_rounds_of(runs, method);
+                        let want = if n > 1 && rounds > 0 && rounds < passes {
+                            runs.iter().filter(|&&r| r > 0).count()
+                        } else {
+                            0
+                        };
+                        assert_eq!(merged, want, "{what}: runs merged ({rounds} rounds, {passes} passes)");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `Gpu::merge_runs` itself, by keys of 1 to 8 words (the most merge.cu takes), both schedules:
+/// the merged words and the permutation against a stable sort of the rows.
+#[test]
+fn engine_merge_runs_by_long_keys() {
+    let Some(b) = backend() else { return };
+    let gpu = b.gpu();
+    let s = gpu.stream();
+    let mut rng = SmallRng::seed_from_u64(25);
+    for words in [1usize, 4, 8] {
+        let runs: Vec<usize> = (0..9).map(|_| rng.random_range(0..3 * MERGE_TILE)).collect();
+        let n: usize = runs.iter().sum();
+        let mut keys: Vec<Vec<u32>> = (0..words).map(|_| (0..n).map(|_| rng.random_range(0..4)).collect()).collect();
+        sort_runs(&mut keys, &runs);
+        let mut want: Vec<u32> = (0..n as u32).collect();
+        want.sort_by_key(|&i| keys.iter().map(|w| w[i as usize]).collect::<Vec<_>>());
+        for method in [MergeMethod::Tree, MergeMethod::OddEven] {
+            let mut dev: Vec<CudaSlice<u32>> = keys.iter().map(|w| s.clone_htod(&pad(w)).unwrap()).collect();
+            let all: Vec<usize> = (0..words).collect();
+            let perm = gpu.merge_runs(&mut dev, &all, n, &runs, method).unwrap();
+            let what = format!("{words} words {}", method.name());
+            assert_eq!(down(s, &perm, n), want, "{what}: permutation");
+            for (w, d) in dev.iter().enumerate() {
+                let expected: Vec<u32> = want.iter().map(|&i| keys[w][i as usize]).collect();
+                assert_eq!(down(s, d, n), expected, "{what}: word {w}");
+            }
+        }
+    }
+    // Wrong run lengths and too many words are refused.
+    let mut dev = vec![s.clone_htod(&[1u32, 2, 3]).unwrap()];
+    assert!(gpu.merge_runs(&mut dev, &[0], 3, &[1, 1], MergeMethod::Tree).is_err());
 }
 
 /// The MSD sort with small block-local sorts and narrow partition digits: many partition
@@ -865,6 +990,19 @@ fn sanitize_every_kernel() {
             .sort(&SortRequest::new(&batch, &spec).with_strategy(Some(strategy)))
             .unwrap();
         assert_matches_reference(&batch, &spec, None, &out, &format!("sanitize validity {strategy}"));
+    }
+    // Sorted runs merged (merge.cu): tiles cut inside runs, a run left over, both schedules.
+    let runs = [gpu.tile() + 5, 0, 3, 2 * MERGE_TILE + 1, 1];
+    let mut c = case(&mut rng, runs.iter().sum(), 2, "dups", false);
+    sort_runs(&mut c.keys, &runs);
+    for method in [MergeMethod::Tree, MergeMethod::OddEven] {
+        let switches = SortSwitches {
+            merge: Some(method),
+            ..gpu.sort_switches()
+        };
+        let what = format!("sanitize merge {}", method.name());
+        let (_, merged) = check_engine_runs(gpu, &c, Strategy::SRTS_DIRECT, 8, switches, &runs, &what);
+        assert_eq!(merged, 4, "{what}");
     }
     // Keys encoded on the device (key_bounds, encode_keys): a nullable field and a plain one.
     check_device_keys(

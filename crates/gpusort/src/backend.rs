@@ -97,6 +97,9 @@ pub struct SortStats {
     pub passes: usize,
     /// The presorted shape of the input that replaced the radix passes, if any.
     pub input_order: Option<InputOrder>,
+    /// Sorted runs merged instead of the radix passes (a device backend told that its rows
+    /// are sorted runs: an external sort's merge step); 0 when the passes ran.
+    pub merged_runs: usize,
     /// Groups of rows with tied truncated keys, ordered past the prefix afterwards.
     pub tie_groups: usize,
     /// Of the tie groups, those ordered on the device (the GPU backend, by their bytes past the

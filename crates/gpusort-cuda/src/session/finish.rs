@@ -113,11 +113,15 @@ impl Marks {
         self.0.as_ref().map_or(Ok(()), |m| Ok(m[i].record(stream)?))
     }
 
-    fn log_sorted(&self, sort_ms: f32) -> Result<()> {
+    fn log_sorted(&self, sort_ms: f32, merged_runs: usize) -> Result<()> {
         if let Some(m) = &self.0 {
+            let how = match merged_runs {
+                0 => String::new(),
+                k => format!(", {k} sorted runs merged"),
+            };
             log::debug!(
                 target: "gpusort::timeline",
-                "session: sorted (GPU: assembly {:.2} ms, keys up {:.2} ms, sort {:.2} ms)",
+                "session: sorted (GPU: assembly {:.2} ms, keys up {:.2} ms, sort {:.2} ms{how})",
                 m[0].elapsed_ms(&m[1])?,
                 m[1].elapsed_ms(&m[2])?,
                 sort_ms
@@ -375,12 +379,14 @@ impl GpuSortSession {
             want_perm: true,
             pack_gathers: plan.pack_gathers,
             switches: gpu.sort_switches(),
+            sorted_runs: self.sorted_runs.clone(),
         };
         let result = gpu.sort(&mut table, &sort_plan)?;
         stats.input_order = result.input_order;
+        stats.merged_runs = result.merged_runs;
         // The strategy that ran: SRTS where the device's shapes do not hold the planned MSD.
         stats.strategy = Some(result.strategy);
-        marks.log_sorted(result.kernel_ms)?;
+        marks.log_sorted(result.kernel_ms, result.merged_runs)?;
         let perm_dev = result.perm.expect("asked for the permutation");
         let mut perm = PinnedPool::global().transfer_buffer(4 * n);
         // The host needs the permutation before the columns come down only to resolve ties

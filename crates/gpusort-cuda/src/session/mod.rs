@@ -115,6 +115,8 @@ pub struct GpuSortSession {
     expected_rows: Option<usize>,
     /// Whether [`GpuSortSession::finish`] returns the permutation.
     want_permutation: bool,
+    /// The rows pushed are sorted runs of these many rows, in push order (empty: not known).
+    sorted_runs: Vec<usize>,
     /// Device columns (index, width).
     columns: Vec<(usize, usize)>,
     batches: Vec<RecordBatch>,
@@ -172,6 +174,7 @@ impl GpuSortSession {
             memory_limit: None,
             expected_rows: None,
             want_permutation: true,
+            sorted_runs: vec![],
             columns,
             batches: vec![],
             rows: 0,
@@ -210,6 +213,15 @@ impl GpuSortSession {
     /// host needs it (to gather columns of its own or to order tied string prefixes).
     pub fn with_permutation(mut self, want: bool) -> Self {
         self.want_permutation = want;
+        self
+    }
+
+    /// Says that the rows pushed are sorted runs of `runs` rows each, in push order (each
+    /// sorted by the session's key, as an external sort's merge step takes them): the device
+    /// merges them (`merge.rs`) where that takes fewer rounds than its radix passes. The order
+    /// is the same either way; a session whose rows do not add up to the runs fails.
+    pub fn with_sorted_runs(mut self, runs: Vec<usize>) -> Self {
+        self.sorted_runs = runs;
         self
     }
 

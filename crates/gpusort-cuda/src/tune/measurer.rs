@@ -107,6 +107,7 @@ impl GpuMeasurer {
             want_perm: false,
             pack_gathers: true,
             switches: gpu.sort_switches(),
+            sorted_runs: vec![],
         };
         let mut best = f64::MAX;
         for rep in 0..=self.reps {

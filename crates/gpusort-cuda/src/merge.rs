@@ -1,0 +1,291 @@
+//! Sorted runs merged on the device (`kernels/merge.cu`, issue 24): rows that the caller knows
+//! to be a few sorted runs, one after the other (an external sort's merge step takes a slice of
+//! every run), are merged in rounds instead of radix-sorted digit by digit. The merge is
+//! stable — on equal keys the earlier run's row comes first — so it gives the same order as a
+//! stable sort of the rows as they are.
+//!
+//! Two schedules share the kernels ([`MergeMethod`]):
+//!
+//! * [`MergeMethod::OddEven`], seed 003 (Ajdari et al., "A Version of Parallel Odd-Even Sorting
+//!   Algorithm Implemented in CUDA Paradigm", sections 3-4): k rounds over the k runs as fixed
+//!   blocks; round r merge-splits blocks i and i + 1 for every i = r (mod 2).
+//! * [`MergeMethod::Tree`]: runs 0-1, 2-3, ... merged each round, halving the runs:
+//!   ceil(log2 k) rounds.
+//!
+//! Every round reads and writes each key word and the row index once (merge-path tiles, see
+//! the kernel source), so the tree's ceil(log2 k) rounds against the paper's k is the whole
+//! difference; [`Gpu::sort`] merges where the rounds are fewer than its radix passes
+//! ([`merge_rounds`]).
+
+use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+
+use crate::error::{CudaSortError, Result};
+use crate::gpu::{Gpu, rows_u32};
+use crate::kernels::{MERGE_BLOCK, MERGE_MAX_WORDS, MERGE_TILE};
+
+/// How sorted runs are merged (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MergeMethod {
+    /// Pairs of neighbouring runs merged each round: ceil(log2 k) rounds.
+    Tree,
+    /// The paper's block odd-even merge: k rounds of merge-splits of neighbouring runs.
+    OddEven,
+}
+
+impl MergeMethod {
+    /// `tree` or `odd-even` (`GPUSORT_MERGE`, the bench's labels).
+    pub fn name(self) -> &'static str {
+        match self {
+            MergeMethod::Tree => "tree",
+            MergeMethod::OddEven => "odd-even",
+        }
+    }
+}
+
+/// One merge of a round: A at rows `start..start + a`, B right after it, `b` rows (0: A is
+/// copied); its tiles start at `tile0` among the round's. Laid out as merge.cu's `MergePair`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MergePair {
+    pub start: u32,
+    pub a: u32,
+    pub b: u32,
+    pub tile0: u32,
+}
+
+/// The rounds that merge runs of `runs` rows (in order, from row 0; empty runs are skipped)
+/// by `method`, each a list of pairs covering every row. None when there is at most one run.
+pub(crate) fn merge_rounds(runs: &[usize], method: MergeMethod) -> Vec<Vec<MergePair>> {
+    let mut bounds = vec![0usize];
+    for &r in runs.iter().filter(|&&r| r > 0) {
+        bounds.push(bounds.last().unwrap() + r);
+    }
+    let k = bounds.len() - 1;
+    // A round from the runs' starts `b` (and the end) and the first run it pairs.
+    let round = |b: &[usize], first: usize| {
+        let mut pairs = vec![];
+        let mut tile0 = 0;
+        let mut push = |start: usize, mid: usize, end: usize| {
+            let p = MergePair {
+                start: start as u32,
+                a: (mid - start) as u32,
+                b: (end - mid) as u32,
+                tile0,
+            };
+            tile0 += (end - start).div_ceil(MERGE_TILE) as u32;
+            pairs.push(p);
+        };
+        let runs = b.len() - 1;
+        if first == 1 {
+            push(b[0], b[1], b[1]);
+        }
+        let mut i = first;
+        while i < runs {
+            if i + 1 < runs {
+                push(b[i], b[i + 1], b[i + 2]);
+            } else {
+                push(b[i], b[i + 1], b[i + 1]);
+            }
+            i += 2;
+        }
+        pairs
+    };
+    let mut rounds = vec![];
+    match method {
+        MergeMethod::Tree => {
+            while bounds.len() > 2 {
+                rounds.push(round(&bounds, 0));
+                // Every other bound goes; the last always stays.
+                let last = *bounds.last().unwrap();
+                bounds = bounds.iter().copied().step_by(2).collect();
+                if *bounds.last().unwrap() != last {
+                    bounds.push(last);
+                }
+            }
+        }
+        MergeMethod::OddEven if k > 1 => {
+            for r in 0..k {
+                rounds.push(round(&bounds, r % 2));
+            }
+        }
+        MergeMethod::OddEven => {}
+    }
+    rounds
+}
+
+/// The device addresses of a round's key words (`MergeWords`), passed by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct MergeWords([u64; MERGE_MAX_WORDS]);
+
+// SAFETY: a plain array of device addresses, laid out as the kernel's struct of 8 pointers.
+unsafe impl DeviceRepr for MergeWords {}
+
+impl Gpu {
+    /// Merges `n` rows that are sorted runs of `runs` rows each, one after the other, by the
+    /// key words `words` of `keys` (those that vary, most significant first; the others may be
+    /// one-word stand-ins, untouched). Those words are left in merged order; returns the
+    /// permutation (merged position -> input row). Stable: equal keys keep their input order.
+    /// Each run must be sorted by the key: the merge does not check it.
+    pub fn merge_runs(
+        &self,
+        keys: &mut [CudaSlice<u32>],
+        words: &[usize],
+        n: usize,
+        runs: &[usize],
+        method: MergeMethod,
+    ) -> Result<CudaSlice<u32>> {
+        rows_u32(n)?;
+        if runs.iter().sum::<usize>() != n {
+            return Err(CudaSortError::Unsupported(format!(
+                "sorted runs of {} rows in all for {n} rows",
+                runs.iter().sum::<usize>()
+            )));
+        }
+        if words.len() > MERGE_MAX_WORDS || words.iter().any(|&w| w >= keys.len() || keys[w].len() < n) {
+            return Err(CudaSortError::Unsupported(format!(
+                "a merge by {} key words (at most {MERGE_MAX_WORDS}, each of every row)",
+                words.len()
+            )));
+        }
+        let rounds = merge_rounds(runs, method);
+        if rounds.is_empty() || words.is_empty() {
+            // One run, or every key equal: the rows are in order.
+            return self.iota(n);
+        }
+        let s = self.stream.clone();
+        let mut cur: Vec<CudaSlice<u32>> = vec![];
+        for &w in words {
+            cur.push(std::mem::replace(&mut keys[w], self.alloc_words(1)?));
+        }
+        let mut next = (0..words.len()).map(|_| self.alloc_words(n)).collect::<Result<Vec<_>>>()?;
+        let idx = [self.alloc_words(n)?, self.alloc_words(n)?];
+        let table: Vec<u32> = rounds
+            .iter()
+            .flatten()
+            .flat_map(|p| [p.start, p.a, p.b, p.tile0])
+            .collect();
+        let pairs_dev = s.clone_htod(&table)?;
+        let tiles = |r: &[MergePair]| {
+            let last = r.last().unwrap();
+            last.tile0 as usize + ((last.a + last.b) as usize).div_ceil(MERGE_TILE)
+        };
+        let most_tiles = rounds.iter().map(|r| tiles(r)).max().unwrap_or(0);
+        let splits = self.alloc_words(most_tiles.max(1))?;
+        let kernels = self.kernels()?;
+        let nwords = words.len() as u32;
+        let smem = ((words.len() + 1) * MERGE_TILE * 4 + MERGE_TILE * 2) as u32;
+        let mut offset = 0usize;
+        for (r, round) in rounds.iter().enumerate() {
+            let (npairs, ntiles) = (round.len() as u32, tiles(round) as u32);
+            let pairs_p = pairs_dev.device_ptr(&s).0 + (offset * 16) as u64;
+            offset += round.len();
+            let ptrs = |v: &[CudaSlice<u32>]| {
+                let mut p = MergeWords([0; MERGE_MAX_WORDS]);
+                for (d, w) in p.0.iter_mut().zip(v) {
+                    *d = w.device_ptr(&s).0;
+                }
+                p
+            };
+            let (from, to) = (ptrs(&cur), ptrs(&next));
+            let splits_p = splits.device_ptr(&s).0;
+            let (idx_in, idx_out) = (idx[r % 2].device_ptr(&s).0, idx[(r + 1) % 2].device_ptr(&s).0);
+            let iota = u32::from(r == 0);
+            // SAFETY: the pairs table holds `npairs` pairs of this round whose rows lie in the n
+            // rows of every word and index buffer; `splits` holds at least `ntiles` words.
+            unsafe {
+                s.launch_builder(&kernels.merge_partition)
+                    .arg(&from)
+                    .arg(&nwords)
+                    .arg(&pairs_p)
+                    .arg(&npairs)
+                    .arg(&ntiles)
+                    .arg(&splits_p)
+                    .launch(LaunchConfig {
+                        grid_dim: (ntiles.div_ceil(256), 1, 1),
+                        block_dim: (256, 1, 1),
+                        shared_mem_bytes: 0,
+                    })?;
+                s.launch_builder(&kernels.merge_tiles)
+                    .arg(&from)
+                    .arg(&to)
+                    .arg(&nwords)
+                    .arg(&idx_in)
+                    .arg(&idx_out)
+                    .arg(&iota)
+                    .arg(&pairs_p)
+                    .arg(&npairs)
+                    .arg(&splits_p)
+                    .launch(LaunchConfig {
+                        grid_dim: (ntiles, 1, 1),
+                        block_dim: (MERGE_BLOCK, 1, 1),
+                        shared_mem_bytes: smem,
+                    })?;
+            }
+            std::mem::swap(&mut cur, &mut next);
+        }
+        for (&w, merged) in words.iter().zip(cur) {
+            keys[w] = merged;
+        }
+        // The last round wrote the index into idx[rounds % 2]. The pairs table and the splits
+        // are freed in the stream's order, after the kernels.
+        let [even, odd] = idx;
+        Ok(if rounds.len() % 2 == 0 { even } else { odd })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The runs each round leaves: every pair's rows become one run.
+    fn runs_after(round: &[MergePair]) -> Vec<(u32, u32)> {
+        round.iter().map(|p| (p.start, p.a + p.b)).collect()
+    }
+
+    #[test]
+    fn tree_rounds_halve_the_runs() {
+        let t = MERGE_TILE as u32;
+        let rounds = merge_rounds(&[3, 0, 5, 2, 4, 1], MergeMethod::Tree);
+        // Empty runs are skipped: 5 runs take 3 rounds.
+        assert_eq!(rounds.len(), 3);
+        assert_eq!(
+            rounds[0],
+            vec![
+                MergePair { start: 0, a: 3, b: 5, tile0: 0 },
+                MergePair { start: 8, a: 2, b: 4, tile0: 1 },
+                MergePair { start: 14, a: 1, b: 0, tile0: 2 },
+            ]
+        );
+        assert_eq!(runs_after(&rounds[1]), vec![(0, 14), (14, 1)]);
+        assert_eq!(runs_after(&rounds[2]), vec![(0, 15)]);
+        assert!(merge_rounds(&[7], MergeMethod::Tree).is_empty());
+        assert!(merge_rounds(&[0, 7, 0], MergeMethod::OddEven).is_empty());
+        // Tiles: a pair of 2.5 tiles takes 3, and the next pair starts after them.
+        let r = merge_rounds(&[MERGE_TILE * 2, MERGE_TILE / 2, 1, 1], MergeMethod::Tree);
+        assert_eq!((r[0][0].tile0, r[0][1].tile0), (0, 3));
+        assert_eq!(r[0][0].a + r[0][0].b, 2 * t + t / 2);
+    }
+
+    #[test]
+    fn odd_even_rounds_merge_split_neighbours() {
+        let rounds = merge_rounds(&[2, 3, 4, 5], MergeMethod::OddEven);
+        assert_eq!(rounds.len(), 4, "k rounds for k blocks");
+        // Even rounds pair 0-1 and 2-3; odd rounds copy block 0, pair 1-2, copy block 3.
+        assert_eq!(runs_after(&rounds[0]), vec![(0, 5), (5, 9)]);
+        assert_eq!(
+            rounds[1].iter().map(|p| (p.start, p.a, p.b)).collect::<Vec<_>>(),
+            vec![(0, 2, 0), (2, 3, 4), (9, 5, 0)]
+        );
+        assert_eq!(rounds[2], rounds[0]);
+        // Every round covers every row once, in order.
+        for round in &rounds {
+            let mut at = 0;
+            for p in round {
+                assert_eq!(p.start, at);
+                at += p.a + p.b;
+            }
+            assert_eq!(at, 14);
+        }
+    }
+}
