@@ -3,14 +3,16 @@
 //! direct and indirect, with the data already in GPU memory; and keys-only sorts of 10M and
 //! 100M u32 and u64 keys; and 10M records of a u64 key and 2 u32 fields whose keys are random,
 //! presorted (sorted, reversed, a few sorted runs, few distinct) or neither (zipf, nearly sorted),
-//! each against a device copy of the same bytes.
+//! each against a device copy of the same bytes; and keys that are sorted runs (an external
+//! sort's merge step) merged on the device — the tree of merges and seed 003's odd-even
+//! merge-split — against radix-sorting them.
 //! Prints tables (and the ratio to CUB when `--cub` names the JSON that the CUB baselines beside
 //! this file write: `cub_baseline.py --json`, CUB through CuPy, or `cub_native --json`, CUB
 //! called from CUDA C++), writes every timing as CSV and draws the record figures as an SVG.
 //!
 //! ```text
 //! paper [--rows N] [--reps R] [--bits B] [--fields 2,4,..] [--cub cub.json] [--csv out.csv] [--svg out.svg] [--pack 0|1]
-//!       [--dist-rows N] [--only records|keys|dist]
+//!       [--dist-rows N] [--merge-runs 2,16,..] [--only records|keys|dist|merge]
 //! ```
 //!
 //! Each timing is one call of `Gpu::sort` (device events around its kernels) after the inputs
@@ -22,10 +24,11 @@ use std::fmt::Write as _;
 
 use cudarc::driver::CudaSlice;
 use gpusort::plan::{Algorithm, RadixPass, RecordMove, Strategy, radix_passes, varying_bits};
-use gpusort_cuda::{DeviceColumn, DeviceRecords, DeviceTable, Gpu, GpuSortPlan, KernelCache};
+use gpusort_cuda::{DeviceColumn, DeviceRecords, DeviceTable, Gpu, GpuSortPlan, KernelCache, MergeMethod};
 use gpusort_testing::KeyDistribution;
 use rand::prelude::*;
 use rand::rngs::SmallRng;
+use rayon::prelude::*;
 
 struct Args {
     rows: usize,
@@ -41,6 +44,8 @@ struct Args {
     pack: bool,
     /// Rows of the key-distribution table (0: none).
     dist_rows: usize,
+    /// Run counts of the merge table (keys of `key_rows` rows cut into that many sorted runs).
+    merge_runs: Vec<usize>,
 }
 
 fn args() -> Args {
@@ -56,6 +61,7 @@ fn args() -> Args {
         only: None,
         pack: true,
         dist_rows: 10_000_000,
+        merge_runs: vec![2, 4, 16, 64],
     };
     let v: Vec<String> = std::env::args().skip(1).filter(|s| s != "--bench").collect();
     let list = |s: &str| {
@@ -78,6 +84,7 @@ fn args() -> Args {
             "--only" => a.only = Some(val),
             "--pack" => a.pack = val != "0",
             "--dist-rows" => a.dist_rows = val.parse().expect("--dist-rows N"),
+            "--merge-runs" => a.merge_runs = list(&val),
             other => panic!("unknown argument {other}"),
         }
         i += 2;
@@ -236,6 +243,121 @@ fn distributions(gpu: &Gpu, a: &Args, csv: &mut String) {
     }
 }
 
+/// Minimum and median over `reps` of [`Gpu::merge_runs`] of `pristine`'s key words (copied
+/// first, outside the timing) as sorted runs of `runs` rows, by `method`.
+fn time_merge(gpu: &Gpu, pristine: &DeviceTable, runs: &[usize], method: MergeMethod, reps: usize) -> (f64, f64) {
+    let s = gpu.stream();
+    let (start, end) = (gpu.event().unwrap(), gpu.event().unwrap());
+    let words: Vec<usize> = (0..pristine.keys.len()).collect();
+    let mut times = vec![];
+    for r in 0..=reps {
+        let mut keys: Vec<CudaSlice<u32>> = pristine
+            .keys
+            .iter()
+            .map(|k| {
+                let mut d = gpu.alloc_words(k.len()).unwrap();
+                s.memcpy_dtod(k, &mut d).unwrap();
+                d
+            })
+            .collect();
+        start.record(s).unwrap();
+        let perm = gpu
+            .merge_runs(&mut keys, &words, pristine.num_rows, runs, method)
+            .unwrap();
+        end.record(s).unwrap();
+        end.synchronize().unwrap();
+        if r > 0 {
+            times.push(start.elapsed_ms(&end).unwrap() as f64);
+        }
+        drop((perm, keys));
+        s.synchronize().unwrap();
+    }
+    times.sort_by(|a, b| a.total_cmp(b));
+    (times[0], times[times.len() / 2])
+}
+
+/// The merge table: random u32 and u64 keys of each `--key-rows` size cut into `--merge-runs`
+/// equal sorted runs, merged by the tree and (up to 16 runs) by the paper's odd-even
+/// merge-split, against the best radix sort of the same keys (SRTS, MSD; with the permutation,
+/// as a merge step needs it) and CUB's sort of random keys when `cub` has it.
+fn merges(gpu: &Gpu, a: &Args, cub: Option<&CubFigures>, csv: &mut String) {
+    let s = gpu.stream();
+    let mut rng = SmallRng::seed_from_u64(2012);
+    println!("\nsorted runs merged (keys and the permutation): minimum (median) ms");
+    println!("| keys | n | runs | tree | odd-even | radix sort | radix / tree | CUB sort (random keys) | CUB / tree |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for &kn in &a.key_rows {
+        for ty in ["u32", "u64"] {
+            let words = if ty == "u32" { 1 } else { 2 };
+            let values: Vec<u64> = (0..kn)
+                .map(|_| {
+                    if words == 1 {
+                        rng.random::<u32>() as u64
+                    } else {
+                        rng.random()
+                    }
+                })
+                .collect();
+            for &k in &a.merge_runs {
+                let len = kn.div_ceil(k);
+                let runs: Vec<usize> = (0..k).map(|i| len.min(kn.saturating_sub(i * len))).collect();
+                let mut sorted = values.clone();
+                sorted.par_chunks_mut(len).for_each(|c| c.sort_unstable());
+                let host: Vec<Vec<u32>> = if words == 1 {
+                    vec![sorted.iter().map(|&v| v as u32).collect()]
+                } else {
+                    vec![
+                        sorted.iter().map(|&v| (v >> 32) as u32).collect(),
+                        sorted.iter().map(|&v| v as u32).collect(),
+                    ]
+                };
+                let varying = varying_bits(&host);
+                let pristine = DeviceTable {
+                    num_rows: kn,
+                    keys: host.iter().map(|w| s.clone_htod(w).unwrap()).collect(),
+                    columns: vec![],
+                    records: None,
+                };
+                drop((sorted, host));
+                let tree = time_merge(gpu, &pristine, &runs, MergeMethod::Tree, a.reps);
+                let odd_even = (k <= 16).then(|| time_merge(gpu, &pristine, &runs, MergeMethod::OddEven, a.reps));
+                let radix = [Strategy::SRTS_DIRECT, Strategy::MSD_DIRECT]
+                    .into_iter()
+                    .map(|strategy| {
+                        let plan = GpuSortPlan {
+                            strategy,
+                            passes: radix_passes(&varying, 8),
+                            keep_keys: true,
+                            want_perm: true,
+                            pack_gathers: a.pack,
+                            switches: gpu.sort_switches(),
+                            sorted_runs: vec![],
+                        };
+                        time_sort(gpu, &pristine, &plan, a.reps)
+                    })
+                    .fold((f64::MAX, f64::MAX), |b, c| if c.0 < b.0 { c } else { b });
+                for (label, t) in [("tree", Some(tree)), ("odd-even", odd_even), ("radix", Some(radix))] {
+                    if let Some((min, med)) = t {
+                        let _ = writeln!(csv, "merge,{ty},{k},{kn},8,{label},{min:.4},{med:.4}");
+                    }
+                }
+                let cub_ms = cub.and_then(|c| c.1.get(&(kn, ty.to_string())).copied());
+                println!(
+                    "| {ty} | {kn} | {k} | {:.3} ({:.3}) | {} | {:.3} ({:.3}) | {:.2}x | {} | {} |",
+                    tree.0,
+                    tree.1,
+                    odd_even.map_or("-".into(), |o| format!("{:.3} ({:.3})", o.0, o.1)),
+                    radix.0,
+                    radix.1,
+                    radix.0 / tree.0,
+                    cub_ms.map_or("-".into(), |c| format!("{c:.3}")),
+                    cub_ms.map_or("-".into(), |c| format!("{:.2}x", c / tree.0)),
+                );
+            }
+        }
+    }
+}
+
 fn label(s: Strategy) -> String {
     let a = match s.algorithm {
         Algorithm::Grs => "GRS",
@@ -384,7 +506,7 @@ fn main() {
     let mut fig: Vec<(String, u32, String, usize, f64)> = vec![];
 
     // Records: u32 key + m u32 fields.
-    let n = if matches!(a.only.as_deref(), Some("keys" | "dist")) {
+    let n = if matches!(a.only.as_deref(), Some("keys" | "dist" | "merge")) {
         0
     } else {
         a.rows
@@ -402,7 +524,7 @@ fn main() {
         d
     };
     let mut best: BTreeMap<(String, usize), (f64, String)> = BTreeMap::new();
-    let fields_list = if matches!(a.only.as_deref(), Some("keys" | "dist")) {
+    let fields_list = if matches!(a.only.as_deref(), Some("keys" | "dist" | "merge")) {
         vec![]
     } else {
         a.fields.clone()
@@ -496,7 +618,7 @@ fn main() {
     println!("\nkeys only: minimum (median) ms");
     println!("| keys | n | bits | GRS | SRTS | MSD | CUB sort | CUB / best |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
-    let key_rows = if matches!(a.only.as_deref(), Some("records" | "dist")) {
+    let key_rows = if matches!(a.only.as_deref(), Some("records" | "dist" | "merge")) {
         vec![]
     } else {
         a.key_rows.clone()
@@ -549,6 +671,9 @@ fn main() {
     }
     if matches!(a.only.as_deref(), None | Some("dist")) && a.dist_rows > 0 {
         distributions(&gpu, &a, &mut csv);
+    }
+    if matches!(a.only.as_deref(), None | Some("merge")) {
+        merges(&gpu, &a, cub.as_ref(), &mut csv);
     }
     // Crossovers: the smallest m from which one family or move beats the other.
     println!("\ncrossovers (minimum times, all digit widths measured):");

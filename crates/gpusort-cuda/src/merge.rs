@@ -158,7 +158,9 @@ impl Gpu {
         for &w in words {
             cur.push(std::mem::replace(&mut keys[w], self.alloc_words(1)?));
         }
-        let mut next = (0..words.len()).map(|_| self.alloc_words(n)).collect::<Result<Vec<_>>>()?;
+        let mut next = (0..words.len())
+            .map(|_| self.alloc_words(n))
+            .collect::<Result<Vec<_>>>()?;
         let idx = [self.alloc_words(n)?, self.alloc_words(n)?];
         let table: Vec<u32> = rounds
             .iter()
@@ -252,9 +254,24 @@ mod tests {
         assert_eq!(
             rounds[0],
             vec![
-                MergePair { start: 0, a: 3, b: 5, tile0: 0 },
-                MergePair { start: 8, a: 2, b: 4, tile0: 1 },
-                MergePair { start: 14, a: 1, b: 0, tile0: 2 },
+                MergePair {
+                    start: 0,
+                    a: 3,
+                    b: 5,
+                    tile0: 0
+                },
+                MergePair {
+                    start: 8,
+                    a: 2,
+                    b: 4,
+                    tile0: 1
+                },
+                MergePair {
+                    start: 14,
+                    a: 1,
+                    b: 0,
+                    tile0: 2
+                },
             ]
         );
         assert_eq!(runs_after(&rounds[1]), vec![(0, 14), (14, 1)]);

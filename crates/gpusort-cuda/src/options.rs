@@ -271,7 +271,10 @@ mod tests {
         assert!(o.profile && !o.onesweep && !o.pair_lanes && !o.device_keys && !o.presorted);
         assert_eq!(o.device_ties, DeviceTies::Never);
         assert_eq!(o.merge, Some(MergeMethod::OddEven));
-        assert_eq!(GpuOptions::from_vars(vars(&[("GPUSORT_MERGE", "0")])).unwrap().merge, None);
+        assert_eq!(
+            GpuOptions::from_vars(vars(&[("GPUSORT_MERGE", "0")])).unwrap().merge,
+            None
+        );
         assert!(GpuOptions::from_vars(vars(&[("GPUSORT_MERGE", "heap")])).is_err());
         assert!(GpuOptions::from_vars(|n: &str| (n == "GPUSORT_DEVICE_TIES").then(|| "yes".to_string())).is_err());
         assert_eq!((o.msd_max_bits, o.tuning.ipt), (8, 12));

@@ -430,7 +430,11 @@ fn engine_merges_sorted_runs() {
                         ..gpu.sort_switches()
                     };
                     for strategy in [Strategy::SRTS_DIRECT, Strategy::MSD_INDIRECT] {
-                        let what = format!("runs {:?} {kind} words {words} {} {strategy}", &runs[..runs.len().min(6)], method.name());
+                        let what = format!(
+                            "runs {:?} {kind} words {words} {} {strategy}",
+                            &runs[..runs.len().min(6)],
+                            method.name()
+                        );
                         let (_, merged) = check_engine_runs(gpu, &c, strategy, 8, switches, runs, &what);
                         let rounds = merge_rounds_of(runs, method);
                         let want = if n > 1 && rounds > 0 && rounds < passes {
@@ -457,7 +461,9 @@ fn engine_merge_runs_by_long_keys() {
     for words in [1usize, 4, 8] {
         let runs: Vec<usize> = (0..9).map(|_| rng.random_range(0..3 * MERGE_TILE)).collect();
         let n: usize = runs.iter().sum();
-        let mut keys: Vec<Vec<u32>> = (0..words).map(|_| (0..n).map(|_| rng.random_range(0..4)).collect()).collect();
+        let mut keys: Vec<Vec<u32>> = (0..words)
+            .map(|_| (0..n).map(|_| rng.random_range(0..4)).collect())
+            .collect();
         sort_runs(&mut keys, &runs);
         let mut want: Vec<u32> = (0..n as u32).collect();
         want.sort_by_key(|&i| keys.iter().map(|w| w[i as usize]).collect::<Vec<_>>());
