@@ -1,8 +1,10 @@
 //! The external sort, end to end: `SELECT * FROM t ORDER BY k` over a table of a random u64
 //! key and 4 u64 columns (400M rows, ~16 GB, by default), with a host memory pool that forces
 //! spilling and a GPU memory budget far below the table, against stock DataFusion under the
-//! same memory pool, and against gpusort's in-memory sort of the same table (no limits) — all
-//! in one run. Every output is streamed (not collected) and checked: sorted by `k`, the same
+//! same memory pool, against DuckDB under the same memory limit (`external_duckdb.py`, run by
+//! this bench on the table written as Arrow IPC files: DuckDB's Python package must be
+//! importable), and against gpusort's in-memory sort of the same table (no limits) — all in one
+//! run. Every output is streamed (not collected) and checked: sorted by `k`, the same
 //! row count, and the same wrapping sums of every column as the input.
 //!
 //! ```text
@@ -14,7 +16,9 @@
 //! contenders, default `4G`), `EXT_GPU_LIMIT` (`gpusort.gpu_memory_limit`, default `2G`),
 //! `EXT_PARTITIONS` (table partitions and `target_partitions`, default 16), `EXT_SPILL_DIR`
 //! (default the system temp dir), `EXT_CONTENDERS` (comma-separated labels to run, default
-//! all: `stock`, `gpusort`, `gpusort-cpu`, `in-memory`), `EXT_CSV` (also write the table there),
+//! all: `stock`, `duckdb`, `gpusort`, `gpusort-cpu`, `in-memory`), `EXT_DUCKDB_SCRIPT` (the
+//! DuckDB script, default `benches/external_duckdb.py` of this crate, found from the working
+//! directory or the crate's), `EXT_CSV` (also write the table there),
 //! `EXT_CHECK` (`parallel`, the default: output batches are checked 64 at a time on every core;
 //! `inline`: each batch on the consumer's thread as it comes).
 
@@ -145,6 +149,8 @@ impl Check {
 /// One way of running the query.
 struct Contender {
     label: &'static str,
+    /// DuckDB (`external_duckdb.py`) instead of DataFusion.
+    duckdb: bool,
     gpusort: bool,
     /// The memory pool is limited.
     limited: bool,
@@ -155,24 +161,35 @@ struct Contender {
 const CONTENDERS: &[Contender] = &[
     Contender {
         label: "stock",
+        duckdb: false,
+        gpusort: false,
+        limited: true,
+        options: &[],
+    },
+    Contender {
+        label: "duckdb",
+        duckdb: true,
         gpusort: false,
         limited: true,
         options: &[],
     },
     Contender {
         label: "gpusort",
+        duckdb: false,
         gpusort: true,
         limited: true,
         options: &[],
     },
     Contender {
         label: "gpusort-cpu",
+        duckdb: false,
         gpusort: true,
         limited: true,
         options: &[("gpusort.device", "cpu")],
     },
     Contender {
         label: "in-memory",
+        duckdb: false,
         gpusort: true,
         limited: false,
         options: &[],
@@ -184,6 +201,70 @@ struct Outcome {
     rows: usize,
     ok: bool,
     metrics: MetricsSet,
+    /// What ran, where the metrics do not say (DuckDB's version).
+    path: Option<String>,
+}
+
+/// The DuckDB script: `EXT_DUCKDB_SCRIPT`, or the crate's from the working directory (the
+/// repository root on the GPU machine) or from where the crate was built.
+fn duckdb_script() -> String {
+    const REL: &str = "crates/datafusion-gpusort/benches/external_duckdb.py";
+    std::env::var("EXT_DUCKDB_SCRIPT").unwrap_or_else(|_| {
+        if std::path::Path::new(REL).exists() {
+            REL.into()
+        } else {
+            concat!(env!("CARGO_MANIFEST_DIR"), "/benches/external_duckdb.py").into()
+        }
+    })
+}
+
+/// DuckDB's run of the query: the table written as Arrow IPC files (one a partition, not
+/// timed) into the spill directory, `external_duckdb.py` run on them with the pool as DuckDB's
+/// memory limit, its `key=value` lines read back, the files removed.
+fn run_duckdb(parts: &[Vec<RecordBatch>], sums: [u64; COLUMNS], pool: usize) -> Result<Outcome> {
+    let spill_dir = std::env::var("EXT_SPILL_DIR").unwrap_or_else(|_| std::env::temp_dir().display().to_string());
+    let dir = std::path::Path::new(&spill_dir).join(format!("gpusort-external-duckdb-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let written = parts.par_iter().enumerate().try_for_each(|(i, batches)| {
+        let write = || -> std::result::Result<(), arrow::error::ArrowError> {
+            let file = std::fs::File::create(dir.join(format!("part-{i:03}.arrow")))?;
+            let mut w = arrow::ipc::writer::FileWriter::try_new(std::io::BufWriter::new(file), &schema())?;
+            for b in batches {
+                w.write(b)?;
+            }
+            w.finish()
+        };
+        write().map_err(|e| e.to_string())
+    });
+    let run = written.and_then(|_| {
+        std::process::Command::new("python3")
+            .arg(duckdb_script())
+            .arg(&dir)
+            .arg(pool.to_string())
+            .arg(&spill_dir)
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .map_err(|e| e.to_string())
+    });
+    std::fs::remove_dir_all(&dir)?;
+    let out = run?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        return Err(format!("external_duckdb.py failed ({}): {text}", out.status).into());
+    }
+    let value = |key: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+            .ok_or_else(|| format!("external_duckdb.py printed no {key}: {text}"))
+    };
+    let got_sums: Vec<u64> = value("sums")?.split(',').map(|s| s.parse()).collect::<std::result::Result<_, _>>()?;
+    Ok(Outcome {
+        time: Duration::from_secs_f64(value("ms")?.parse::<f64>()? / 1e3),
+        rows: value("rows")?.parse()?,
+        ok: value("sorted")? == "1" && got_sums == sums,
+        metrics: MetricsSet::new(),
+        path: Some(format!("duckdb {}", value("version")?)),
+    })
 }
 
 async fn run(
@@ -270,6 +351,7 @@ async fn run(
         rows: check.rows,
         ok: check.sorted && check.sums == sums,
         metrics: metrics_of(&plan),
+        path: None,
     })
 }
 
@@ -334,9 +416,9 @@ async fn main() -> Result<()> {
     let mut table = String::new();
     writeln!(
         table,
-        "| contender | pool | time ms | Mrows/s | vs stock | of in-memory | runs | spill files | spilled GB | merges | merge ms | path | cpu_fallback | ok |"
+        "| contender | pool | time ms | Mrows/s | vs stock | vs DuckDB | of in-memory | runs | spill files | spilled GB | merges | GPU-merged steps | merge ms | path | cpu_fallback | ok |"
     )?;
-    writeln!(table, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")?;
+    writeln!(table, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")?;
     let mut results = vec![];
     for c in CONTENDERS {
         if let Some(w) = &wanted
@@ -345,7 +427,11 @@ async fn main() -> Result<()> {
             continue;
         }
         eprintln!("running {} ...", c.label);
-        let out = run(c, &parts, sums, pool.0, &gpu_limit, timelines, check_batches).await;
+        let out = if c.duckdb {
+            run_duckdb(&parts, sums, pool.0)
+        } else {
+            run(c, &parts, sums, pool.0, &gpu_limit, timelines, check_batches).await
+        };
         match &out {
             Ok(o) => eprintln!("  {} in {:.0} ms", c.label, ms(o.time)),
             Err(e) => eprintln!("  {} failed: {e}", c.label),
@@ -358,7 +444,7 @@ async fn main() -> Result<()> {
             .find(|(c, o)| c.label == label && o.is_ok())
             .map(|(_, o)| o.as_ref().unwrap().time)
     };
-    let (stock, memory) = (time_of("stock"), time_of("in-memory"));
+    let (stock, duck, memory) = (time_of("stock"), time_of("duckdb"), time_of("in-memory"));
     for (c, out) in &results {
         let Ok(o) = out else {
             writeln!(table, "| {} | failed: {} |", c.label, out.as_ref().err().unwrap())?;
@@ -377,19 +463,21 @@ async fn main() -> Result<()> {
         let m = &o.metrics;
         writeln!(
             table,
-            "| {} | {} | {:.0} | {:.1} | {} | {} | {} | {} | {:.2} | {} | {:.0} | {} | {} | {} |",
+            "| {} | {} | {:.0} | {:.1} | {} | {} | {} | {} | {} | {:.2} | {} | {} | {:.0} | {} | {} | {} |",
             c.label,
             if c.limited { pool.to_string() } else { "none".into() },
             ms(o.time),
             o.rows as f64 / o.time.as_secs_f64() / 1e6,
             ratio(stock),
+            ratio(duck),
             share(memory),
             count(m, "runs"),
             m.spill_count().unwrap_or(0),
             m.spilled_bytes().unwrap_or(0) as f64 / 1e9,
             count(m, "intermediate_merges"),
+            count(m, "gpu_merged_steps"),
             count(m, "merge_time") as f64 / 1e6,
-            text(m, "path"),
+            o.path.clone().unwrap_or_else(|| text(m, "path")),
             text(m, "cpu_fallback"),
             if o.ok && o.rows == rows { "yes" } else { "NO" },
         )?;
