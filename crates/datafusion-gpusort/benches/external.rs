@@ -257,7 +257,10 @@ fn run_duckdb(parts: &[Vec<RecordBatch>], sums: [u64; COLUMNS], pool: usize) -> 
             .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
             .ok_or_else(|| format!("external_duckdb.py printed no {key}: {text}"))
     };
-    let got_sums: Vec<u64> = value("sums")?.split(',').map(|s| s.parse()).collect::<std::result::Result<_, _>>()?;
+    let got_sums: Vec<u64> = value("sums")?
+        .split(',')
+        .map(|s| s.parse())
+        .collect::<std::result::Result<_, _>>()?;
     Ok(Outcome {
         time: Duration::from_secs_f64(value("ms")?.parse::<f64>()? / 1e3),
         rows: value("rows")?.parse()?,
@@ -418,7 +421,10 @@ async fn main() -> Result<()> {
         table,
         "| contender | pool | time ms | Mrows/s | vs stock | vs DuckDB | of in-memory | runs | spill files | spilled GB | merges | GPU-merged steps | merge ms | path | cpu_fallback | ok |"
     )?;
-    writeln!(table, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")?;
+    writeln!(
+        table,
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    )?;
     let mut results = vec![];
     for c in CONTENDERS {
         if let Some(w) = &wanted

@@ -69,7 +69,7 @@ pub use error::{CudaSortError, Result};
 pub use gpu::Gpu;
 pub use kernels::{KernelCache, KernelTuning};
 pub use memory::{BudgetRefusal, DeviceBudget, DeviceBudgetStats, DeviceReservation};
-pub use merge::MergeMethod;
+pub use merge::{MergeMethod, odd_even_applies};
 pub use nvcomp::{CompressStats, ZstdCompressor};
 pub use options::{DEVICE_TIES_MIN_MEAN_ROWS, DeviceTies, GpuOptions};
 pub use pinned::{FRESH_PIN_MAX, HostBuffer, PinnedPool, PinnedPoolStats};

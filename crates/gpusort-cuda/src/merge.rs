@@ -8,14 +8,19 @@
 //!
 //! * [`MergeMethod::OddEven`], seed 003 (Ajdari et al., "A Version of Parallel Odd-Even Sorting
 //!   Algorithm Implemented in CUDA Paradigm", sections 3-4): k rounds over the k runs as fixed
-//!   blocks; round r merge-splits blocks i and i + 1 for every i = r (mod 2).
+//!   blocks; round r merge-splits blocks i and i + 1 for every i = r (mod 2). The paper's blocks
+//!   are of one size, and k rounds sort only such blocks: runs of 1, 1 and 5 rows holding 9, 8
+//!   and 1..5 end as 1 | 8 | 2 3 4 5 9. A shorter first or last run is as good as one padded
+//!   with keys below (above) every other, which never leave it, so those may be shorter
+//!   ([`odd_even_applies`]); other runs are merged by the tree.
 //! * [`MergeMethod::Tree`]: runs 0-1, 2-3, ... merged each round, halving the runs:
 //!   ceil(log2 k) rounds.
 //!
 //! Every round reads and writes each key word and the row index once (merge-path tiles, see
 //! the kernel source), so the tree's ceil(log2 k) rounds against the paper's k is the whole
-//! difference; [`Gpu::sort`] merges where the rounds are fewer than its radix passes
-//! ([`merge_rounds`]).
+//! difference. A round costs the H100 about two radix passes (kernels/NOTES.md, "merge.cu"),
+//! so [`Gpu::sort`] merges where twice the rounds are at most its radix passes
+//! ([`merge_pays`]).
 
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 
@@ -51,6 +56,31 @@ pub(crate) struct MergePair {
     pub a: u32,
     pub b: u32,
     pub tile0: u32,
+}
+
+/// Whether the paper's odd-even merge-split sorts runs of `runs` rows in k rounds: the runs
+/// that are not empty all have one length, but for a shorter first or last one.
+pub fn odd_even_applies(runs: &[usize]) -> bool {
+    let runs: Vec<usize> = runs.iter().copied().filter(|&r| r > 0).collect();
+    let Some(&most) = runs.iter().max() else {
+        return true;
+    };
+    let k = runs.len();
+    runs.iter().enumerate().all(|(i, &r)| r == most || i == 0 || i + 1 == k)
+}
+
+/// Whether merging `runs` by `method` (the tree where the paper's schedule does not apply)
+/// pays against `passes` radix passes, and how: a merge round costs about two passes
+/// (measured on the H100, stop 28: 100M u32 keys, 4 runs merged in 2.97 ms against 4.16 ms
+/// for the 4 passes, 16 runs in 5.85 ms; 100M u64 keys, 16 runs 7.43 against 8.30 ms for 8
+/// passes, 64 runs 11.19 ms).
+pub(crate) fn merge_pays(runs: &[usize], method: MergeMethod, passes: usize) -> Option<MergeMethod> {
+    let method = match method {
+        MergeMethod::OddEven if !odd_even_applies(runs) => MergeMethod::Tree,
+        m => m,
+    };
+    let rounds = merge_rounds(runs, method).len();
+    (rounds > 0 && 2 * rounds <= passes).then_some(method)
 }
 
 /// The rounds that merge runs of `runs` rows (in order, from row 0; empty runs are skipped)
@@ -126,7 +156,8 @@ impl Gpu {
     /// key words `words` of `keys` (those that vary, most significant first; the others may be
     /// one-word stand-ins, untouched). Those words are left in merged order; returns the
     /// permutation (merged position -> input row). Stable: equal keys keep their input order.
-    /// Each run must be sorted by the key: the merge does not check it.
+    /// Each run must be sorted by the key: the merge does not check it. The odd-even schedule
+    /// takes only runs it sorts ([`odd_even_applies`]).
     pub fn merge_runs(
         &self,
         keys: &mut [CudaSlice<u32>],
@@ -141,6 +172,11 @@ impl Gpu {
                 "sorted runs of {} rows in all for {n} rows",
                 runs.iter().sum::<usize>()
             )));
+        }
+        if method == MergeMethod::OddEven && !odd_even_applies(runs) {
+            return Err(CudaSortError::Unsupported(
+                "the odd-even merge-split of runs of different lengths (only the first and last may be shorter)".into(),
+            ));
         }
         if words.len() > MERGE_MAX_WORDS || words.iter().any(|&w| w >= keys.len() || keys[w].len() < n) {
             return Err(CudaSortError::Unsupported(format!(
@@ -282,6 +318,30 @@ mod tests {
         let r = merge_rounds(&[MERGE_TILE * 2, MERGE_TILE / 2, 1, 1], MergeMethod::Tree);
         assert_eq!((r[0][0].tile0, r[0][1].tile0), (0, 3));
         assert_eq!(r[0][0].a + r[0][0].b, 2 * t + t / 2);
+    }
+
+    #[test]
+    fn odd_even_takes_runs_of_one_length_and_merges_pay_two_passes_a_round() {
+        assert!(odd_even_applies(&[3, 5, 5, 5, 2]));
+        assert!(odd_even_applies(&[0, 5, 0, 5, 1, 0]));
+        assert!(!odd_even_applies(&[5, 3, 5]));
+        assert!(odd_even_applies(&[]));
+        // 4 runs: 2 rounds by the tree, 4 by odd-even; 16 runs: 4 rounds by the tree.
+        assert_eq!(merge_pays(&[9; 4], MergeMethod::Tree, 4), Some(MergeMethod::Tree));
+        assert_eq!(merge_pays(&[9; 4], MergeMethod::Tree, 3), None);
+        assert_eq!(merge_pays(&[9; 4], MergeMethod::OddEven, 8), Some(MergeMethod::OddEven));
+        assert_eq!(merge_pays(&[9; 4], MergeMethod::OddEven, 7), None);
+        assert_eq!(
+            merge_pays(&[9, 3, 9, 9], MergeMethod::OddEven, 4),
+            Some(MergeMethod::Tree)
+        );
+        assert_eq!(merge_pays(&[9; 16], MergeMethod::Tree, 8), Some(MergeMethod::Tree));
+        assert_eq!(merge_pays(&[9; 64], MergeMethod::Tree, 8), None);
+        assert_eq!(
+            merge_pays(&[9], MergeMethod::Tree, 8),
+            None,
+            "one run: nothing to merge"
+        );
     }
 
     #[test]

@@ -6,14 +6,14 @@
 //! read of the key (`presorted.rs`) finds input already in order (nothing moves) or strictly
 //! reversed (everything is reversed in place); the sort waits for it only once the passes' host
 //! work is done, just before their first kernel. Rows the plan says are a few sorted runs are
-//! merged instead (`merge.rs`) where that takes fewer rounds than the radix passes.
+//! merged instead (`merge.rs`) where that pays against the radix passes.
 
 use gpusort::plan::{Algorithm, InputOrder, RecordMove, Strategy};
 
 use crate::error::{CudaSortError, Result};
 use crate::gpu::{Gpu, rows_u32};
 use crate::kernels::MERGE_MAX_WORDS;
-use crate::merge::{MergeMethod, merge_rounds};
+use crate::merge::{MergeMethod, merge_pays};
 use crate::presorted::{OrderScan, Passes};
 use crate::shapes::{msd_local_smem, msd_scatter_smem};
 use crate::table::{DeviceTable, GpuSortPlan, GpuSortResult};
@@ -64,16 +64,16 @@ impl Gpu {
         })
     }
 
-    /// How `plan`'s sorted runs of `n` rows are merged, when they are: the switches' method,
-    /// where its rounds are fewer than the radix passes and the kernels take the key.
+    /// How `plan`'s sorted runs of `n` rows are merged, when they are: by the switches' method
+    /// (the tree where the paper's odd-even schedule does not sort them), where that pays
+    /// against the radix passes ([`merge_pays`]) and the kernels take the key.
     fn merge_of(&self, plan: &GpuSortPlan, n: usize) -> Option<MergeMethod> {
         let method = plan.switches.merge?;
         let words = plan.key_words().len();
         if n < 2 || plan.passes.is_empty() || words > MERGE_MAX_WORDS {
             return None;
         }
-        let rounds = merge_rounds(&plan.sorted_runs, method).len();
-        (rounds > 0 && rounds < plan.passes.len()).then_some(method)
+        merge_pays(&plan.sorted_runs, method, plan.passes.len())
     }
 
     /// Refuses what the kernels do not take: more than 2^32 - 1 rows, MSD sizes out of range

@@ -61,8 +61,8 @@ pub struct GpuSortPlan {
     /// gives the device's defaults).
     pub switches: SortSwitches,
     /// The rows are sorted runs of these many rows, one after the other (empty: not known).
-    /// With [`SortSwitches::merge`], they are merged (`merge.rs`) where that takes fewer rounds
-    /// than the plan's radix passes. Each run must be sorted by the key.
+    /// With [`SortSwitches::merge`], they are merged (`merge.rs`) where that pays against the
+    /// plan's radix passes (a merge round costs about two). Each run must be sorted by the key.
     pub sorted_runs: Vec<usize>,
 }
 

@@ -32,7 +32,7 @@ use gpusort::{CpuBackend, EncoderOptions, KeyEncoder, SortBackend, SortKey, Sort
 use gpusort_cuda::kernels::MERGE_TILE;
 use gpusort_cuda::{
     CudaBackend, DeviceColumn, DeviceRecords, DeviceTable, DeviceTies, Gpu, GpuOptions, GpuSortPlan, KernelCache,
-    MergeMethod, SortSwitches,
+    MergeMethod, SortSwitches, odd_even_applies,
 };
 use gpusort_testing::{EDGE_SIZES, assert_matches_reference, random_case, rng_from_env};
 use rand::prelude::*;
@@ -385,21 +385,36 @@ fn sort_runs(keys: &mut [Vec<u32>], runs: &[usize]) {
     }
 }
 
-/// Rounds of merges of `runs` by `method`: ceil(log2 k) for the tree, k for odd-even (k the
-/// runs that are not empty; none for one).
+/// Rounds of merges of `runs` by `method`: ceil(log2 k) for the tree, k for odd-even where it
+/// applies, else the tree's (k the runs that are not empty; none for one).
 fn merge_rounds_of(runs: &[usize], method: MergeMethod) -> usize {
     let k = runs.iter().filter(|&&r| r > 0).count();
     match (k, method) {
         (0 | 1, _) => 0,
-        (k, MergeMethod::Tree) => k.next_power_of_two().trailing_zeros() as usize,
-        (k, MergeMethod::OddEven) => k,
+        (k, MergeMethod::OddEven) if odd_even_applies(runs) => k,
+        (k, _) => k.next_power_of_two().trailing_zeros() as usize,
     }
+}
+
+/// The first position where `got` and `want` differ, said briefly (the vectors are long).
+fn first_difference(got: &[u32], want: &[u32]) -> Option<String> {
+    if got.len() != want.len() {
+        return Some(format!("{} values, {} wanted", got.len(), want.len()));
+    }
+    let at = got.iter().zip(want).position(|(a, b)| a != b)?;
+    Some(format!(
+        "differs at {at} of {}: got {} want {}",
+        got.len(),
+        got[at],
+        want[at]
+    ))
 }
 
 /// Rows that are sorted runs, merged on the device instead of radix-sorted (merge.rs): the
 /// permutation, key words and moved columns against a stable sort, with tiles cut at run edges
 /// and inside runs, empty runs, one run, many small runs and runs of equal keys; the merge runs
-/// exactly where its rounds are fewer than the radix passes.
+/// exactly where twice its rounds are at most the radix passes (`merge_pays`), by the tree where
+/// the paper's odd-even schedule does not apply (runs of different lengths).
 #[test]
 fn engine_merges_sorted_runs() {
     let Some(b) = backend() else { return };
@@ -414,6 +429,7 @@ fn engine_merges_sorted_runs() {
         vec![100_000, 0, 100_000, 100_000, 99_999, 100_001],
         vec![3; 40],
         vec![300_001, 17],
+        vec![1000, 4096, 4096, 4096, 77],
     ];
     shapes.push((0..23).map(|_| rng.random_range(0..20_000)).collect());
     for runs in &shapes {
@@ -437,7 +453,7 @@ fn engine_merges_sorted_runs() {
                         );
                         let (_, merged) = check_engine_runs(gpu, &c, strategy, 8, switches, runs, &what);
                         let rounds = merge_rounds_of(runs, method);
-                        let want = if n > 1 && rounds > 0 && rounds < passes {
+                        let want = if n > 1 && rounds > 0 && 2 * rounds <= passes {
                             runs.iter().filter(|&&r| r > 0).count()
                         } else {
                             0
@@ -459,7 +475,14 @@ fn engine_merge_runs_by_long_keys() {
     let s = gpu.stream();
     let mut rng = SmallRng::seed_from_u64(25);
     for words in [1usize, 4, 8] {
-        let runs: Vec<usize> = (0..9).map(|_| rng.random_range(0..3 * MERGE_TILE)).collect();
+        // Odd-even takes runs of one length (the first and last may be shorter), the tree any.
+        let len = rng.random_range(1..3 * MERGE_TILE);
+        let mut runs: Vec<usize> = vec![len; 9];
+        runs[0] = rng.random_range(0..len);
+        runs[8] = rng.random_range(0..len);
+        if words == 4 {
+            runs = (0..9).map(|_| rng.random_range(0..3 * MERGE_TILE)).collect();
+        }
         let n: usize = runs.iter().sum();
         let mut keys: Vec<Vec<u32>> = (0..words)
             .map(|_| (0..n).map(|_| rng.random_range(0..4)).collect())
@@ -470,12 +493,20 @@ fn engine_merge_runs_by_long_keys() {
         for method in [MergeMethod::Tree, MergeMethod::OddEven] {
             let mut dev: Vec<CudaSlice<u32>> = keys.iter().map(|w| s.clone_htod(&pad(w)).unwrap()).collect();
             let all: Vec<usize> = (0..words).collect();
+            let what = format!("{words} words {} runs {runs:?}", method.name());
+            if method == MergeMethod::OddEven && !odd_even_applies(&runs) {
+                assert!(gpu.merge_runs(&mut dev, &all, n, &runs, method).is_err(), "{what}");
+                continue;
+            }
             let perm = gpu.merge_runs(&mut dev, &all, n, &runs, method).unwrap();
-            let what = format!("{words} words {}", method.name());
-            assert_eq!(down(s, &perm, n), want, "{what}: permutation");
-            for (w, d) in dev.iter().enumerate() {
+            if let Some(d) = first_difference(&down(s, &perm, n), &want) {
+                panic!("{what}: permutation {d}");
+            }
+            for (w, dev) in dev.iter().enumerate() {
                 let expected: Vec<u32> = want.iter().map(|&i| keys[w][i as usize]).collect();
-                assert_eq!(down(s, d, n), expected, "{what}: word {w}");
+                if let Some(d) = first_difference(&down(s, dev, n), &expected) {
+                    panic!("{what}: word {w} {d}");
+                }
             }
         }
     }
@@ -998,8 +1029,9 @@ fn sanitize_every_kernel() {
         assert_matches_reference(&batch, &spec, None, &out, &format!("sanitize validity {strategy}"));
     }
     // Sorted runs merged (merge.cu): tiles cut inside runs, a run left over, both schedules.
-    let runs = [gpu.tile() + 5, 0, 3, 2 * MERGE_TILE + 1, 1];
-    let mut c = case(&mut rng, runs.iter().sum(), 2, "dups", false);
+    // Odd-even: runs of one length but a shorter first and last.
+    let runs = [3, 0, 2 * MERGE_TILE + 1, 2 * MERGE_TILE + 1, 1];
+    let mut c = case(&mut rng, runs.iter().sum(), 2, "random", false);
     sort_runs(&mut c.keys, &runs);
     for method in [MergeMethod::Tree, MergeMethod::OddEven] {
         let switches = SortSwitches {

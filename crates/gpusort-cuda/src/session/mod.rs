@@ -218,7 +218,7 @@ impl GpuSortSession {
 
     /// Says that the rows pushed are sorted runs of `runs` rows each, in push order (each
     /// sorted by the session's key, as an external sort's merge step takes them): the device
-    /// merges them (`merge.rs`) where that takes fewer rounds than its radix passes. The order
+    /// merges them (`merge.rs`) where that pays against its radix passes. The order
     /// is the same either way; a session whose rows do not add up to the runs fails.
     pub fn with_sorted_runs(mut self, runs: Vec<usize>) -> Self {
         self.sorted_runs = runs;
