@@ -131,10 +131,20 @@ extern "C" __global__ void __launch_bounds__(MERGE_BLOCK) merge_tiles(MergeWords
     }
     u32 i = lo, j = d - lo;
     const u32 end = min(d + MERGE_IPT, len);
+    // The heads' most significant words stay in registers: a step loads only the word of the
+    // row that replaces the one taken, and reads the others only when those words tie.
+    u32 ha = i < na ? smem[i] : 0, hb = j < nb ? smem[na + j] : 0;
     for (u32 o = d; o < end; o++) {
-        const bool take_a = i < na && (j >= nb || !tile_less(smem, nwords, na + j, i));
+        const bool take_a =
+            i < na && (j >= nb || ha < hb || (ha == hb && !tile_less(smem, nwords, na + j, i)));
         s_from[o] = (u16)(take_a ? i : na + j);
-        if (take_a) i++; else j++;
+        if (take_a) {
+            i++;
+            if (i < na) ha = smem[i];
+        } else {
+            j++;
+            if (j < nb) hb = smem[na + j];
+        }
     }
     __syncthreads();
     const size_t o0 = (size_t)p.start + d0;
