@@ -175,8 +175,9 @@ async fn gpu_sql_fuzz_matches_stock_datafusion() {
 /// The external sort on the GPU: a GPU memory budget far below the input cuts it into runs
 /// (at least 8), each sorted on the GPU; with a small memory pool too, runs spill and their keys
 /// sort on the GPU. Results equal stock DataFusion's stable order, the pool returns to zero and
-/// no spill file is left. The merge steps of the wide keys merge their runs on the GPU
-/// (`merge.cu`) rather than sort them.
+/// no spill file is left. With 4 runs in memory (`gpusort.max_run_rows`), the merge steps merge
+/// their runs on the GPU (`merge.cu`: 2 rounds against the key's 4 radix passes) rather than
+/// sort them; with ~20 runs a step (5 rounds) the radix passes are cheaper and run.
 #[tokio::test]
 async fn gpu_external_sort_in_budget_sized_runs() {
     if !gpu_present() {
@@ -191,7 +192,6 @@ async fn gpu_external_sort_in_budget_sized_runs() {
         ("gpusort.gpu_memory_limit", "17M"),
     ];
     for pool in [None, Some(3 << 20)] {
-        let mut merged_steps = 0;
         let ours = external::session(true, pool, external::disk_in(tmp.path()), &budget);
         for (q, stable) in external::QUERIES {
             let (expected, _) = external::run(&stock, stable).await.unwrap();
@@ -202,7 +202,6 @@ async fn gpu_external_sort_in_budget_sized_runs() {
                 "{q}, pool {pool:?}"
             );
             let (runs, gpu_sorts) = (external::metric(&m, "runs"), external::metric(&m, "gpu_sorts"));
-            merged_steps += external::metric(&m, "gpu_merged_steps");
             println!(
                 "{q}, pool {pool:?}: {runs} runs ({} for the GPU budget), {gpu_sorts} GPU sorts, {} spill files, {} of {} merge steps merged on the GPU, path {}",
                 external::metric(&m, "budget_runs"),
@@ -223,9 +222,25 @@ async fn gpu_external_sort_in_budget_sized_runs() {
             assert_eq!(ours.runtime_env().memory_pool.reserved(), 0, "{q}");
             assert_eq!(external::files_under(tmp.path()), 0, "{q}");
         }
-        // In memory the runs merge by key ranges (with the small pool, by the heap merge).
-        if pool.is_none() {
-            assert!(merged_steps > 0, "no merge step merged its runs on the GPU");
-        }
+    }
+    let four_runs = [
+        ("gpusort.device", "0"),
+        ("gpusort.min_rows", "0"),
+        ("gpusort.max_run_rows", "50000"),
+    ];
+    let ours = external::session(true, None, external::disk_in(tmp.path()), &four_runs);
+    for (q, stable) in &external::QUERIES[..2] {
+        let (expected, _) = external::run(&stock, stable).await.unwrap();
+        let (actual, m) = external::run(&ours, q).await.unwrap();
+        assert_eq!(external::render(&actual), external::render(&expected), "{q}, 4 runs");
+        let (runs, steps) = (external::metric(&m, "runs"), external::metric(&m, "range_merge_steps"));
+        let merged = external::metric(&m, "gpu_merged_steps");
+        println!("{q}, 4 runs: {runs} runs, {merged} of {steps} merge steps merged on the GPU");
+        assert_eq!(runs, 4, "{q}: {m}");
+        assert!(
+            merged > 0 && merged <= steps,
+            "{q}: {merged} of {steps} steps merged: {m}"
+        );
+        assert_eq!(ours.runtime_env().memory_pool.reserved(), 0, "{q}");
     }
 }
