@@ -93,19 +93,19 @@ struct KeyFieldDesc {
 // of word w over all rows (the host sets them to 0 and ~0 first).
 extern "C" __global__ void encode_keys(
     u32 n, const KeyFieldDesc* fields, u32 nfields, u32* const* words, u32 nwords, u32* varying) {
-    u32 ors[KEY_MAX_WORDS], ands[KEY_MAX_WORDS];
+    // Word by word, each over all of this thread's rows: the word's OR and AND stay in two
+    // registers (arrays of them indexed by the word lived in local memory, two local accesses
+    // a word and row) and its first field is found once. A field is read once a word it
+    // overlaps, as when the rows were the outer loop.
+    u32 f = 0;
     for (u32 w = 0; w < nwords; w++) {
-        ors[w] = 0;
-        ands[w] = ~0u;
-    }
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        u32 f = 0;
-        for (u32 w = 0; w < nwords; w++) {
-            const u32 word_lo = 32 * w, word_hi = 32 * w + 32;
+        const u32 word_lo = 32 * w, word_hi = 32 * w + 32;
+        // Fields lie in key order: skip those that end before this word; stop at one that
+        // starts after it (the last overlapping field may go on into the next word).
+        while (f < nfields && fields[f].pos + fields[f].null_bits + fields[f].value_bits <= word_lo) f++;
+        u32 ors = 0, ands = ~0u;
+        for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
             u32 acc = 0;
-            // Fields lie in key order: skip those that end before this word; stop at one that
-            // starts after it (the last overlapping field may go on into the next word).
-            while (f < nfields && fields[f].pos + fields[f].null_bits + fields[f].value_bits <= word_lo) f++;
             for (u32 g = f; g < nfields && fields[g].pos < word_hi; g++) {
                 const KeyFieldDesc& d = fields[g];
                 const u32 bits = d.null_bits + d.value_bits;
@@ -130,19 +130,16 @@ extern "C" __global__ void encode_keys(
                 acc |= (u32)(chunk << (word_hi - e));
             }
             words[w][i] = acc;
-            ors[w] |= acc;
-            ands[w] &= acc;
+            ors |= acc;
+            ands &= acc;
         }
-    }
-    for (u32 w = 0; w < nwords; w++) {
-        u32 o = ors[w], a = ands[w];
         for (int d = 16; d > 0; d /= 2) {
-            o |= __shfl_xor_sync(FULL_MASK, o, d);
-            a &= __shfl_xor_sync(FULL_MASK, a, d);
+            ors |= __shfl_xor_sync(FULL_MASK, ors, d);
+            ands &= __shfl_xor_sync(FULL_MASK, ands, d);
         }
         if ((threadIdx.x & 31) == 0) {
-            atomicOr(&varying[2 * w], o);
-            atomicAnd(&varying[2 * w + 1], a);
+            atomicOr(&varying[2 * w], ors);
+            atomicAnd(&varying[2 * w + 1], ands);
         }
     }
 }

@@ -58,9 +58,16 @@ __device__ __forceinline__ u32 pair_of(const MergePair* pairs, u32 npairs, u32 t
     return lo;
 }
 
+// The loops over key words are unrolled to MERGE_MAX_WORDS with a break: a word array picked by
+// an index the compiler cannot fold makes it copy the kernel's pointer parameters into local
+// memory, a copy per thread (measured: ~1.6 GB of local-memory traffic a round of 100M rows,
+// more than the round's own reads and writes; kernels/NOTES.md).
+
 // Whether global row x's key is below row y's.
 __device__ __forceinline__ bool key_less(const MergeWords& k, u32 nwords, size_t x, size_t y) {
-    for (u32 w = 0; w < nwords; w++) {
+#pragma unroll
+    for (u32 w = 0; w < MERGE_MAX_WORDS; w++) {
+        if (w >= nwords) break;
         const u32 a = k.w[w][x], b = k.w[w][y];
         if (a != b) return a < b;
     }
@@ -116,7 +123,11 @@ extern "C" __global__ void __launch_bounds__(MERGE_BLOCK) merge_tiles(MergeWords
     const size_t a0 = (size_t)p.start + i0, b0 = (size_t)p.start + p.a + j0;
     for (u32 x = threadIdx.x; x < len; x += MERGE_BLOCK) {
         const size_t src = x < na ? a0 + x : b0 + (x - na);
-        for (u32 w = 0; w < nwords; w++) smem[w * MERGE_TILE + x] = in.w[w][src];
+#pragma unroll
+        for (u32 w = 0; w < MERGE_MAX_WORDS; w++) {
+            if (w >= nwords) break;
+            smem[w * MERGE_TILE + x] = in.w[w][src];
+        }
         s_idx[x] = iota ? (u32)src : idx_in[src];
     }
     __syncthreads();
@@ -150,7 +161,11 @@ extern "C" __global__ void __launch_bounds__(MERGE_BLOCK) merge_tiles(MergeWords
     const size_t o0 = (size_t)p.start + d0;
     for (u32 x = threadIdx.x; x < len; x += MERGE_BLOCK) {
         const u32 from = s_from[x];
-        for (u32 w = 0; w < nwords; w++) out.w[w][o0 + x] = smem[w * MERGE_TILE + from];
+#pragma unroll
+        for (u32 w = 0; w < MERGE_MAX_WORDS; w++) {
+            if (w >= nwords) break;
+            out.w[w][o0 + x] = smem[w * MERGE_TILE + from];
+        }
         idx_out[o0 + x] = s_idx[from];
     }
 }

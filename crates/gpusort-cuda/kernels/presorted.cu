@@ -41,7 +41,11 @@ extern "C" __global__ void order_scan(u32 n, ScanWords words, u32 nwords, u64* c
          i += (size_t)gridDim.x * blockDim.x, iter++) {
         if (i < n) {
             int c = 0;
-            for (u32 w = 0; w < nwords && c == 0; w++) {
+            // Unrolled with a break: a word picked by an index the compiler cannot fold would
+            // copy `words` into local memory (merge.cu).
+#pragma unroll
+            for (u32 w = 0; w < ORDER_SCAN_MAX_WORDS; w++) {
+                if (w >= nwords || c != 0) break;
                 const u32 a = words.w[w][i - 1], b = words.w[w][i];
                 c = (a > b) - (a < b);
             }
