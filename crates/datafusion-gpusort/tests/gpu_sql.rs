@@ -176,9 +176,9 @@ async fn gpu_sql_fuzz_matches_stock_datafusion() {
 /// (at least 8), each sorted on the GPU; with a small memory pool too, runs spill and their keys
 /// sort on the GPU. Results equal stock DataFusion's stable order, the pool returns to zero and
 /// no spill file is left. With 2 runs in memory (`gpusort.max_run_rows`), the merge steps merge
-/// their runs on the GPU (`merge.cu`: 1 round, which pays against 2 or more radix passes) rather
-/// than sort them; with ~20 runs a step (5 rounds against the keys' ~4 passes) the radix passes
-/// are cheaper and run.
+/// their runs on the GPU (`merge.cu`: 1 round, which pays against any radix pass) rather than
+/// sort them; with ~20 runs a step (5 rounds against the keys' ~4 passes) the radix passes are
+/// cheaper and run.
 #[tokio::test]
 async fn gpu_external_sort_in_budget_sized_runs() {
     if !gpu_present() {

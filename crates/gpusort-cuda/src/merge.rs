@@ -18,9 +18,8 @@
 //!
 //! Every round reads and writes each key word and the row index once (merge-path tiles, see
 //! the kernel source), so the tree's ceil(log2 k) rounds against the paper's k is the whole
-//! difference. A round costs the H100 about two radix passes (kernels/NOTES.md, "merge.cu"),
-//! so [`Gpu::sort`] merges where twice the rounds are at most its radix passes
-//! ([`merge_pays`]).
+//! difference. A round costs the H100 about one radix pass (kernels/NOTES.md, "merge.cu"), so
+//! [`Gpu::sort`] merges where the rounds are at most its radix passes ([`merge_pays`]).
 
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 
@@ -70,17 +69,17 @@ pub fn odd_even_applies(runs: &[usize]) -> bool {
 }
 
 /// Whether merging `runs` by `method` (the tree where the paper's schedule does not apply)
-/// pays against `passes` radix passes, and how: a merge round costs about two passes
-/// (measured on the H100, stop 28: 100M u32 keys, 4 runs merged in 2.97 ms against 4.16 ms
-/// for the 4 passes, 16 runs in 5.85 ms; 100M u64 keys, 16 runs 7.43 against 8.30 ms for 8
-/// passes, 64 runs 11.19 ms).
+/// pays against `passes` radix passes, and how: a merge round costs about one pass (measured
+/// on the H100, stop 28, run 7, with the permutation: 100M u32 keys, 16 runs merged in 3.86 ms
+/// against 4.17 ms for the 4 passes, 64 runs in 5.14 ms; 100M u64 keys, 64 runs 7.00 against
+/// 7.98 ms for 8 passes).
 pub(crate) fn merge_pays(runs: &[usize], method: MergeMethod, passes: usize) -> Option<MergeMethod> {
     let method = match method {
         MergeMethod::OddEven if !odd_even_applies(runs) => MergeMethod::Tree,
         m => m,
     };
     let rounds = merge_rounds(runs, method).len();
-    (rounds > 0 && 2 * rounds <= passes).then_some(method)
+    (rounds > 0 && rounds <= passes).then_some(method)
 }
 
 /// The rounds that merge runs of `runs` rows (in order, from row 0; empty runs are skipped)
@@ -321,22 +320,23 @@ mod tests {
     }
 
     #[test]
-    fn odd_even_takes_runs_of_one_length_and_merges_pay_two_passes_a_round() {
+    fn odd_even_takes_runs_of_one_length_and_merges_pay_a_pass_a_round() {
         assert!(odd_even_applies(&[3, 5, 5, 5, 2]));
         assert!(odd_even_applies(&[0, 5, 0, 5, 1, 0]));
         assert!(!odd_even_applies(&[5, 3, 5]));
         assert!(odd_even_applies(&[]));
         // 4 runs: 2 rounds by the tree, 4 by odd-even; 16 runs: 4 rounds by the tree.
-        assert_eq!(merge_pays(&[9; 4], MergeMethod::Tree, 4), Some(MergeMethod::Tree));
-        assert_eq!(merge_pays(&[9; 4], MergeMethod::Tree, 3), None);
-        assert_eq!(merge_pays(&[9; 4], MergeMethod::OddEven, 8), Some(MergeMethod::OddEven));
-        assert_eq!(merge_pays(&[9; 4], MergeMethod::OddEven, 7), None);
+        assert_eq!(merge_pays(&[9; 4], MergeMethod::Tree, 2), Some(MergeMethod::Tree));
+        assert_eq!(merge_pays(&[9; 4], MergeMethod::Tree, 1), None);
+        assert_eq!(merge_pays(&[9; 4], MergeMethod::OddEven, 4), Some(MergeMethod::OddEven));
+        assert_eq!(merge_pays(&[9; 4], MergeMethod::OddEven, 3), None);
         assert_eq!(
-            merge_pays(&[9, 3, 9, 9], MergeMethod::OddEven, 4),
+            merge_pays(&[9, 3, 9, 9], MergeMethod::OddEven, 2),
             Some(MergeMethod::Tree)
         );
-        assert_eq!(merge_pays(&[9; 16], MergeMethod::Tree, 8), Some(MergeMethod::Tree));
-        assert_eq!(merge_pays(&[9; 64], MergeMethod::Tree, 8), None);
+        assert_eq!(merge_pays(&[9; 16], MergeMethod::Tree, 4), Some(MergeMethod::Tree));
+        assert_eq!(merge_pays(&[9; 64], MergeMethod::Tree, 4), None);
+        assert_eq!(merge_pays(&[9; 64], MergeMethod::Tree, 8), Some(MergeMethod::Tree));
         assert_eq!(
             merge_pays(&[9], MergeMethod::Tree, 8),
             None,

@@ -62,7 +62,7 @@ pub struct GpuSortPlan {
     pub switches: SortSwitches,
     /// The rows are sorted runs of these many rows, one after the other (empty: not known).
     /// With [`SortSwitches::merge`], they are merged (`merge.rs`) where that pays against the
-    /// plan's radix passes (a merge round costs about two). Each run must be sorted by the key.
+    /// plan's radix passes (a merge round costs about one). Each run must be sorted by the key.
     pub sorted_runs: Vec<usize>,
 }
 

@@ -413,7 +413,7 @@ fn first_difference(got: &[u32], want: &[u32]) -> Option<String> {
 /// Rows that are sorted runs, merged on the device instead of radix-sorted (merge.rs): the
 /// permutation, key words and moved columns against a stable sort, with tiles cut at run edges
 /// and inside runs, empty runs, one run, many small runs and runs of equal keys; the merge runs
-/// exactly where twice its rounds are at most the radix passes (`merge_pays`), by the tree where
+/// exactly where its rounds are at most the radix passes (`merge_pays`), by the tree where
 /// the paper's odd-even schedule does not apply (runs of different lengths).
 #[test]
 fn engine_merges_sorted_runs() {
@@ -453,7 +453,7 @@ fn engine_merges_sorted_runs() {
                         );
                         let (_, merged) = check_engine_runs(gpu, &c, strategy, 8, switches, runs, &what);
                         let rounds = merge_rounds_of(runs, method);
-                        let want = if n > 1 && rounds > 0 && 2 * rounds <= passes {
+                        let want = if n > 1 && rounds > 0 && rounds <= passes {
                             runs.iter().filter(|&&r| r > 0).count()
                         } else {
                             0
