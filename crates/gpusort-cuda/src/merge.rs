@@ -21,7 +21,7 @@
 //! difference. A round costs the H100 about one radix pass (kernels/NOTES.md, "merge.cu"), so
 //! [`Gpu::sort`] merges where the rounds are at most its radix passes ([`merge_pays`]).
 
-use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 
 use crate::error::{CudaSortError, Result};
 use crate::gpu::{Gpu, rows_u32};
@@ -150,6 +150,36 @@ struct MergeWords([u64; MERGE_MAX_WORDS]);
 // SAFETY: a plain array of device addresses, laid out as the kernel's struct of 8 pointers.
 unsafe impl DeviceRepr for MergeWords {}
 
+/// A round's launch: its key words in and out, its row indices in and out (`iota`: the input
+/// index is the row's position), its pairs and tiles, where the tiles' splits go.
+struct Round {
+    from: MergeWords,
+    to: MergeWords,
+    nwords: u32,
+    idx_in: u64,
+    idx_out: u64,
+    iota: u32,
+    pairs: u64,
+    npairs: u32,
+    ntiles: u32,
+    splits: u64,
+}
+
+/// The addresses of the word arrays `v`, as merge.cu's `MergeWords`.
+fn word_ptrs(v: &[CudaSlice<u32>], s: &CudaStream) -> MergeWords {
+    let mut p = MergeWords([0; MERGE_MAX_WORDS]);
+    for (d, w) in p.0.iter_mut().zip(v) {
+        *d = w.device_ptr(s).0;
+    }
+    p
+}
+
+/// Tiles of a round (the last pair's first tile and its own).
+fn tiles_of(round: &[MergePair]) -> usize {
+    let last = round.last().expect("a round has pairs");
+    last.tile0 as usize + ((last.a + last.b) as usize).div_ceil(MERGE_TILE)
+}
+
 impl Gpu {
     /// Merges `n` rows that are sorted runs of `runs` rows each, one after the other, by the
     /// key words `words` of `keys` (those that vary, most significant first; the others may be
@@ -165,24 +195,7 @@ impl Gpu {
         runs: &[usize],
         method: MergeMethod,
     ) -> Result<CudaSlice<u32>> {
-        rows_u32(n)?;
-        if runs.iter().sum::<usize>() != n {
-            return Err(CudaSortError::Unsupported(format!(
-                "sorted runs of {} rows in all for {n} rows",
-                runs.iter().sum::<usize>()
-            )));
-        }
-        if method == MergeMethod::OddEven && !odd_even_applies(runs) {
-            return Err(CudaSortError::Unsupported(
-                "the odd-even merge-split of runs of different lengths (only the first and last may be shorter)".into(),
-            ));
-        }
-        if words.len() > MERGE_MAX_WORDS || words.iter().any(|&w| w >= keys.len() || keys[w].len() < n) {
-            return Err(CudaSortError::Unsupported(format!(
-                "a merge by {} key words (at most {MERGE_MAX_WORDS}, each of every row)",
-                words.len()
-            )));
-        }
+        check_merge(keys, words, n, runs, method)?;
         let rounds = merge_rounds(runs, method);
         if rounds.is_empty() || words.is_empty() {
             // One run, or every key equal: the rows are in order.
@@ -203,62 +216,22 @@ impl Gpu {
             .flat_map(|p| [p.start, p.a, p.b, p.tile0])
             .collect();
         let pairs_dev = s.clone_htod(&table)?;
-        let tiles = |r: &[MergePair]| {
-            let last = r.last().unwrap();
-            last.tile0 as usize + ((last.a + last.b) as usize).div_ceil(MERGE_TILE)
-        };
-        let most_tiles = rounds.iter().map(|r| tiles(r)).max().unwrap_or(0);
-        let splits = self.alloc_words(most_tiles.max(1))?;
-        let kernels = self.kernels()?;
-        let nwords = words.len() as u32;
-        let smem = ((words.len() + 1) * MERGE_TILE * 4 + MERGE_TILE * 2) as u32;
+        let splits = self.alloc_words(rounds.iter().map(|r| tiles_of(r)).max().unwrap_or(1))?;
         let mut offset = 0usize;
         for (r, round) in rounds.iter().enumerate() {
-            let (npairs, ntiles) = (round.len() as u32, tiles(round) as u32);
-            let pairs_p = pairs_dev.device_ptr(&s).0 + (offset * 16) as u64;
+            self.merge_round(&Round {
+                from: word_ptrs(&cur, &s),
+                to: word_ptrs(&next, &s),
+                nwords: words.len() as u32,
+                idx_in: idx[r % 2].device_ptr(&s).0,
+                idx_out: idx[(r + 1) % 2].device_ptr(&s).0,
+                iota: u32::from(r == 0),
+                pairs: pairs_dev.device_ptr(&s).0 + (offset * std::mem::size_of::<MergePair>()) as u64,
+                npairs: round.len() as u32,
+                ntiles: tiles_of(round) as u32,
+                splits: splits.device_ptr(&s).0,
+            })?;
             offset += round.len();
-            let ptrs = |v: &[CudaSlice<u32>]| {
-                let mut p = MergeWords([0; MERGE_MAX_WORDS]);
-                for (d, w) in p.0.iter_mut().zip(v) {
-                    *d = w.device_ptr(&s).0;
-                }
-                p
-            };
-            let (from, to) = (ptrs(&cur), ptrs(&next));
-            let splits_p = splits.device_ptr(&s).0;
-            let (idx_in, idx_out) = (idx[r % 2].device_ptr(&s).0, idx[(r + 1) % 2].device_ptr(&s).0);
-            let iota = u32::from(r == 0);
-            // SAFETY: the pairs table holds `npairs` pairs of this round whose rows lie in the n
-            // rows of every word and index buffer; `splits` holds at least `ntiles` words.
-            unsafe {
-                s.launch_builder(&kernels.merge_partition)
-                    .arg(&from)
-                    .arg(&nwords)
-                    .arg(&pairs_p)
-                    .arg(&npairs)
-                    .arg(&ntiles)
-                    .arg(&splits_p)
-                    .launch(LaunchConfig {
-                        grid_dim: (ntiles.div_ceil(256), 1, 1),
-                        block_dim: (256, 1, 1),
-                        shared_mem_bytes: 0,
-                    })?;
-                s.launch_builder(&kernels.merge_tiles)
-                    .arg(&from)
-                    .arg(&to)
-                    .arg(&nwords)
-                    .arg(&idx_in)
-                    .arg(&idx_out)
-                    .arg(&iota)
-                    .arg(&pairs_p)
-                    .arg(&npairs)
-                    .arg(&splits_p)
-                    .launch(LaunchConfig {
-                        grid_dim: (ntiles, 1, 1),
-                        block_dim: (MERGE_BLOCK, 1, 1),
-                        shared_mem_bytes: smem,
-                    })?;
-            }
             std::mem::swap(&mut cur, &mut next);
         }
         for (&w, merged) in words.iter().zip(cur) {
@@ -267,8 +240,73 @@ impl Gpu {
         // The last round wrote the index into idx[rounds % 2]. The pairs table and the splits
         // are freed in the stream's order, after the kernels.
         let [even, odd] = idx;
-        Ok(if rounds.len() % 2 == 0 { even } else { odd })
+        Ok(if rounds.len().is_multiple_of(2) { even } else { odd })
     }
+
+    /// Launches one round: `merge_partition`, a thread a tile, then `merge_tiles`, a block a
+    /// tile with the tile's words and indices in shared memory.
+    fn merge_round(&self, r: &Round) -> Result<()> {
+        let s = &self.stream;
+        let kernels = self.kernels()?;
+        let smem = ((r.nwords as usize + 1) * MERGE_TILE * 4 + MERGE_TILE * 2) as u32;
+        // SAFETY: the pairs table holds `npairs` pairs of this round whose rows lie in the
+        // rows of every word and index buffer; `splits` holds at least `ntiles` words.
+        unsafe {
+            s.launch_builder(&kernels.merge_partition)
+                .arg(&r.from)
+                .arg(&r.nwords)
+                .arg(&r.pairs)
+                .arg(&r.npairs)
+                .arg(&r.ntiles)
+                .arg(&r.splits)
+                .launch(LaunchConfig {
+                    grid_dim: (r.ntiles.div_ceil(256), 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                })?;
+            s.launch_builder(&kernels.merge_tiles)
+                .arg(&r.from)
+                .arg(&r.to)
+                .arg(&r.nwords)
+                .arg(&r.idx_in)
+                .arg(&r.idx_out)
+                .arg(&r.iota)
+                .arg(&r.pairs)
+                .arg(&r.npairs)
+                .arg(&r.splits)
+                .launch(LaunchConfig {
+                    grid_dim: (r.ntiles, 1, 1),
+                    block_dim: (MERGE_BLOCK, 1, 1),
+                    shared_mem_bytes: smem,
+                })?;
+        }
+        Ok(())
+    }
+}
+
+/// Refuses what [`Gpu::merge_runs`] does not take: more than 2^32 - 1 rows, runs that do not add
+/// up to the rows, runs of different lengths for the odd-even schedule, more than
+/// [`MERGE_MAX_WORDS`] words or words not of every row.
+fn check_merge(keys: &[CudaSlice<u32>], words: &[usize], n: usize, runs: &[usize], method: MergeMethod) -> Result<()> {
+    rows_u32(n)?;
+    let total: usize = runs.iter().sum();
+    if total != n {
+        return Err(CudaSortError::Unsupported(format!(
+            "sorted runs of {total} rows in all for {n} rows"
+        )));
+    }
+    if method == MergeMethod::OddEven && !odd_even_applies(runs) {
+        return Err(CudaSortError::Unsupported(
+            "the odd-even merge-split of runs of different lengths (only the first and last may be shorter)".into(),
+        ));
+    }
+    if words.len() > MERGE_MAX_WORDS || words.iter().any(|&w| w >= keys.len() || keys[w].len() < n) {
+        return Err(CudaSortError::Unsupported(format!(
+            "a merge by {} key words (at most {MERGE_MAX_WORDS}, each of every row)",
+            words.len()
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
