@@ -10,10 +10,9 @@
 //! are sorted — stably, so ties keep their run order, which is input order — on the GPU when
 //! the step's sort is for it (the rows go through a GPU session whole, told that they are
 //! sorted runs: the device merges them, `merge.cu`, where that pays against its radix
-//! passes), else by their keys alone into a permutation that the rows are gathered
-//! through in parallel. When no loaded
-//! row is below the splitter, the rows equal to it come first in the output: they leave run by
-//! run, unsorted (they are all equal).
+//! passes), else by their keys alone into a permutation that the rows are gathered through in
+//! parallel. When no loaded row is below the splitter, the rows equal to it come first in the
+//! output: they leave run by run, unsorted (they are all equal).
 //!
 //! Steps run one ahead of the consumer, on their own task: step i + 1 reads and sorts while
 //! step i's batches are consumed. Spilled runs read their share of the next step ahead, on

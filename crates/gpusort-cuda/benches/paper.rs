@@ -96,6 +96,27 @@ fn random_words(rng: &mut SmallRng, n: usize) -> Vec<u32> {
     (0..n).map(|_| rng.random()).collect()
 }
 
+/// A device copy of the words `src`.
+fn copy_words(gpu: &Gpu, src: &CudaSlice<u32>) -> CudaSlice<u32> {
+    let mut d = gpu.alloc_words(src.len()).unwrap();
+    gpu.stream().memcpy_dtod(src, &mut d).unwrap();
+    d
+}
+
+/// The minimum and the median of `times`.
+fn min_median(mut times: Vec<f64>) -> (f64, f64) {
+    times.sort_by(|a, b| a.total_cmp(b));
+    (times[0], times[times.len() / 2])
+}
+
+/// u64 keys as two ByField words, the high one first.
+fn u64_words(keys: &[u64]) -> Vec<Vec<u32>> {
+    vec![
+        keys.iter().map(|k| (k >> 32) as u32).collect(),
+        keys.iter().map(|&k| k as u32).collect(),
+    ]
+}
+
 /// Minimum and median of the sort's kernel time over `reps` runs, inputs restored each time.
 fn time_sort(gpu: &Gpu, pristine: &DeviceTable, plan: &GpuSortPlan, reps: usize) -> (f64, f64) {
     let s = gpu.stream();
@@ -104,16 +125,11 @@ fn time_sort(gpu: &Gpu, pristine: &DeviceTable, plan: &GpuSortPlan, reps: usize)
         s.memcpy_dtod(src, &mut d).unwrap();
         d
     };
-    let copy_words = |src: &CudaSlice<u32>| {
-        let mut d = gpu.alloc_words(src.len()).unwrap();
-        s.memcpy_dtod(src, &mut d).unwrap();
-        d
-    };
     let mut times = vec![];
     for r in 0..=reps {
         let mut t = DeviceTable {
             num_rows: pristine.num_rows,
-            keys: pristine.keys.iter().map(copy_words).collect(),
+            keys: pristine.keys.iter().map(|k| copy_words(gpu, k)).collect(),
             columns: pristine
                 .columns
                 .iter()
@@ -135,8 +151,7 @@ fn time_sort(gpu: &Gpu, pristine: &DeviceTable, plan: &GpuSortPlan, reps: usize)
         drop(t);
         s.synchronize().unwrap();
     }
-    times.sort_by(|a, b| a.total_cmp(b));
-    (times[0], times[times.len() / 2])
+    min_median(times)
 }
 
 /// Minimum over `reps` of a device copy of every byte of `table` (keys, columns, records): the
@@ -187,10 +202,7 @@ fn distributions(gpu: &Gpu, a: &Args, csv: &mut String) {
     let mut random_ms = None;
     for dist in KeyDistribution::ALL {
         let keys = dist.keys(n, 2011);
-        let words: Vec<Vec<u32>> = vec![
-            keys.iter().map(|k| (k >> 32) as u32).collect(),
-            keys.iter().map(|&k| k as u32).collect(),
-        ];
+        let words = u64_words(&keys);
         let varying = varying_bits(&words);
         let pristine = DeviceTable {
             num_rows: n,
@@ -251,15 +263,7 @@ fn time_merge(gpu: &Gpu, pristine: &DeviceTable, runs: &[usize], method: MergeMe
     let words: Vec<usize> = (0..pristine.keys.len()).collect();
     let mut times = vec![];
     for r in 0..=reps {
-        let mut keys: Vec<CudaSlice<u32>> = pristine
-            .keys
-            .iter()
-            .map(|k| {
-                let mut d = gpu.alloc_words(k.len()).unwrap();
-                s.memcpy_dtod(k, &mut d).unwrap();
-                d
-            })
-            .collect();
+        let mut keys: Vec<CudaSlice<u32>> = pristine.keys.iter().map(|k| copy_words(gpu, k)).collect();
         start.record(s).unwrap();
         let perm = gpu
             .merge_runs(&mut keys, &words, pristine.num_rows, runs, method)
@@ -272,8 +276,7 @@ fn time_merge(gpu: &Gpu, pristine: &DeviceTable, runs: &[usize], method: MergeMe
         drop((perm, keys));
         s.synchronize().unwrap();
     }
-    times.sort_by(|a, b| a.total_cmp(b));
-    (times[0], times[times.len() / 2])
+    min_median(times)
 }
 
 /// The merge table: random u32 and u64 keys of each `--key-rows` size cut into `--merge-runs`
@@ -306,10 +309,7 @@ fn merges(gpu: &Gpu, a: &Args, cub: Option<&CubFigures>, csv: &mut String) {
                 let host: Vec<Vec<u32>> = if words == 1 {
                     vec![sorted.iter().map(|&v| v as u32).collect()]
                 } else {
-                    vec![
-                        sorted.iter().map(|&v| (v >> 32) as u32).collect(),
-                        sorted.iter().map(|&v| v as u32).collect(),
-                    ]
+                    u64_words(&sorted)
                 };
                 let varying = varying_bits(&host);
                 let pristine = DeviceTable {

@@ -8,6 +8,7 @@
 //! work is done, just before their first kernel. Rows the plan says are a few sorted runs are
 //! merged instead (`merge.rs`) where that pays against the radix passes.
 
+use cudarc::driver::CudaSlice;
 use gpusort::plan::{Algorithm, InputOrder, RecordMove, Strategy};
 
 use crate::error::{CudaSortError, Result};
@@ -31,13 +32,7 @@ impl Gpu {
         let mut strategy = plan.strategy;
         let merge = self.merge_of(plan, n);
         if let Some(method) = merge {
-            let p = self.merge_runs(&mut table.keys, &plan.key_words(), n, &plan.sorted_runs, method)?;
-            if !table.columns.is_empty() || table.records.is_some() {
-                // Packed gathers hold memory only an indirect plan reserves.
-                let pack = plan.pack_gathers && plan.strategy.record_move == RecordMove::Indirect;
-                self.gather_payload(table, &p, pack)?;
-            }
-            perm = Some(p);
+            perm = Some(self.merge_table(table, plan, method)?);
         } else if n > 1 && !plan.passes.is_empty() {
             if plan.switches.presorted {
                 // Enqueued, not waited for: the passes wait just before their first kernel.
@@ -64,6 +59,19 @@ impl Gpu {
         })
     }
 
+    /// The merge of `table`'s sorted runs (`plan.sorted_runs`) by `method`, then the payload
+    /// gathered through the permutation, which it returns.
+    fn merge_table(&self, table: &mut DeviceTable, plan: &GpuSortPlan, method: MergeMethod) -> Result<CudaSlice<u32>> {
+        let n = table.num_rows;
+        let perm = self.merge_runs(&mut table.keys, &plan.key_words(), n, &plan.sorted_runs, method)?;
+        if !table.columns.is_empty() || table.records.is_some() {
+            // Packed gathers hold memory only an indirect plan reserves.
+            let pack = plan.pack_gathers && plan.strategy.record_move == RecordMove::Indirect;
+            self.gather_payload(table, &perm, pack)?;
+        }
+        Ok(perm)
+    }
+
     /// How `plan`'s sorted runs of `n` rows are merged, when they are: by the switches' method
     /// (the tree where the paper's odd-even schedule does not sort them), where that pays
     /// against the radix passes ([`merge_pays`]) and the kernels take the key.
@@ -78,10 +86,18 @@ impl Gpu {
 
     /// Refuses what the kernels do not take: more than 2^32 - 1 rows, MSD sizes out of range
     /// ([`SortSwitches`](crate::SortSwitches)), digits wider than 8 bits or of words the table lacks, records not a multiple of 4 bytes, columns of widths no
-    /// gather has.
+    /// gather has, sorted runs that do not add up to the rows (whether or not they would be
+    /// merged).
     fn check_sort(&self, table: &DeviceTable, plan: &GpuSortPlan) -> Result<()> {
         rows_u32(table.num_rows)?;
         plan.switches.check()?;
+        let in_runs: usize = plan.sorted_runs.iter().sum();
+        if !plan.sorted_runs.is_empty() && in_runs != table.num_rows {
+            return Err(CudaSortError::Unsupported(format!(
+                "sorted runs of {in_runs} rows in all for {} rows",
+                table.num_rows
+            )));
+        }
         if let Some(p) = plan
             .passes
             .iter()

@@ -513,6 +513,27 @@ fn engine_merge_runs_by_long_keys() {
     // Wrong run lengths and too many words are refused.
     let mut dev = vec![s.clone_htod(&[1u32, 2, 3]).unwrap()];
     assert!(gpu.merge_runs(&mut dev, &[0], 3, &[1, 1], MergeMethod::Tree).is_err());
+    let mut nine: Vec<CudaSlice<u32>> = (0..9).map(|_| s.clone_htod(&[1u32, 2, 3]).unwrap()).collect();
+    let all: Vec<usize> = (0..9).collect();
+    assert!(gpu.merge_runs(&mut nine, &all, 3, &[1, 2], MergeMethod::Tree).is_err());
+    // A plan whose runs do not add up to the rows is refused, merged or not (no passes here).
+    let mut table = DeviceTable {
+        num_rows: 3,
+        keys: vec![s.clone_htod(&[3u32, 1, 2]).unwrap()],
+        columns: vec![],
+        records: None,
+    };
+    let plan = GpuSortPlan {
+        strategy: Strategy::SRTS_DIRECT,
+        passes: vec![],
+        keep_keys: true,
+        want_perm: true,
+        pack_gathers: false,
+        switches: gpu.sort_switches(),
+        sorted_runs: vec![1, 1],
+    };
+    let err = gpu.sort(&mut table, &plan).unwrap_err();
+    assert!(err.to_string().contains("sorted runs"), "{err}");
 }
 
 /// The MSD sort with small block-local sorts and narrow partition digits: many partition
