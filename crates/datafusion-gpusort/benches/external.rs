@@ -205,6 +205,11 @@ struct Outcome {
     path: Option<String>,
 }
 
+/// Where spills (and DuckDB's table files) go: `EXT_SPILL_DIR`, or the system temp dir.
+fn spill_dir() -> String {
+    std::env::var("EXT_SPILL_DIR").unwrap_or_else(|_| std::env::temp_dir().display().to_string())
+}
+
 /// The DuckDB script: `EXT_DUCKDB_SCRIPT`, or the crate's from the working directory (the
 /// repository root on the GPU machine) or from where the crate was built.
 fn duckdb_script() -> String {
@@ -222,7 +227,7 @@ fn duckdb_script() -> String {
 /// timed) into the spill directory, `external_duckdb.py` run on them with the pool as DuckDB's
 /// memory limit, its `key=value` lines read back, the files removed.
 fn run_duckdb(parts: &[Vec<RecordBatch>], sums: [u64; COLUMNS], pool: usize) -> Result<Outcome> {
-    let spill_dir = std::env::var("EXT_SPILL_DIR").unwrap_or_else(|_| std::env::temp_dir().display().to_string());
+    let spill_dir = spill_dir();
     let dir = std::path::Path::new(&spill_dir).join(format!("gpusort-external-duckdb-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let written = parts.par_iter().enumerate().try_for_each(|(i, batches)| {
@@ -280,7 +285,7 @@ async fn run(
     check_batches: usize,
 ) -> Result<Outcome> {
     let partitions = parts.len();
-    let spill_dir = std::env::var("EXT_SPILL_DIR").unwrap_or_else(|_| std::env::temp_dir().display().to_string());
+    let spill_dir = spill_dir();
     let mut runtime = RuntimeEnvBuilder::new().with_disk_manager_builder(
         DiskManagerBuilder::default().with_mode(DiskManagerMode::Directories(vec![spill_dir.into()])),
     );
