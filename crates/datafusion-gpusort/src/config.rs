@@ -152,6 +152,11 @@ extensions_options! {
         /// Where DataFusion sorts each partition and merges them (`SortPreservingMergeExec`),
         /// sort all partitions in one `GpuSortExec` instead.
         pub merge_partitions: bool, default = true
+        /// Where DataFusion merges partitions that are already sorted (a
+        /// `SortPreservingMergeExec` without a `LIMIT` over sorted input, e.g. files declared
+        /// `WITH ORDER`), merge them in a `GpuSortPreservingMergeExec`: by key ranges on the
+        /// GPU or on every core, after reading the whole input.
+        pub merge_sorted_partitions: bool, default = true
         /// Most rows of one sorted run of the external sort; 0 sizes runs by the GPU memory
         /// budget (and the memory pool) alone.
         pub max_run_rows: usize, default = 0

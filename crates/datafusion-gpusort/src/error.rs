@@ -31,10 +31,11 @@ impl From<GpuSortExecError> for DataFusionError {
     }
 }
 
-/// The error for a memory pool too small to make progress: what was needed, for what.
+/// The error for a memory pool too small to make progress: what was needed, for what (the
+/// pool's refusal names the operator's memory consumer).
 pub(crate) fn too_small(needed: usize, what: &str, refused: DataFusionError) -> DataFusionError {
     DataFusionError::ResourcesExhausted(format!(
-        "GpuSortExec needs at least {} more {what} and cannot spill its way below that \
+        "gpusort needs at least {} more {what} and cannot spill its way below that \
          (raise the memory limit): {refused}",
         datafusion::common::human_readable_size(needed)
     ))

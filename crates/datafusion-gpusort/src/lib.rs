@@ -1,6 +1,7 @@
-//! datafusion-gpusort: gpusort as a DataFusion physical operator — [`GpuSortExec`], the
-//! [`GpuSortRule`] that puts it where DataFusion plans a `SortExec`, its `gpusort.*` config
-//! options ([`GpuSortConfig`]) and metrics. No kernels live here: the sorts run on
+//! datafusion-gpusort: gpusort as a DataFusion physical operator — [`GpuSortExec`] and
+//! [`GpuSortPreservingMergeExec`], the [`GpuSortRule`] that puts them where DataFusion plans a
+//! `SortExec` or a `SortPreservingMergeExec`, their `gpusort.*` config options
+//! ([`GpuSortConfig`]) and metrics. No kernels live here: the sorts run on
 //! `gpusort-cuda`'s GPU backend or `gpusort`'s CPU backend.
 //!
 //! One line turns it on:
@@ -22,10 +23,12 @@ mod in_memory;
 mod merge;
 mod metrics;
 mod multi_level_merge;
+mod partition_runs;
 mod range_merge;
 mod rule;
 mod run;
 mod run_store;
+mod sort_preserving_merge;
 mod sorter;
 mod strategy_name;
 
@@ -41,6 +44,7 @@ pub use error::GpuSortExecError;
 pub use exec::GpuSortExec;
 pub use metrics::{GpuSortMetrics, TextMetric};
 pub use rule::GpuSortRule;
+pub use sort_preserving_merge::GpuSortPreservingMergeExec;
 
 /// Turns gpusort on in a session being built: registers the `gpusort.*` options (unless the
 /// config has them already) and appends [`GpuSortRule`], followed by another

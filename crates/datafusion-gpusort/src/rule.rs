@@ -16,6 +16,7 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 
 use crate::config::GpuSortConfig;
 use crate::exec::GpuSortExec;
+use crate::sort_preserving_merge::GpuSortPreservingMergeExec;
 
 /// A physical optimizer rule that replaces each `SortExec` with a [`GpuSortExec`] of the same
 /// semantics (sort expressions, `fetch`, `preserve_partitioning`), configured by the session's
@@ -36,6 +37,12 @@ use crate::exec::GpuSortExec;
 /// (`CoalescePartitionsExec` below it): one large sort on the GPU instead of many small ones
 /// and a CPU merge. Projections and filters planned between the merge and the sorts move
 /// above the one sort.
+///
+/// With `gpusort.merge_sorted_partitions` (the default), any other `SortPreservingMergeExec`
+/// without a `fetch` — one over partitions that were already sorted, e.g. files declared
+/// `WITH ORDER` — becomes a [`GpuSortPreservingMergeExec`], which merges the sorted partitions
+/// on the GPU. One with a `fetch` stays: it stops reading after `fetch` rows, where ours reads
+/// every row first.
 ///
 /// Run it last, before `SanityCheckPlan` ([`register`](crate::register) does).
 #[derive(Debug, Default, Clone)]
@@ -131,6 +138,28 @@ fn merge_partitions(
     Ok(Some(top))
 }
 
+/// A `SortPreservingMergeExec` over sorted partitions as a [`GpuSortPreservingMergeExec`],
+/// when it reads every row (no `fetch`) of a bounded input of several partitions whose sort
+/// keys gpusort encodes.
+fn merge_sorted(merge: &SortPreservingMergeExec, options: &GpuSortConfig) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+    let input = merge.input();
+    if merge.fetch().is_some()
+        || input.output_partitioning().partition_count() < 2
+        || input.boundedness().is_unbounded()
+    {
+        return Ok(None);
+    }
+    let schema = input.schema();
+    for e in merge.expr().iter() {
+        if !gpusort::keys::is_sortable(&e.expr.data_type(&schema)?) {
+            return Ok(None);
+        }
+    }
+    Ok(Some(Arc::new(
+        GpuSortPreservingMergeExec::try_new(merge.expr().clone(), Arc::clone(input))?.with_options(options.clone()),
+    )))
+}
+
 impl PhysicalOptimizerRule for GpuSortRule {
     fn optimize(&self, plan: Arc<dyn ExecutionPlan>, config: &ConfigOptions) -> Result<Arc<dyn ExecutionPlan>> {
         let options = GpuSortConfig::from_config(config);
@@ -140,10 +169,15 @@ impl PhysicalOptimizerRule for GpuSortRule {
         plan.transform_up(|node| {
             let replaced = if let Some(sort) = node.downcast_ref::<SortExec>() {
                 replace_sort(sort, &options)?.map(|exec| Arc::new(exec) as Arc<dyn ExecutionPlan>)
-            } else if let Some(merge) = node.downcast_ref::<SortPreservingMergeExec>()
-                && options.merge_partitions
-            {
-                merge_partitions(merge, &options)?
+            } else if let Some(merge) = node.downcast_ref::<SortPreservingMergeExec>() {
+                let one_sort = match options.merge_partitions {
+                    true => merge_partitions(merge, &options)?,
+                    false => None,
+                };
+                match one_sort {
+                    None if options.merge_sorted_partitions => merge_sorted(merge, &options)?,
+                    plan => plan,
+                }
             } else {
                 None
             };

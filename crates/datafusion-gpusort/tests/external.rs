@@ -214,7 +214,10 @@ async fn a_pool_too_small_to_progress_says_what_it_needs() {
     let tmp = tempfile::tempdir().unwrap();
     let ours = session(true, Some(64 << 10), disk_in(tmp.path()), &[("gpusort.device", "cpu")]);
     let err = run(&ours, "SELECT * FROM t ORDER BY k").await.unwrap_err().to_string();
-    assert!(err.contains("GpuSortExec needs at least"), "{err}");
+    assert!(
+        err.contains("gpusort needs at least") && err.contains("for GpuSortExec"),
+        "{err}"
+    );
     assert!(err.contains("raise the memory limit"), "{err}");
     assert_eq!(ours.runtime_env().memory_pool.reserved(), 0);
     assert_eq!(files_under(tmp.path()), 0);
