@@ -1,12 +1,18 @@
 //! SQL `ORDER BY`, end to end (`ctx.sql(q).await?.collect().await?`, planning included): stock
 //! DataFusion against gpusort's operator with its default options (the GPU when there is one,
 //! one `GpuSortExec` over all partitions), with `gpusort.merge_partitions = false` (a
-//! `GpuSortExec` per partition and DataFusion's `SortPreservingMergeExec`) and with
+//! `GpuSortExec` per partition, merged by a `GpuSortPreservingMergeExec`) and with
 //! `gpusort.device = cpu`. Prints a table of median and minimum times with ratios to stock
 //! DataFusion, what the `GpuSortExec` metrics say (path, CPU fallback reason, kernel time,
 //! bytes over PCIe and the PCIe round trip they cost), and whether every contender's output
 //! is sorted with the same keys and rows as stock DataFusion's. It also times the input alone
 //! (`SELECT * FROM t`, no sort): what reading the table through DataFusion costs.
+//!
+//! Each table runs a second time with **sorted partitions**: every partition sorted by the
+//! query's keys and the `MemTable` declared sorted so, as files written sorted are. DataFusion
+//! then plans no sort, only its `SortPreservingMergeExec` over the partitions; gpusort's rule
+//! makes that a `GpuSortPreservingMergeExec` (the merge of the runs on the GPU), whose
+//! `gpusort.device = cpu` contender merges them on every core instead.
 //!
 //! ```text
 //! cargo bench -p datafusion-gpusort --bench sql                  # 10M rows, 5 runs
@@ -16,7 +22,8 @@
 //!
 //! Environment: `BENCH_ROWS` (default 10,000,000), `BENCH_RUNS` (timed runs after one warm-up,
 //! default 5), `BENCH_PARTITIONS` (MemTable partitions and `target_partitions`, default 16),
-//! `BENCH_CSV` (also write the table there), `PCIE_H2D_GBPS` / `PCIE_D2H_GBPS` (pinned
+//! `BENCH_CSV` (also write the table there), `BENCH_SORTED_PARTITIONS` (0: skip the sorted
+//! partitions' runs), `PCIE_H2D_GBPS` / `PCIE_D2H_GBPS` (pinned
 //! bandwidths for the round-trip estimate, default 48.2 / 53.2 GB/s: the H100 machine's).
 //!
 //! Tables (the same seeded data as the `cpu_backend` bench): (a) a u32 key + 20 u32 columns,
@@ -29,12 +36,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arrow::array::{Array, RecordBatch, UInt32Array};
+use arrow::compute::{SortColumn, concat_batches, lexsort_to_indices, take_record_batch};
 use arrow::row::{OwnedRow, RowConverter, SortField};
 use datafusion::datasource::MemTable;
 use datafusion::execution::SessionStateBuilder;
+use datafusion::logical_expr::SortExpr;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, collect};
-use datafusion::prelude::{SessionConfig, SessionContext};
-use datafusion_gpusort::{GpuSortExec, SessionStateBuilderExt, gpu_backend};
+use datafusion::prelude::{SessionConfig, SessionContext, col};
+use datafusion_gpusort::{GpuSortExec, GpuSortPreservingMergeExec, SessionStateBuilderExt, gpu_backend};
 use gpusort::SortSpec;
 
 mod common;
@@ -63,6 +72,8 @@ struct Contender {
     gpusort: bool,
     /// Statements run on the session before the query.
     setup: &'static [&'static str],
+    /// Whether it runs on sorted partitions too (where it would plan what another does).
+    on_sorted: bool,
 }
 
 const CONTENDERS: &[Contender] = &[
@@ -70,21 +81,25 @@ const CONTENDERS: &[Contender] = &[
         label: "datafusion (stock)",
         gpusort: false,
         setup: &[],
+        on_sorted: true,
     },
     Contender {
         label: "gpusort (defaults)",
         gpusort: true,
         setup: &[],
+        on_sorted: true,
     },
     Contender {
         label: "gpusort merge_partitions=false",
         gpusort: true,
         setup: &["SET gpusort.merge_partitions = false"],
+        on_sorted: false,
     },
     Contender {
         label: "gpusort device=cpu",
         gpusort: true,
         setup: &["SET gpusort.device = 'cpu'"],
+        on_sorted: true,
     },
 ];
 
@@ -155,7 +170,7 @@ fn fingerprint(batches: &[RecordBatch], spec: &SortSpec) -> Result<Fingerprint> 
     Ok(fp)
 }
 
-/// What the `GpuSortExec`s of an executed plan recorded (summed over partitions and nodes).
+/// What the `GpuSortExec`s and `GpuSortPreservingMergeExec`s of an executed plan recorded (summed over partitions and nodes).
 #[derive(Debug, Default, Clone)]
 struct SortMetrics {
     nodes: usize,
@@ -195,7 +210,7 @@ fn visit(plan: &Arc<dyn ExecutionPlan>, f: &mut dyn FnMut(&Arc<dyn ExecutionPlan
 fn sort_metrics(plan: &Arc<dyn ExecutionPlan>) -> SortMetrics {
     let mut m = SortMetrics::default();
     visit(plan, &mut |node| {
-        if node.downcast_ref::<GpuSortExec>().is_none() {
+        if node.downcast_ref::<GpuSortExec>().is_none() && node.downcast_ref::<GpuSortPreservingMergeExec>().is_none() {
             return;
         }
         m.nodes += 1;
@@ -231,19 +246,60 @@ fn plan_shape(plan: &Arc<dyn ExecutionPlan>) -> String {
         name @ ("SortExec" | "GpuSortExec") => {
             parts.push(format!("{name} x{}", node.output_partitioning().partition_count()))
         }
-        name @ ("SortPreservingMergeExec" | "CoalescePartitionsExec") => parts.push(name.to_string()),
+        name @ ("SortPreservingMergeExec" | "GpuSortPreservingMergeExec" | "CoalescePartitionsExec") => {
+            parts.push(name.to_string())
+        }
         _ => {}
     });
     parts.join(" > ")
 }
 
-/// A session with table `t` (gpusort registered or not), after running `setup`.
+/// Each partition of `data` sorted by `spec`, in `batch_size`-row batches.
+fn sort_partitions(data: &[Vec<RecordBatch>], spec: &SortSpec, batch_size: usize) -> Result<Vec<Vec<RecordBatch>>> {
+    let mut sorted = vec![];
+    for part in data {
+        let Some(first) = part.first() else {
+            sorted.push(vec![]);
+            continue;
+        };
+        let whole = concat_batches(&first.schema(), part)?;
+        let columns: Vec<SortColumn> = spec
+            .keys()
+            .iter()
+            .map(|k| SortColumn {
+                values: Arc::clone(whole.column(k.column)),
+                options: Some(k.options),
+            })
+            .collect();
+        let whole = take_record_batch(&whole, &lexsort_to_indices(&columns, None)?)?;
+        let rows = whole.num_rows();
+        sorted.push(
+            (0..rows)
+                .step_by(batch_size)
+                .map(|start| whole.slice(start, batch_size.min(rows - start)))
+                .collect(),
+        );
+    }
+    Ok(sorted)
+}
+
+/// `spec` as the `MemTable`'s declared order.
+fn declared_order(spec: &SortSpec, schema: &arrow::datatypes::Schema) -> Vec<Vec<SortExpr>> {
+    let exprs = spec.keys().iter().map(|k| {
+        col(format!("\"{}\"", schema.field(k.column).name())).sort(!k.options.descending, k.options.nulls_first)
+    });
+    vec![exprs.collect()]
+}
+
+/// A session with table `t` (gpusort registered or not; declared sorted by `order` when given),
+/// after running `setup`.
 async fn session(
     c: &Contender,
     partitions: usize,
     batch_size: usize,
     data: &[Vec<RecordBatch>],
     schema: arrow::datatypes::SchemaRef,
+    order: Option<Vec<Vec<SortExpr>>>,
 ) -> Result<SessionContext> {
     let config = SessionConfig::new()
         .with_target_partitions(partitions)
@@ -253,7 +309,12 @@ async fn session(
         builder = builder.with_gpusort();
     }
     let ctx = SessionContext::new_with_state(builder.build());
-    ctx.register_table("t", Arc::new(MemTable::try_new(schema, data.to_vec())?))?;
+    let table = MemTable::try_new(schema, data.to_vec())?;
+    let table = match order {
+        Some(order) => table.with_sort_order(order),
+        None => table,
+    };
+    ctx.register_table("t", Arc::new(table))?;
     for s in c.setup {
         ctx.sql(s).await?.collect().await?;
     }
@@ -261,7 +322,7 @@ async fn session(
 }
 
 struct Row {
-    workload: &'static str,
+    workload: String,
     contender: &'static str,
     plan: String,
     median: Duration,
@@ -285,6 +346,90 @@ fn csv_field(s: &str) -> String {
         format!("\"{}\"", s.replace('"', "\"\""))
     } else {
         s.to_string()
+    }
+}
+
+/// One table (unsorted or with sorted partitions) and its query.
+struct Workload<'a> {
+    name: String,
+    data: &'a [Vec<RecordBatch>],
+    schema: arrow::datatypes::SchemaRef,
+    /// The table's declared order (sorted partitions).
+    order: Option<Vec<Vec<SortExpr>>>,
+    spec: &'a SortSpec,
+    sql: &'static str,
+}
+
+impl Workload<'_> {
+    /// Times every contender that runs on it; a row each, checked against the first (stock).
+    fn contenders(
+        &self,
+        runtime: &tokio::runtime::Runtime,
+        rows: usize,
+        runs: usize,
+        partitions: usize,
+        batch_size: usize,
+        timelines: bool,
+    ) -> Result<Vec<Row>> {
+        let mut out = vec![];
+        let mut stock: Option<(Duration, Fingerprint)> = None;
+        for c in CONTENDERS.iter().filter(|c| self.order.is_none() || c.on_sorted) {
+            let ctx = runtime.block_on(session(
+                c,
+                partitions,
+                batch_size,
+                self.data,
+                Arc::clone(&self.schema),
+                self.order.clone(),
+            ))?;
+            let (median, min) = time(runs, || {
+                runtime.block_on(async {
+                    let out = ctx.sql(self.sql).await.unwrap().collect().await.unwrap();
+                    out.iter().map(|b| b.num_rows()).sum()
+                })
+            });
+            // One more run with the physical plan kept, for its metrics and its output.
+            let (batches, plan) = runtime.block_on(async {
+                let plan = ctx.sql(self.sql).await?.create_physical_plan().await?;
+                let batches = collect(Arc::clone(&plan), ctx.task_ctx()).await?;
+                Ok::<_, datafusion::error::DataFusionError>((batches, plan))
+            })?;
+            let fp = fingerprint(&batches, self.spec)?;
+            drop(batches);
+            if timelines && c.gpusort {
+                println!(
+                    "timeline of one run, {}, {}:\n{}",
+                    self.name,
+                    c.label,
+                    timeline(runtime, &ctx, self.sql)?
+                );
+            }
+            let (stock_median, matches_stock) = match &stock {
+                None => {
+                    stock = Some((median, fp.clone()));
+                    (median, fp.rows == rows && fp.sorted)
+                }
+                Some((t, s)) => (*t, fp == *s && fp.sorted),
+            };
+            eprintln!(
+                "  {:<32} median {:>9.1} ms  min {:>9.1} ms",
+                c.label,
+                ms(median),
+                ms(min)
+            );
+            out.push(Row {
+                workload: self.name.clone(),
+                contender: c.label,
+                plan: plan_shape(&plan),
+                median,
+                min,
+                stock_median,
+                fingerprint: fp,
+                matches_stock,
+                metrics: c.gpusort.then(|| sort_metrics(&plan)),
+            });
+        }
+        Ok(out)
     }
 }
 
@@ -321,59 +466,33 @@ fn main() -> Result<()> {
     let timelines = timeline::from_env()?;
     let mut table: Vec<Row> = vec![];
     let mut scans: Vec<(&str, Duration, Duration)> = vec![];
+    let sorted_too = env_usize("BENCH_SORTED_PARTITIONS", 1) != 0;
     for Scenario { name, batch, spec, sql } in scenarios(rows) {
         let data = partitioned(&batch, partitions, batch_size);
         let schema = batch.schema();
         drop(batch);
         eprintln!("{name}: {sql}");
-        let mut stock: Option<(Duration, Fingerprint)> = None;
-        for c in CONTENDERS {
-            let ctx = runtime.block_on(session(c, partitions, batch_size, &data, Arc::clone(&schema)))?;
-            let (median, min) = time(runs, || {
-                runtime.block_on(async {
-                    let out = ctx.sql(sql).await.unwrap().collect().await.unwrap();
-                    out.iter().map(|b| b.num_rows()).sum()
-                })
-            });
-            // One more run with the physical plan kept, for its metrics and its output.
-            let (batches, plan) = runtime.block_on(async {
-                let plan = ctx.sql(sql).await?.create_physical_plan().await?;
-                let batches = collect(Arc::clone(&plan), ctx.task_ctx()).await?;
-                Ok::<_, datafusion::error::DataFusionError>((batches, plan))
-            })?;
-            let fp = fingerprint(&batches, &spec)?;
-            drop(batches);
-            if timelines && c.gpusort {
-                println!(
-                    "timeline of one run, {name}, {}:\n{}",
-                    c.label,
-                    timeline(&runtime, &ctx, sql)?
-                );
-            }
-            let (stock_median, matches_stock) = match &stock {
-                None => {
-                    stock = Some((median, fp.clone()));
-                    (median, fp.rows == rows && fp.sorted)
-                }
-                Some((t, s)) => (*t, fp == *s && fp.sorted),
+        let run = Workload {
+            name: name.to_string(),
+            data: &data,
+            schema: Arc::clone(&schema),
+            order: None,
+            spec: &spec,
+            sql,
+        };
+        table.extend(run.contenders(&runtime, rows, runs, partitions, batch_size, timelines)?);
+        if sorted_too {
+            let sorted = sort_partitions(&data, &spec, batch_size)?;
+            eprintln!("{name}, sorted partitions: {sql}");
+            let run = Workload {
+                name: format!("{name}, sorted partitions"),
+                data: &sorted,
+                schema: Arc::clone(&schema),
+                order: Some(declared_order(&spec, &schema)),
+                spec: &spec,
+                sql,
             };
-            eprintln!(
-                "  {:<32} median {:>9.1} ms  min {:>9.1} ms",
-                c.label,
-                ms(median),
-                ms(min)
-            );
-            table.push(Row {
-                workload: name,
-                contender: c.label,
-                plan: plan_shape(&plan),
-                median,
-                min,
-                stock_median,
-                fingerprint: fp,
-                matches_stock,
-                metrics: c.gpusort.then(|| sort_metrics(&plan)),
-            });
+            table.extend(run.contenders(&runtime, rows, runs, partitions, batch_size, timelines)?);
         }
         // What reading the table costs without a sort: DataFusion's scan of every partition
         // through the CoalescePartitionsExec that `collect` adds (the input side of the
@@ -384,6 +503,7 @@ fn main() -> Result<()> {
             batch_size,
             &data,
             Arc::clone(&schema),
+            None,
         ))?;
         let (median, min) = time(runs, || {
             runtime.block_on(async {

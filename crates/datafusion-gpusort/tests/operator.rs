@@ -55,12 +55,21 @@ async fn plans_show_gpu_sort_and_options_apply() {
         "{p}"
     );
 
+    // Without merge_partitions: a sort per partition, merged on the GPU, or by DataFusion
+    // without merge_sorted_partitions too.
     ctx.sql("SET gpusort.merge_partitions = false").await.unwrap();
     let p = plan(&ctx, "SELECT * FROM t ORDER BY a").await;
     assert!(
-        p.contains("SortPreservingMergeExec") && p.contains("preserve_partitioning=[true]"),
+        p.contains("GpuSortPreservingMergeExec") && p.contains("preserve_partitioning=[true]"),
         "{p}"
     );
+    ctx.sql("SET gpusort.merge_sorted_partitions = false").await.unwrap();
+    let p = plan(&ctx, "SELECT * FROM t ORDER BY a").await;
+    assert!(
+        p.contains("SortPreservingMergeExec") && !p.contains("GpuSortPreservingMergeExec"),
+        "{p}"
+    );
+    ctx.sql("SET gpusort.merge_sorted_partitions = true").await.unwrap();
 
     ctx.sql("SET gpusort.strategy = 'grs-indirect'").await.unwrap();
     let p = plan(&ctx, "SELECT * FROM t ORDER BY a").await;
@@ -106,10 +115,13 @@ async fn projections_and_filters_over_partition_sorts_get_one_sort() {
             if above { "above" } else { "below" }
         );
     }
-    // Without merge_partitions, the per-partition sorts and the merge stay.
+    // Without merge_partitions, the per-partition sorts and a merge stay.
     ctx.sql("SET gpusort.merge_partitions = false").await.unwrap();
     let p = plan(&ctx, "SELECT c, b, a FROM t ORDER BY b, a, c").await;
-    assert!(p.contains("SortPreservingMergeExec"), "{p}");
+    assert!(
+        p.contains("GpuSortPreservingMergeExec") && p.contains("preserve_partitioning=[true]"),
+        "{p}"
+    );
 }
 
 #[tokio::test]
