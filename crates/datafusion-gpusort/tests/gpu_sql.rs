@@ -20,6 +20,9 @@ mod sql_fuzz;
 #[path = "support/external.rs"]
 mod external;
 
+#[path = "support/sorted.rs"]
+mod sorted;
+
 mod common;
 use common::gpu_present;
 use common::slt::{SORT_SLT_FILES, run_slt_suite, with_options};
@@ -243,5 +246,73 @@ async fn gpu_external_sort_in_budget_sized_runs() {
             "{q}: {merged} of {steps} steps merged: {m}"
         );
         assert_eq!(ours.runtime_env().memory_pool.reserved(), 0, "{q}");
+    }
+}
+
+/// A merge of sorted partitions (`GpuSortPreservingMergeExec`) on the GPU: rows equal stock
+/// DataFusion's merge (a total order) and, ordered by `k` alone, come out stably (ties
+/// partition by partition); a small pool makes it spill; the pool returns to zero. A step's
+/// runs merge on the GPU (`merge.cu`) where the rounds are at most the radix passes: `k` (41
+/// values and nulls) takes one pass, so 2 partitions (one round) merge and 6 (three) sort.
+#[tokio::test]
+async fn gpu_merges_sorted_partitions() {
+    use datafusion::execution::memory_pool::{FairSpillPool, MemoryPool};
+    use std::sync::Arc;
+    if !gpu_present() {
+        return;
+    }
+    for partitions in [2, 6] {
+        let table = sorted::sorted_table(300_000, partitions, 4096);
+        let expected_ties = sorted::partitions_then_k(&table).await;
+        let stock = sorted::session(false, Arc::clone(&table), None);
+        let total = format!("SELECT * FROM t ORDER BY {}", sorted::ORDER);
+        let (expected, _) = rows(&stock, &total).await;
+        for pool in [None, Some(4 << 20)] {
+            let pool_impl: Option<Arc<dyn MemoryPool>> = pool.map(|p| Arc::new(FairSpillPool::new(p)) as _);
+            let ours = sorted::session(true, Arc::clone(&table), pool_impl.clone());
+            set(&ours, ON_GPU).await;
+            let what = format!("{partitions} partitions, pool {pool:?}");
+            let (batches, m) = sorted::run_merge(&ours, &total).await.unwrap();
+            let actual = arrow::util::pretty::pretty_format_batches(&batches)
+                .unwrap()
+                .to_string();
+            assert!(actual == expected, "{what}: rows differ from DataFusion's merge");
+            let count = |m: &datafusion::physical_plan::metrics::MetricsSet| {
+                [
+                    "runs",
+                    "gpu_sorts",
+                    "gpu_merged_steps",
+                    "range_merge_steps",
+                    "spill_count",
+                ]
+                .map(|n| sorted::metric(m, n))
+            };
+            println!(
+                "{what}, {}: [runs, GPU sorts, merged steps, steps, spill files] = {:?}",
+                sorted::ORDER,
+                count(&m)
+            );
+            let (batches, m) = sorted::run_merge(&ours, "SELECT k, id FROM t ORDER BY k NULLS FIRST")
+                .await
+                .unwrap();
+            assert!(
+                sorted::k_id(&batches, 0, 1) == expected_ties,
+                "{what}: ties out of partition order"
+            );
+            let [_, gpu, merged, steps, spills] = count(&m);
+            println!(
+                "{what}, k: [runs, GPU sorts, merged steps, steps, spill files] = {:?}",
+                count(&m)
+            );
+            assert!(gpu > 0 && merged <= steps && gpu >= merged, "{what}: {m}");
+            if pool.is_some() {
+                assert!(spills > 0, "{what}: {m}");
+            } else if partitions == 2 {
+                assert!(merged > 0, "{what}: {m}");
+            }
+            if let Some(p) = &pool_impl {
+                assert_eq!(p.reserved(), 0, "{what}");
+            }
+        }
     }
 }

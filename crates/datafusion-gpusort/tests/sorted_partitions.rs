@@ -3,121 +3,17 @@
 //! `SortPreservingMergeExec` row for row, for the order of ties, under memory limits that make
 //! it spill, and on empty input.
 
-use std::cmp::Ordering;
 use std::sync::Arc;
 
-use arrow::array::{Array, AsArray, Int64Array, RecordBatch, StringViewArray};
-use arrow::datatypes::{DataType, Field, Int64Type, Schema};
-use datafusion::datasource::MemTable;
-use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::memory_pool::{FairSpillPool, MemoryPool};
-use datafusion::execution::runtime_env::RuntimeEnvBuilder;
-use datafusion::physical_plan::{ExecutionPlan, collect};
-use datafusion::prelude::{SessionConfig, SessionContext, col};
-use datafusion_gpusort::{GpuSortPreservingMergeExec, SessionStateBuilderExt};
 
 #[path = "support/tables.rs"]
 mod tables;
 use tables::{plan, rows};
 
-/// The order every partition of [`sorted_table`] is in, as SQL.
-const ORDER: &str = "k NULLS FIRST, s DESC NULLS LAST, id";
-
-/// One row: `k` (nulls, many repeats), `s` (nulls, repeats), `id` (unique).
-type Row = (Option<i64>, Option<String>, i64);
-
-/// `rows` rows in `partitions` partitions (some of them may be empty), each sorted by
-/// [`ORDER`] and cut into batches of `batch_rows`, declared sorted that way.
-fn sorted_table(rows: usize, partitions: usize, batch_rows: usize) -> Arc<MemTable> {
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("k", DataType::Int64, true),
-        Field::new("s", DataType::Utf8View, true),
-        Field::new("id", DataType::Int64, false),
-    ]));
-    let mut parts: Vec<Vec<Row>> = vec![vec![]; partitions];
-    for i in 0..rows {
-        let h = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20;
-        let k = (h % 17 != 3).then_some((h % 41) as i64 - 20);
-        let s = (h % 13 != 5).then(|| format!("v{}", (h >> 8) % 9));
-        // Uneven partitions: partition p takes rows where h picks it.
-        parts[((h >> 16) as usize % (partitions * 2)).min(partitions - 1)].push((k, s, i as i64));
-    }
-    let batches = parts
-        .into_iter()
-        .map(|mut part| {
-            part.sort_by(declared_order);
-            part.chunks(batch_rows)
-                .map(|chunk| {
-                    let k: Int64Array = chunk.iter().map(|r| r.0).collect();
-                    let s: StringViewArray = chunk.iter().map(|r| r.1.as_deref()).collect();
-                    let id: Int64Array = chunk.iter().map(|r| r.2).collect();
-                    RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(k), Arc::new(s), Arc::new(id)]).unwrap()
-                })
-                .collect()
-        })
-        .collect();
-    let order = vec![vec![
-        col("k").sort(true, true),
-        col("s").sort(false, false),
-        col("id").sort(true, false),
-    ]];
-    Arc::new(MemTable::try_new(schema, batches).unwrap().with_sort_order(order))
-}
-
-/// [`ORDER`] on rows.
-fn declared_order(a: &Row, b: &Row) -> Ordering {
-    a.0.cmp(&b.0)
-        .then_with(|| match (&a.1, &b.1) {
-            (None, None) => Ordering::Equal,
-            (None, Some(_)) => Ordering::Greater,
-            (Some(_), None) => Ordering::Less,
-            (Some(x), Some(y)) => y.cmp(x),
-        })
-        .then(a.2.cmp(&b.2))
-}
-
-/// A session with gpusort (or without) over `table` as `t`, batches of 100 rows, in a pool of
-/// `pool` bytes (`None`: unbounded). Two target partitions: DataFusion 55 spreads a table of
-/// fewer partitions than the target over more, and forgets its order when it does.
-fn session(gpusort: bool, table: Arc<MemTable>, pool: Option<Arc<dyn MemoryPool>>) -> SessionContext {
-    let mut runtime = RuntimeEnvBuilder::new();
-    if let Some(pool) = pool {
-        runtime = runtime.with_memory_pool(pool);
-    }
-    let config = SessionConfig::new().with_target_partitions(2).with_batch_size(100);
-    let mut builder = SessionStateBuilder::new()
-        .with_config(config)
-        .with_runtime_env(runtime.build_arc().unwrap())
-        .with_default_features();
-    if gpusort {
-        builder = builder.with_gpusort();
-    }
-    let ctx = SessionContext::new_with_state(builder.build());
-    ctx.register_table("t", table).unwrap();
-    ctx
-}
-
-/// Whether a plan holds DataFusion's own merge.
-fn has_stock_merge(plan: &str) -> bool {
-    plan.replace("GpuSortPreservingMergeExec", "")
-        .contains("SortPreservingMergeExec")
-}
-
-/// Runs `sql` and returns its batches and the spill files of the plan's
-/// `GpuSortPreservingMergeExec`s.
-async fn run_counting_spills(ctx: &SessionContext, sql: &str) -> datafusion::error::Result<(Vec<RecordBatch>, usize)> {
-    let plan = ctx.sql(sql).await?.create_physical_plan().await?;
-    let batches = collect(Arc::clone(&plan), ctx.task_ctx()).await?;
-    let mut value = 0;
-    let mut nodes: Vec<Arc<dyn ExecutionPlan>> = vec![plan];
-    while let Some(node) = nodes.pop() {
-        if node.downcast_ref::<GpuSortPreservingMergeExec>().is_some() {
-            value += node.metrics().and_then(|m| m.spill_count()).unwrap_or(0);
-        }
-        nodes.extend(node.children().into_iter().cloned());
-    }
-    Ok((batches, value))
-}
+#[path = "support/sorted.rs"]
+mod sorted;
+use sorted::{ORDER, has_stock_merge, k_id, partitions_then_k, run_merge, session, sorted_table};
 
 #[tokio::test]
 async fn merges_sorted_partitions_as_stock_datafusion_does() {
@@ -152,29 +48,15 @@ async fn merges_sorted_partitions_as_stock_datafusion_does() {
 #[tokio::test]
 async fn rows_with_equal_keys_come_out_partition_by_partition() {
     let table = sorted_table(4000, 4, 128);
-    // Expected: the partitions one after the other, sorted stably by k alone.
-    let mut expected: Vec<(Option<i64>, i64)> = vec![];
-    for partition in table.batches.iter() {
-        for batch in partition.read().await.iter() {
-            let k = batch.column(0).as_primitive::<Int64Type>();
-            let id = batch.column(2).as_primitive::<Int64Type>();
-            expected.extend((0..batch.num_rows()).map(|i| (k.is_valid(i).then(|| k.value(i)), id.value(i))));
-        }
-    }
-    expected.sort_by_key(|r| r.0);
+    let expected = partitions_then_k(&table).await;
     let ours = session(true, table, None);
     for min_rows in ["100000", "0"] {
         ours.sql(&format!("SET gpusort.min_rows = {min_rows}")).await.unwrap();
         let (_, batches) = rows(&ours, "SELECT k, id FROM t ORDER BY k NULLS FIRST").await;
-        let actual: Vec<(Option<i64>, i64)> = batches
-            .iter()
-            .flat_map(|b| {
-                let k = b.column(0).as_primitive::<Int64Type>().clone();
-                let id = b.column(1).as_primitive::<Int64Type>().clone();
-                (0..b.num_rows()).map(move |i| (k.is_valid(i).then(|| k.value(i)), id.value(i)))
-            })
-            .collect();
-        assert!(actual == expected, "min_rows {min_rows}: ties out of partition order");
+        assert!(
+            k_id(&batches, 0, 1) == expected,
+            "min_rows {min_rows}: ties out of partition order"
+        );
     }
 }
 
@@ -198,13 +80,13 @@ async fn small_pools_spill_or_fail_clearly_and_memory_returns_to_zero() {
     for limit in [8 << 10, 128 << 10, 512 << 10, 2 << 20, 64 << 20] {
         let pool: Arc<dyn MemoryPool> = Arc::new(FairSpillPool::new(limit));
         let ours = session(true, Arc::clone(&table), Some(Arc::clone(&pool)));
-        match run_counting_spills(&ours, &q).await {
-            Ok((batches, spills)) => {
+        match run_merge(&ours, &q).await {
+            Ok((batches, m)) => {
                 let actual = arrow::util::pretty::pretty_format_batches(&batches)
                     .unwrap()
                     .to_string();
                 assert!(actual == expected, "limit {limit}: rows differ from DataFusion's");
-                spilled += usize::from(spills > 0);
+                spilled += usize::from(sorted::metric(&m, "spill_count") > 0);
             }
             Err(e) => {
                 let msg = e.to_string();
