@@ -3,6 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use arrow::datatypes::SchemaRef;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::Result;
 use datafusion::execution::TaskContext;
@@ -223,12 +224,7 @@ impl ExecutionPlan for GpuSortExec {
         &self,
         f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
     ) -> Result<TreeNodeRecursion> {
-        for e in self.expr.iter() {
-            if f(&e.expr)? == TreeNodeRecursion::Stop {
-                return Ok(TreeNodeRecursion::Stop);
-            }
-        }
-        Ok(TreeNodeRecursion::Continue)
+        apply_sort_expressions(&self.expr, f)
     }
 
     fn replace_children(
@@ -264,8 +260,7 @@ impl ExecutionPlan for GpuSortExec {
             .with_can_spill(self.fetch.is_none())
             .register(context.memory_pool());
         let metrics = GpuSortMetrics::new(&self.metrics, partition);
-        let spill = SpillManager::new(context.runtime_env(), metrics.spill.clone(), self.schema())
-            .with_compression_type(context.session_config().spill_compression());
+        let spill = spill_manager(&context, &metrics, self.schema());
         let mut sorter = GpuSorter::new(
             self.schema(),
             self.expr.clone(),
@@ -322,4 +317,24 @@ impl ExecutionPlan for GpuSortExec {
             CardinalityEffect::LowerEqual
         }
     }
+}
+
+/// Calls `f` on each sort expression of `expr` (the plans' `apply_expressions`).
+pub(crate) fn apply_sort_expressions(
+    expr: &LexOrdering,
+    f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+) -> Result<TreeNodeRecursion> {
+    for e in expr.iter() {
+        if f(&e.expr)? == TreeNodeRecursion::Stop {
+            return Ok(TreeNodeRecursion::Stop);
+        }
+    }
+    Ok(TreeNodeRecursion::Continue)
+}
+
+/// The spill manager of an operator's partition: the session's disk manager and spill
+/// compression, counted in `metrics`.
+pub(crate) fn spill_manager(context: &TaskContext, metrics: &GpuSortMetrics, schema: SchemaRef) -> SpillManager {
+    SpillManager::new(context.runtime_env(), metrics.spill.clone(), schema)
+        .with_compression_type(context.session_config().spill_compression())
 }

@@ -64,22 +64,46 @@ const SPILL_READ_AHEAD: usize = 2;
 /// Merges sorted runs into the output stream (see the module docs).
 pub(crate) struct MultiLevelMerge {
     /// The runs, in input order.
-    pub(crate) runs: Vec<SortedRun>,
+    runs: Vec<SortedRun>,
     /// Holds the in-memory runs' bytes, and the merge buffers while a merge runs.
-    pub(crate) reservation: MemoryReservation,
-    pub(crate) metrics: GpuSortMetrics,
+    reservation: MemoryReservation,
+    metrics: GpuSortMetrics,
     /// Sorts the range merge's steps.
-    pub(crate) sorter: InMemorySorter,
-    pub(crate) spill: SpillManager,
+    sorter: InMemorySorter,
+    spill: SpillManager,
     /// Most runs one merge reads (0: no limit).
-    pub(crate) fan_in: usize,
+    fan_in: usize,
     /// Rows to produce (`None`: all).
-    pub(crate) fetch: Option<usize>,
+    fetch: Option<usize>,
     /// Most rows one sort takes (what one GPU sort holds, or `gpusort.max_run_rows`).
-    pub(crate) run_rows: Option<usize>,
+    run_rows: Option<usize>,
 }
 
 impl MultiLevelMerge {
+    /// A merge of `runs` (in input order) into at most `fetch` rows, holding `reservation`,
+    /// sorting its steps with `sorter` (whose metrics it records), spilling through `spill`,
+    /// at most `fan_in` runs at once (0: no limit), a sort taking at most `run_rows` rows.
+    pub(crate) fn new(
+        runs: Vec<SortedRun>,
+        reservation: MemoryReservation,
+        sorter: InMemorySorter,
+        spill: SpillManager,
+        fan_in: usize,
+        fetch: Option<usize>,
+        run_rows: Option<usize>,
+    ) -> Self {
+        Self {
+            runs,
+            reservation,
+            metrics: sorter.metrics.clone(),
+            sorter,
+            spill,
+            fan_in,
+            fetch,
+            run_rows,
+        }
+    }
+
     /// Merges the runs into the output stream (see the module docs).
     pub(crate) async fn stream(mut self) -> Result<SendableRecordBatchStream> {
         log::debug!(target: "gpusort::timeline", "merging {} runs", self.runs.len());

@@ -14,15 +14,17 @@
 //! Every byte held is reserved; the reservation goes on to the merge, which returns it to zero
 //! when its output ends or is dropped.
 
+use std::sync::Arc;
+
 use arrow::array::RecordBatch;
 use datafusion::common::utils::memory::get_record_batch_memory_size;
 use datafusion::error::Result;
 use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::physical_plan::SendableRecordBatchStream;
 use datafusion::physical_plan::common::spawn_buffered;
+use datafusion::physical_plan::spill::SpillManager;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::StreamExt;
-use std::sync::Arc;
 
 use crate::error::too_small;
 use crate::in_memory::InMemorySorter;
@@ -30,7 +32,6 @@ use crate::metrics::GpuSortMetrics;
 use crate::multi_level_merge::MultiLevelMerge;
 use crate::run::SortedRun;
 use crate::run_store::RunStore;
-use datafusion::physical_plan::spill::SpillManager;
 
 /// Batches each input partition's task reads ahead of the collector.
 const PARTITION_READ_AHEAD: usize = 2;
@@ -151,16 +152,16 @@ impl PartitionRuns {
             )));
         }
         self.metrics.runs.add(runs.len());
-        let merge = MultiLevelMerge {
+        let run_rows = self.run_rows.flatten();
+        let merge = MultiLevelMerge::new(
             runs,
-            reservation: self.reservation,
-            metrics: self.metrics,
-            sorter: self.sorter,
-            spill: self.spill,
-            fan_in: self.fan_in,
-            fetch: None,
-            run_rows: self.run_rows.flatten(),
-        };
+            self.reservation,
+            self.sorter,
+            self.spill,
+            self.fan_in,
+            None,
+            run_rows,
+        );
         merge.stream().await
     }
 }

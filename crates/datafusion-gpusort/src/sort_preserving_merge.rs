@@ -13,7 +13,6 @@ use datafusion::physical_plan::execution_plan::{
     CardinalityEffect, ChildrenPropertiesMode, EmissionType, ReplaceChildrenOptions,
 };
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricsSet};
-use datafusion::physical_plan::spill::SpillManager;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, ExecutionPlanProperties, Partitioning, PlanProperties,
@@ -22,6 +21,7 @@ use datafusion::physical_plan::{
 use futures::TryStreamExt;
 
 use crate::config::GpuSortConfig;
+use crate::exec::{apply_sort_expressions, spill_manager};
 use crate::in_memory::InMemorySorter;
 use crate::metrics::GpuSortMetrics;
 use crate::partition_runs::PartitionRuns;
@@ -142,12 +142,7 @@ impl ExecutionPlan for GpuSortPreservingMergeExec {
         &self,
         f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
     ) -> Result<TreeNodeRecursion> {
-        for e in self.expr.iter() {
-            if f(&e.expr)? == TreeNodeRecursion::Stop {
-                return Ok(TreeNodeRecursion::Stop);
-            }
-        }
-        Ok(TreeNodeRecursion::Continue)
+        apply_sort_expressions(&self.expr, f)
     }
 
     fn replace_children(
@@ -184,8 +179,7 @@ impl ExecutionPlan for GpuSortPreservingMergeExec {
             .with_can_spill(true)
             .register(context.memory_pool());
         let metrics = GpuSortMetrics::new(&self.metrics, partition);
-        let spill = SpillManager::new(context.runtime_env(), metrics.spill.clone(), self.schema())
-            .with_compression_type(context.session_config().spill_compression());
+        let spill = spill_manager(&context, &metrics, self.schema());
         let sorter = InMemorySorter::new(
             self.schema(),
             self.expr.clone(),

@@ -204,16 +204,16 @@ impl GpuSorter {
         }
         let (runs, freed) = self.runs.finish().await?;
         self.reservation.shrink(freed);
-        let merge = MultiLevelMerge {
+        let run_rows = self.run_rows.flatten();
+        let merge = MultiLevelMerge::new(
             runs,
-            reservation: self.reservation,
-            metrics: self.metrics,
-            sorter: self.sorter,
-            spill: self.spill,
-            fan_in: self.fan_in,
-            fetch: self.fetch,
-            run_rows: self.run_rows.flatten(),
-        };
+            self.reservation,
+            self.sorter,
+            self.spill,
+            self.fan_in,
+            self.fetch,
+            run_rows,
+        );
         merge.stream().await
     }
 
