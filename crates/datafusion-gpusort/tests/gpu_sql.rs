@@ -270,7 +270,7 @@ async fn gpu_merges_sorted_partitions() {
         for pool in [None, Some(4 << 20)] {
             let pool_impl: Option<Arc<dyn MemoryPool>> = pool.map(|p| Arc::new(FairSpillPool::new(p)) as _);
             let ours = sorted::session(true, Arc::clone(&table), pool_impl.clone());
-            set(&ours, ON_GPU).await;
+            set(&ours, &[("min_rows", "0"), ("device", "0")]).await;
             let what = format!("{partitions} partitions, pool {pool:?}");
             let (batches, m) = sorted::run_merge(&ours, &total).await.unwrap();
             let actual = arrow::util::pretty::pretty_format_batches(&batches)
