@@ -184,6 +184,9 @@ struct SortMetrics {
     kernel_ns: usize,
     bytes_to_device: usize,
     bytes_from_device: usize,
+    /// Range-merge steps, and those whose runs the GPU merged (`merge.cu`).
+    merge_steps: usize,
+    gpu_merged_steps: usize,
 }
 
 /// The phases of a sort as the `GpuSortExec` metrics time them, in the order they happen (the
@@ -225,6 +228,8 @@ fn sort_metrics(plan: &Arc<dyn ExecutionPlan>) -> SortMetrics {
                 "gpu_kernel_time" => m.kernel_ns += n,
                 "bytes_to_device" => m.bytes_to_device += n,
                 "bytes_from_device" => m.bytes_from_device += n,
+                "range_merge_steps" => m.merge_steps += n,
+                "gpu_merged_steps" => m.gpu_merged_steps += n,
                 "path" => m.path.push(value.to_string()),
                 "cpu_fallback" => m.cpu_fallback.push(value.to_string()),
                 name => {
@@ -556,9 +561,9 @@ fn main() -> Result<()> {
     writeln!(out)?;
     writeln!(
         out,
-        "| workload | contender | path | cpu_fallback | sorts gpu/cpu | sort op ms | gpu_kernel ms | to device MB | from device MB | PCIe round trip ms | end-to-end / round trip |"
+        "| workload | contender | path | cpu_fallback | sorts gpu/cpu | merge steps (on the GPU) | sort op ms | gpu_kernel ms | to device MB | from device MB | PCIe round trip ms | end-to-end / round trip |"
     )?;
-    writeln!(out, "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|")?;
+    writeln!(out, "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")?;
     for r in &table {
         let Some(m) = &r.metrics else { continue };
         let rt = round_trip(m);
@@ -569,13 +574,15 @@ fn main() -> Result<()> {
         };
         writeln!(
             out,
-            "| {} | {} | {} | {} | {}/{} | {:.1} | {:.2} | {:.1} | {:.1} | {:.2} | {ratio} |",
+            "| {} | {} | {} | {} | {}/{} | {} ({}) | {:.1} | {:.2} | {:.1} | {:.1} | {:.2} | {ratio} |",
             r.workload,
             r.contender,
             m.path.join("; "),
             m.cpu_fallback.join("; "),
             m.gpu_sorts,
             m.cpu_sorts,
+            m.merge_steps,
+            m.gpu_merged_steps,
             ns_ms(m.elapsed_compute_ns),
             ns_ms(m.kernel_ns),
             m.bytes_to_device as f64 / 1e6,
@@ -636,7 +643,7 @@ fn main() -> Result<()> {
 
     if let Ok(path) = std::env::var("BENCH_CSV") {
         let mut csv = String::from(
-            "workload,contender,plan,rows,runs,partitions,median_ms,min_ms,speedup_vs_stock,output_ok,path,cpu_fallback,gpu_sorts,cpu_sorts,sort_op_ms,",
+            "workload,contender,plan,rows,runs,partitions,median_ms,min_ms,speedup_vs_stock,output_ok,path,cpu_fallback,gpu_sorts,cpu_sorts,merge_steps,gpu_merged_steps,sort_op_ms,",
         );
         for (_, name) in PHASES {
             csv.push_str(&format!("{name}_ms,"));
@@ -662,6 +669,8 @@ fn main() -> Result<()> {
                 m.cpu_fallback.join("; "),
                 m.gpu_sorts.to_string(),
                 m.cpu_sorts.to_string(),
+                m.merge_steps.to_string(),
+                m.gpu_merged_steps.to_string(),
                 format!("{:.3}", ns_ms(m.elapsed_compute_ns)),
             ];
             fields.extend(m.phase_ns.iter().map(|ns| format!("{:.3}", ns_ms(*ns))));
