@@ -251,9 +251,10 @@ async fn gpu_external_sort_in_budget_sized_runs() {
 
 /// A merge of sorted partitions (`GpuSortPreservingMergeExec`) on the GPU: rows equal stock
 /// DataFusion's merge (a total order) and, ordered by `k` alone, come out stably (ties
-/// partition by partition); a small pool makes it spill; the pool returns to zero. A step's
-/// runs merge on the GPU (`merge.cu`) where the rounds are at most the radix passes: `k` (41
-/// values and nulls) takes one pass, so 2 partitions (one round) merge and 6 (three) sort.
+/// partition by partition); a small pool makes it spill (and merge row by row when no step
+/// fits); the pool returns to zero. A step's runs merge on the GPU (`merge.cu`) where the
+/// rounds are at most the radix passes: `k` (41 values and nulls) takes one pass, so 2
+/// partitions (one round) merge and 6 (three) sort.
 #[tokio::test]
 async fn gpu_merges_sorted_partitions() {
     use datafusion::execution::memory_pool::{FairSpillPool, MemoryPool};
@@ -262,7 +263,9 @@ async fn gpu_merges_sorted_partitions() {
         return;
     }
     for partitions in [2, 6] {
-        let table = sorted::sorted_table(300_000, partitions, 4096);
+        // Batches of the session's 100 rows: DataFusion counts a slice of a larger batch as
+        // the whole batch, which would cut runs of a few thousand rows under the pool.
+        let table = sorted::sorted_table(300_000, partitions, 100);
         let expected_ties = sorted::partitions_then_k(&table).await;
         let stock = sorted::session(false, Arc::clone(&table), None);
         let total = format!("SELECT * FROM t ORDER BY {}", sorted::ORDER);
@@ -304,11 +307,11 @@ async fn gpu_merges_sorted_partitions() {
                 "{what}, k: [runs, GPU sorts, merged steps, steps, spill files] = {:?}",
                 count(&m)
             );
-            assert!(gpu > 0 && merged <= steps && gpu >= merged, "{what}: {m}");
+            assert!(merged <= steps && gpu >= merged, "{what}: {m}");
             if pool.is_some() {
                 assert!(spills > 0, "{what}: {m}");
-            } else if partitions == 2 {
-                assert!(merged > 0, "{what}: {m}");
+            } else {
+                assert!(gpu > 0 && (merged > 0) == (partitions == 2), "{what}: {m}");
             }
             if let Some(p) = &pool_impl {
                 assert_eq!(p.reserved(), 0, "{what}");
