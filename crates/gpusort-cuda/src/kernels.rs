@@ -148,6 +148,7 @@ pub const SHARED_CONSTANTS: &[(&str, u64, bool)] = &[
     ("ONESWEEP_HIST_IPT", ONESWEEP_HIST_IPT as u64, false),
     ("ONESWEEP_VALUE", ONESWEEP_MAX_ROWS as u64, true),
     ("ORDER_SCAN_MAX_WORDS", ORDER_SCAN_MAX_WORDS as u64, false),
+    ("ORDER_SCAN_MAX_DESCENTS", ORDER_SCAN_MAX_DESCENTS as u64, false),
     ("TIES_CAP", TIES_CAP as u64, false),
     ("TIES_BLOCK", TIES_BLOCK as u64, false),
     ("TIES_MAX_ROUNDS", TIES_MAX_ROUNDS as u64, false),
@@ -171,6 +172,10 @@ const _: () = assert!((MERGE_MAX_WORDS + 1) * MERGE_TILE * 4 + MERGE_TILE * 2 <=
 /// The most key words presorted.cu's `order_scan` compares (`ORDER_SCAN_MAX_WORDS`); a longer
 /// key takes the radix passes unscanned.
 pub(crate) const ORDER_SCAN_MAX_WORDS: usize = 8;
+
+/// The descents `order_scan` records the rows of (`ORDER_SCAN_MAX_DESCENTS`): input of at most
+/// that many + 1 ascending runs (the CPU backend's limit too) is merged instead of sorted.
+pub(crate) const ORDER_SCAN_MAX_DESCENTS: usize = gpusort::cpu::PRESORTED_MAX_RUNS - 1;
 
 impl Default for KernelTuning {
     fn default() -> Self {

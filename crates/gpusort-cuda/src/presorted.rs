@@ -1,11 +1,13 @@
 //! Presorted input on the device (`kernels/presorted.cu`): one read of the key before the
-//! radix passes says whether the rows are already in order or strictly in reverse order, and
-//! such a sort then skips its passes — nothing moves for sorted input; for reversed input every
-//! key word, column and record is reversed in place and the permutation is `n - 1 - i`.
+//! radix passes says whether the rows are already in order, strictly in reverse order, or a
+//! few ascending runs, and such a sort then skips its passes — nothing moves for sorted input;
+//! for reversed input every key word, column and record is reversed in place and the
+//! permutation is `n - 1 - i`; runs (at most [`gpusort::cpu::PRESORTED_MAX_RUNS`], where
+//! their merge rounds pay against the passes: [`merge_pays`]) are merged (`merge.rs`).
 //! Bandyopadhyay & Sahni's sorts (ICPADS 2011, sections V and VI) run every pass whatever the
-//! order; this check costs one read of the key words. Reversed input with equal neighbours,
-//! a few sorted runs and few distinct keys take the radix passes on the device (the CPU
-//! backend finishes those shapes too, see `gpusort::cpu`).
+//! order; this check costs one read of the key words. Reversed input with equal neighbours
+//! and few distinct keys take the radix passes on the device (the CPU backend finishes those
+//! shapes too, see `gpusort::cpu`).
 //!
 //! The scan is off the sort's critical path: [`Gpu::start_order_scan`] enqueues it (its counts
 //! zeroed by an async memset in a buffer the [`Gpu`] keeps, then copied into pinned host memory
@@ -23,7 +25,8 @@ use gpusort::plan::InputOrder;
 
 use crate::error::Result;
 use crate::gpu::{Gpu, rows_u32};
-use crate::kernels::ORDER_SCAN_MAX_WORDS;
+use crate::kernels::{ORDER_SCAN_MAX_DESCENTS, ORDER_SCAN_MAX_WORDS};
+use crate::merge::{MergeMethod, merge_pays};
 use crate::table::DeviceTable;
 
 /// The device addresses of the key words `order_scan` compares, passed by value (`ScanWords`).
@@ -33,20 +36,37 @@ struct ScanWords([u64; ORDER_SCAN_MAX_WORDS]);
 // SAFETY: a plain array of device addresses, laid out as the kernel's struct of 8 pointers.
 unsafe impl DeviceRepr for ScanWords {}
 
-/// Words `order_scan` reports: descents, ascents, equal neighbours, and the stop flag.
-const SCAN_WORDS: usize = 4;
+/// Words `order_scan` reports: descents, ascents, equal neighbours, the stop flag, and the
+/// descents offered to its list of their rows.
+const SCAN_WORDS: usize = 5;
 
-/// The order four counts of `order_scan` (descents, ascents, equal neighbours, the stop flag)
-/// say the rows are in, when it lets a sort skip its passes: no descent, sorted; no ascent and
-/// no equal neighbours, strictly decreasing (reversed); else (or stopped early) `None`.
+/// The order the counts of `order_scan` (descents, ascents, equal neighbours, the stop flag,
+/// descents recorded) say the rows are in, when it lets a sort skip its passes: no descent,
+/// sorted; no ascent and no equal neighbours, strictly decreasing (reversed); at most
+/// [`ORDER_SCAN_MAX_DESCENTS`] descents, all recorded, that many + 1 ascending runs; else (or
+/// stopped early) `None`.
 pub(crate) fn order_of(counts: [u64; SCAN_WORDS]) -> Option<InputOrder> {
-    let [descents, ascents, equal, stopped] = counts;
+    let [descents, ascents, equal, stopped, recorded] = counts;
     match (descents, ascents, equal, stopped) {
         (_, _, _, 1..) => None,
         (0, _, _, _) => Some(InputOrder::Sorted),
         (_, 0, 0, _) => Some(InputOrder::Reversed),
+        (d, _, _, _) if d <= ORDER_SCAN_MAX_DESCENTS as u64 && recorded == d => Some(InputOrder::Runs(d as usize + 1)),
         _ => None,
     }
+}
+
+/// The rows of each ascending run of `n` rows whose runs start at the rows `starts` (the
+/// descents, in any order; row 0 starts the first run).
+pub(crate) fn runs_from(mut starts: Vec<u32>, n: usize) -> Vec<usize> {
+    starts.sort_unstable();
+    let mut runs = Vec::with_capacity(starts.len() + 1);
+    let mut at = 0;
+    for s in starts.into_iter().map(|s| s as usize).chain([n]) {
+        runs.push(s - at);
+        at = s;
+    }
+    runs
 }
 
 /// What one scan reports through: the counts on the device, their copy in pinned host memory
@@ -55,6 +75,9 @@ pub(crate) fn order_of(counts: [u64; SCAN_WORDS]) -> Option<InputOrder> {
 struct ScanBufs {
     counts: CudaSlice<u64>,
     host: PinnedHostSlice<u64>,
+    /// The rows of the first descents, on the device and in pinned host memory.
+    descents: CudaSlice<u32>,
+    host_descents: PinnedHostSlice<u32>,
     arrived: CudaEvent,
 }
 
@@ -81,6 +104,9 @@ impl ScanBufPool {
             // SAFETY: the host words are read only after a copy into them has arrived. Plain
             // page-locked memory (flags 0): write-combined memory is slow to read on the host.
             host: unsafe { gpu.context().alloc_pinned_with_flags::<u64>(SCAN_WORDS, 0) }?,
+            descents: gpu.stream.alloc_zeros::<u32>(ORDER_SCAN_MAX_DESCENTS)?,
+            // SAFETY: as `host`.
+            host_descents: unsafe { gpu.context().alloc_pinned_with_flags::<u32>(ORDER_SCAN_MAX_DESCENTS, 0) }?,
             // Not a blocking-sync event: the wait spins, no sleep and wake-up on the sort's path.
             arrived: gpu.context().new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))?,
         })
@@ -106,8 +132,14 @@ pub(crate) enum Passes {
 pub(crate) struct OrderScan<'a> {
     /// The scan not yet waited for.
     pending: Option<(&'a Gpu, ScanBufs)>,
+    /// Rows scanned, and how runs would be merged with the radix passes they save (`None`:
+    /// runs are not merged).
+    n: usize,
+    merge: Option<(MergeMethod, usize)>,
     /// What it found, once settled.
     found: Option<InputOrder>,
+    /// The runs found (their rows) and their merge, when the found order is `Runs`.
+    runs: Option<(Vec<usize>, MergeMethod)>,
 }
 
 impl OrderScan<'_> {
@@ -115,23 +147,43 @@ impl OrderScan<'_> {
     pub(crate) fn off() -> Self {
         Self {
             pending: None,
+            n: 0,
+            merge: None,
             found: None,
+            runs: None,
         }
     }
 
     /// Waits for the scan's counts (the first time; later calls return the same) and returns
-    /// the order they show when it lets the sort skip its passes.
+    /// the order they show when it lets the sort skip its passes: runs only where their merge
+    /// pays against the passes.
     pub(crate) fn settle(&mut self) -> Result<Option<InputOrder>> {
         if let Some((gpu, bufs)) = self.pending.take() {
             bufs.arrived.synchronize()?;
             let mut counts = [0u64; SCAN_WORDS];
-            // The copy has arrived (it is before `arrived` on the stream); the slice's own
-            // event was never recorded, so reading it does not wait.
+            // The copies have arrived (they are before `arrived` on the stream); the slices'
+            // own events were never recorded, so reading them does not wait.
             counts.copy_from_slice(&bufs.host.as_slice()?[..SCAN_WORDS]);
-            gpu.scan_bufs.put(bufs);
             self.found = order_of(counts);
+            if let Some(InputOrder::Runs(k)) = self.found {
+                let starts = bufs.host_descents.as_slice()?[..k - 1].to_vec();
+                let runs = runs_from(starts, self.n);
+                let method = self
+                    .merge
+                    .and_then(|(method, passes)| merge_pays(&runs, method, passes));
+                self.runs = method.map(|m| (runs, m));
+                if self.runs.is_none() {
+                    self.found = None;
+                }
+            }
+            gpu.scan_bufs.put(bufs);
         }
         Ok(self.found)
+    }
+
+    /// The runs found and how to merge them, once [`Self::settle`] found `Runs`.
+    pub(crate) fn take_runs(&mut self) -> Option<(Vec<usize>, MergeMethod)> {
+        self.runs.take()
     }
 
     /// What [`Self::settle`] found (`None` before it was called).
@@ -153,8 +205,16 @@ impl Gpu {
     /// Enqueues the scan of the order of `n` rows by the key `words` of `keys` (the words that
     /// vary, most significant first; the others are equal in every row and may be one-word
     /// stand-ins) and returns without waiting: [`OrderScan::settle`] says whether the rows are
-    /// sorted or strictly decreasing. Random keys stop the scan within a row or two a thread.
-    pub(crate) fn start_order_scan(&self, keys: &[CudaSlice<u32>], words: &[usize], n: usize) -> Result<OrderScan<'_>> {
+    /// sorted, strictly decreasing, or a few ascending runs that `merge` (the method, and the
+    /// radix passes the sort would run) merges. Random keys stop the scan within a row or two a
+    /// thread.
+    pub(crate) fn start_order_scan(
+        &self,
+        keys: &[CudaSlice<u32>],
+        words: &[usize],
+        n: usize,
+        merge: Option<(MergeMethod, usize)>,
+    ) -> Result<OrderScan<'_>> {
         let n32 = rows_u32(n)?;
         if n < 2 || words.is_empty() || words.len() > ORDER_SCAN_MAX_WORDS {
             return Ok(OrderScan::off());
@@ -168,14 +228,16 @@ impl Gpu {
         let mut bufs = self.scan_bufs.take(self)?;
         s.memset_zeros(&mut bufs.counts)?;
         let (counts_p, nwords) = (bufs.counts.device_ptr(s).0, words.len() as u32);
+        let descents_p = bufs.descents.device_ptr(s).0;
         // SAFETY: `ptrs` holds `nwords` arrays of n words each (key words that vary hold every
-        // row); `counts` holds 4 words.
+        // row); `counts` holds SCAN_WORDS words, `descents` ORDER_SCAN_MAX_DESCENTS.
         let launched = unsafe {
             s.launch_builder(&kernels.order_scan)
                 .arg(&n32)
                 .arg(&ptrs)
                 .arg(&nwords)
                 .arg(&counts_p)
+                .arg(&descents_p)
                 .launch(self.grid_for(n))
         };
         // The copy goes straight to the pinned words (no wait on, nor record of, their own
@@ -185,6 +247,10 @@ impl Gpu {
             // SAFETY: `counts` holds SCAN_WORDS words, the host slice as many; it is read only
             // after `arrived`, recorded after the copy, has completed.
             .and_then(|dst| unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, counts_p, s.cu_stream()) })
+            .and_then(|_| bufs.host_descents.as_mut_slice())
+            // SAFETY: as above, ORDER_SCAN_MAX_DESCENTS words each side (those past the
+            // descents recorded are stale and never read).
+            .and_then(|dst| unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, descents_p, s.cu_stream()) })
             .and_then(|_| bufs.arrived.record(s));
         if let Err(e) = queued {
             self.scan_bufs.put(bufs);
@@ -192,7 +258,10 @@ impl Gpu {
         }
         Ok(OrderScan {
             pending: Some((self, bufs)),
+            n,
+            merge,
             found: None,
+            runs: None,
         })
     }
 
@@ -251,19 +320,34 @@ mod tests {
     use super::*;
 
     #[test]
-    fn counts_say_sorted_reversed_or_neither() {
-        // [descents, ascents, equal neighbours, stopped]
-        assert_eq!(order_of([0, 9, 0, 0]), Some(InputOrder::Sorted));
-        assert_eq!(order_of([0, 4, 5, 0]), Some(InputOrder::Sorted));
-        assert_eq!(order_of([0, 0, 9, 0]), Some(InputOrder::Sorted), "all equal");
-        assert_eq!(order_of([9, 0, 0, 0]), Some(InputOrder::Reversed));
+    fn counts_say_sorted_reversed_runs_or_neither() {
+        // [descents, ascents, equal neighbours, stopped, descents recorded]
+        assert_eq!(order_of([0, 9, 0, 0, 0]), Some(InputOrder::Sorted));
+        assert_eq!(order_of([0, 4, 5, 0, 0]), Some(InputOrder::Sorted));
+        assert_eq!(order_of([0, 0, 9, 0, 0]), Some(InputOrder::Sorted), "all equal");
+        assert_eq!(order_of([9, 0, 0, 0, 9]), Some(InputOrder::Reversed));
+        assert_eq!(order_of([80, 0, 0, 0, 70]), Some(InputOrder::Reversed));
         assert_eq!(
-            order_of([8, 0, 1, 0]),
-            None,
-            "reversed with a tie is not stable reversed"
+            order_of([8, 0, 1, 0, 8]),
+            Some(InputOrder::Runs(9)),
+            "reversed with a tie is not stable reversed: 9 runs of one or two rows"
         );
-        assert_eq!(order_of([3, 6, 0, 0]), None);
-        assert_eq!(order_of([0, 0, 0, 1]), None, "stopped early");
-        assert_eq!(order_of([9, 0, 0, 1]), None, "stopped early");
+        assert_eq!(order_of([3, 6, 0, 0, 3]), Some(InputOrder::Runs(4)));
+        let most = ORDER_SCAN_MAX_DESCENTS as u64;
+        assert_eq!(
+            order_of([most, 6, 0, 0, most]),
+            Some(InputOrder::Runs(most as usize + 1))
+        );
+        assert_eq!(order_of([most + 1, 6, 0, 0, most + 1]), None, "too many runs");
+        assert_eq!(order_of([3, 6, 0, 0, 2]), None, "a descent not recorded");
+        assert_eq!(order_of([0, 0, 0, 1, 0]), None, "stopped early");
+        assert_eq!(order_of([9, 0, 0, 1, 70]), None, "stopped early");
+    }
+
+    #[test]
+    fn runs_start_at_the_descents() {
+        assert_eq!(runs_from(vec![], 5), vec![5]);
+        assert_eq!(runs_from(vec![3], 5), vec![3, 2]);
+        assert_eq!(runs_from(vec![4, 1, 2], 6), vec![1, 1, 2, 2]);
     }
 }

@@ -4,9 +4,10 @@
 //! and SRTS, `msd` for the MSD hybrid) and then the gathers of the indirect strategy
 //! (`gather.rs`, `kernels/gather.cu`); it launches no kernel of its own. Before the passes, one
 //! read of the key (`presorted.rs`) finds input already in order (nothing moves) or strictly
-//! reversed (everything is reversed in place); the sort waits for it only once the passes' host
-//! work is done, just before their first kernel. Rows the plan says are a few sorted runs are
-//! merged instead (`merge.rs`) where that pays against the radix passes.
+//! reversed (everything is reversed in place) or a few ascending runs; the sort waits for it
+//! only once the passes' host work is done, just before their first kernel. Rows the plan says
+//! are a few sorted runs, or the scan found to be, are merged instead (`merge.rs`) where that
+//! pays against the radix passes.
 
 use cudarc::driver::CudaSlice;
 use gpusort::plan::{Algorithm, InputOrder, RecordMove, Strategy};
@@ -30,18 +31,29 @@ impl Gpu {
         let mut perm = None;
         let mut order = OrderScan::off();
         let mut strategy = plan.strategy;
-        let merge = self.merge_of(plan, n);
-        if let Some(method) = merge {
-            perm = Some(self.merge_table(table, plan, method)?);
+        let mut merged_runs = 0;
+        if let Some(method) = self.merge_of(plan, n) {
+            perm = Some(self.merge_table(table, plan, &plan.sorted_runs, method)?);
+            merged_runs = plan.sorted_runs.iter().filter(|&&r| r > 0).count();
         } else if n > 1 && !plan.passes.is_empty() {
             if plan.switches.presorted {
                 // Enqueued, not waited for: the passes wait just before their first kernel.
-                order = self.start_order_scan(&table.keys, &plan.key_words(), n)?;
+                let merge = plan
+                    .switches
+                    .merge
+                    .filter(|_| plan.key_words().len() <= MERGE_MAX_WORDS);
+                let merge = merge.map(|m| (m, plan.passes.len()));
+                order = self.start_order_scan(&table.keys, &plan.key_words(), n, merge)?;
             }
             strategy = self.strategy_run(table, plan)?;
             perm = match self.run_sort(table, plan, strategy, &mut order)? {
                 Passes::Ran(perm) => perm,
                 Passes::Skipped(InputOrder::Sorted) => None,
+                Passes::Skipped(InputOrder::Runs(_)) => {
+                    let (runs, method) = order.take_runs().expect("runs found are kept with their merge");
+                    merged_runs = runs.len();
+                    Some(self.merge_table(table, plan, &runs, method)?)
+                }
                 Passes::Skipped(_) => self.reverse_table(table, plan.want_perm)?,
             };
         }
@@ -55,15 +67,21 @@ impl Gpu {
             kernel_ms: start.elapsed_ms(&end)?,
             input_order: order.found(),
             strategy,
-            merged_runs: merge.map_or(0, |_| plan.sorted_runs.iter().filter(|&&r| r > 0).count()),
+            merged_runs,
         })
     }
 
-    /// The merge of `table`'s sorted runs (`plan.sorted_runs`) by `method`, then the payload
-    /// gathered through the permutation, which it returns.
-    fn merge_table(&self, table: &mut DeviceTable, plan: &GpuSortPlan, method: MergeMethod) -> Result<CudaSlice<u32>> {
+    /// The merge of `table`'s sorted `runs` (rows of each, in order) by `method`, then the
+    /// payload gathered through the permutation, which it returns.
+    fn merge_table(
+        &self,
+        table: &mut DeviceTable,
+        plan: &GpuSortPlan,
+        runs: &[usize],
+        method: MergeMethod,
+    ) -> Result<CudaSlice<u32>> {
         let n = table.num_rows;
-        let perm = self.merge_runs(&mut table.keys, &plan.key_words(), n, &plan.sorted_runs, method)?;
+        let perm = self.merge_runs(&mut table.keys, &plan.key_words(), n, runs, method)?;
         if !table.columns.is_empty() || table.records.is_some() {
             // Packed gathers hold memory only an indirect plan reserves.
             let pack = plan.pack_gathers && plan.strategy.record_move == RecordMove::Indirect;

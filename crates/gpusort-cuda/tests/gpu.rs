@@ -334,24 +334,58 @@ fn engine_presorted_input() {
     let Some(b) = backend() else { return };
     let gpu = b.gpu();
     let mut rng = SmallRng::seed_from_u64(22);
+    // (`None`: as the scan says; reversed with ties and three runs are merged runs where they
+    // are few enough and the merge pays against the passes.)
     let shortcut = [
         ("sorted", Some(InputOrder::Sorted)),
         ("reverse", Some(InputOrder::Reversed)),
         ("reverse_ties", None),
         ("runs", None),
     ];
+    let merge = gpu.sort_switches().merge;
     for (kind, order) in shortcut {
         for &n in &[2usize, 3, gpu.tile() - 1, gpu.tile() + 1, 100_001] {
             for words in 1..=3 {
                 for hybrid in [false, true] {
                     let c = case(&mut rng, n, words, kind, hybrid);
+                    let passes = radix_passes(&varying_bits(&c.keys), 8).len();
+                    let (runs, scanned) = scan_order(&c.keys, passes, merge);
+                    if order.is_some() {
+                        assert_eq!(scanned, order, "{kind} n {n}: the test's own scan");
+                    }
                     for strategy in Strategy::ALL {
-                        let what = format!("{kind} n {n} words {words} hybrid {hybrid} {strategy}");
+                        let what = format!(
+                            "{kind} n {n} words {words} hybrid {hybrid} {strategy}: {} runs",
+                            runs.len()
+                        );
                         // (Two rows of "reverse_ties" and "runs" are equal: no pass, no scan.)
-                        assert_eq!(check_engine(gpu, &c, strategy, 8, &what), order, "{what}");
+                        assert_eq!(check_engine(gpu, &c, strategy, 8, &what), scanned, "{what}");
                     }
                 }
             }
+        }
+    }
+    // Runs of random keys (8 passes): merged up to the scan's 64 runs (6 rounds), sorted past
+    // them or without a merge method.
+    let most = gpusort::cpu::PRESORTED_MAX_RUNS;
+    for k in [2, 3, 17, most, most + 1, 200] {
+        let n = 150_000 + k;
+        let mut c = case(&mut rng, n, 2, "random", k % 2 == 0);
+        let runs: Vec<usize> = (0..k).map(|i| n / k + usize::from(i < n % k)).collect();
+        sort_runs(&mut c.keys, &runs);
+        let want = (k <= most).then_some(InputOrder::Runs(k));
+        assert_eq!(scan_order(&c.keys, 8, merge).1, want, "{k} runs: the test's own scan");
+        for strategy in [Strategy::SRTS_DIRECT, Strategy::MSD_INDIRECT, Strategy::GRS_INDIRECT] {
+            let what = format!("{k} runs of random keys, {strategy}");
+            let switches = gpu.sort_switches();
+            let (order, merged) = check_engine_runs(gpu, &c, strategy, 8, switches, &[], &what);
+            assert_eq!((order, merged), (want, if k <= most { k } else { 0 }), "{what}");
+            let off = SortSwitches {
+                merge: None,
+                ..switches
+            };
+            let (order, merged) = check_engine_runs(gpu, &c, strategy, 8, off, &[], &what);
+            assert_eq!((order, merged), (None, 0), "{what}, no merge method");
         }
     }
     // With the scan off, sorted input takes the passes.
@@ -383,6 +417,48 @@ fn sort_runs(keys: &mut [Vec<u32>], runs: &[usize]) {
         }
         at += r;
     }
+}
+
+/// The ascending runs of the rows of `keys` (rows of each) and the order the device's scan
+/// reports for them before `passes` radix passes whose runs `merge` merges: sorted, strictly
+/// reversed, or at most `PRESORTED_MAX_RUNS` runs whose merge rounds are at most the passes
+/// (`None` besides, and without passes, where no scan runs).
+fn scan_order(keys: &[Vec<u32>], passes: usize, merge: Option<MergeMethod>) -> (Vec<usize>, Option<InputOrder>) {
+    use std::cmp::Ordering::{Equal, Greater, Less};
+    let n = keys.first().map_or(0, |w| w.len());
+    let (mut descents, mut ascents, mut equal) = (0, 0, 0);
+    let (mut runs, mut start) = (vec![], 0);
+    for i in 1..n {
+        match keys
+            .iter()
+            .map(|w| w[i - 1].cmp(&w[i]))
+            .find(|o| o.is_ne())
+            .unwrap_or(Equal)
+        {
+            Greater => {
+                descents += 1;
+                runs.push(i - start);
+                start = i;
+            }
+            Less => ascents += 1,
+            Equal => equal += 1,
+        }
+    }
+    runs.push(n - start);
+    let order = if n < 2 || passes == 0 {
+        None
+    } else if descents == 0 {
+        Some(InputOrder::Sorted)
+    } else if ascents == 0 && equal == 0 {
+        Some(InputOrder::Reversed)
+    } else if runs.len() <= gpusort::cpu::PRESORTED_MAX_RUNS
+        && merge.is_some_and(|m| merge_rounds_of(&runs, m) <= passes)
+    {
+        Some(InputOrder::Runs(runs.len()))
+    } else {
+        None
+    };
+    (runs, order)
 }
 
 /// Rounds of merges of `runs` by `method`: ceil(log2 k) for the tree, k for odd-even where it
@@ -453,10 +529,17 @@ fn engine_merges_sorted_runs() {
                         );
                         let (_, merged) = check_engine_runs(gpu, &c, strategy, 8, switches, runs, &what);
                         let rounds = merge_rounds_of(runs, method);
+                        // Not merged as told: the scan may find fewer runs, whose merge pays.
                         let want = if n > 1 && rounds > 0 && rounds <= passes {
                             runs.iter().filter(|&&r| r > 0).count()
                         } else {
-                            0
+                            match scan_order(&c.keys, passes, Some(method)) {
+                                (found, Some(InputOrder::Runs(k))) => {
+                                    assert_eq!(found.len(), k);
+                                    k
+                                }
+                                _ => 0,
+                            }
                         };
                         assert_eq!(merged, want, "{what}: runs merged ({rounds} rounds, {passes} passes)");
                     }

@@ -18,6 +18,10 @@
 
 pub mod gather;
 pub(crate) mod presorted;
+
+/// The most ascending runs that count as presorted input, merged instead of sorted (the GPU
+/// backend's order scan records as many run starts).
+pub use presorted::MAX_RUNS as PRESORTED_MAX_RUNS;
 pub(crate) mod radix;
 
 use std::sync::Arc;
