@@ -1087,8 +1087,14 @@ fn sanitize_every_kernel() {
         check_engine_keys_only(gpu, &keys, strategy, 8, &format!("sanitize keys only {strategy}"));
     }
     // Presorted input (presorted.cu): the order scan, rows reversed in place (odd and even
-    // counts, ByField columns of every width and Hybrid records), the reversed permutation.
-    for (kind, rows, hybrid) in [("sorted", n, false), ("reverse", n, false), ("reverse", n + 1, true)] {
+    // counts, ByField columns of every width and Hybrid records), the reversed permutation, and
+    // three runs the scan finds, merged (merge.cu).
+    for (kind, rows, hybrid) in [
+        ("sorted", n, false),
+        ("reverse", n, false),
+        ("reverse", n + 1, true),
+        ("runs", n, false),
+    ] {
         let c = case(&mut rng, rows, 2, kind, hybrid);
         check_engine(gpu, &c, Strategy::SRTS_INDIRECT, 8, &format!("sanitize {kind} {rows}"));
     }
