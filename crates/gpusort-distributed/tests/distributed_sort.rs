@@ -160,6 +160,30 @@ async fn three_workers_sort_like_one_node() {
         assert_same(sql, &got, &want);
     }
 
+    // `gpusort.merge_partitions = false` (on one node: a sort per partition, merged by a
+    // GpuSortPreservingMergeExec) distributes the sort all the same: the distributed planner
+    // finds DataFusion's sort before gpusort's rule rewrites it.
+    distributed.sql("SET gpusort.merge_partitions = false").await.unwrap();
+    let (sql, reference) = queries[1];
+    let plan = distributed
+        .sql(sql)
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    let shown = displayable(plan.as_ref()).indent(true).to_string();
+    assert!(
+        shown.contains("OrderedConcatExec"),
+        "{sql}, merge_partitions off:\n{shown}"
+    );
+    assert_same(
+        sql,
+        &collect(&distributed, sql).await,
+        &collect(&single, reference).await,
+    );
+    distributed.sql("SET gpusort.merge_partitions = true").await.unwrap();
+
     // A table of a few rows (one row group, fewer byte ranges than tasks) and an empty result.
     let tiny = dir.path().join("tiny.parquet");
     let batch = collect(&single, "SELECT * FROM t WHERE id < 10").await;
