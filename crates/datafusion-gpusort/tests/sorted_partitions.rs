@@ -13,7 +13,10 @@ use tables::{plan, rows};
 
 #[path = "support/sorted.rs"]
 mod sorted;
-use sorted::{ORDER, has_stock_merge, k_id, partitions_then_k, run_merge, session, sorted_table};
+use futures::StreamExt;
+use sorted::{
+    ORDER, files_under, has_stock_merge, k_id, partitions_then_k, run_merge, session, session_in, sorted_table,
+};
 
 #[tokio::test]
 async fn merges_sorted_partitions_as_stock_datafusion_does() {
@@ -76,10 +79,11 @@ async fn small_pools_spill_or_fail_clearly_and_memory_returns_to_zero() {
     let stock = session(false, Arc::clone(&table), None);
     let q = format!("SELECT * FROM t ORDER BY {ORDER}");
     let (expected, _) = rows(&stock, &q).await;
+    let tmp = tempfile::tempdir().unwrap();
     let mut spilled = 0;
     for limit in [8 << 10, 128 << 10, 512 << 10, 2 << 20, 64 << 20] {
         let pool: Arc<dyn MemoryPool> = Arc::new(FairSpillPool::new(limit));
-        let ours = session(true, Arc::clone(&table), Some(Arc::clone(&pool)));
+        let ours = session_in(true, Arc::clone(&table), Some(Arc::clone(&pool)), Some(tmp.path()));
         match run_merge(&ours, &q).await {
             Ok((batches, m)) => {
                 let actual = arrow::util::pretty::pretty_format_batches(&batches)
@@ -97,9 +101,39 @@ async fn small_pools_spill_or_fail_clearly_and_memory_returns_to_zero() {
             }
         }
         assert_eq!(pool.reserved(), 0, "limit {limit}");
+        assert_eq!(files_under(tmp.path()), 0, "limit {limit}: spill files left");
     }
     // 30,000 rows of ~1 MB: the three smaller pools that succeed all spill.
     assert!(spilled >= 2, "{spilled} pools made the merge spill");
+}
+
+/// A merge dropped after its first batch, having spilled, leaves no reservation and no file.
+#[tokio::test]
+async fn a_merge_dropped_early_leaves_nothing() {
+    let table = sorted_table(30_000, 4, 500);
+    let tmp = tempfile::tempdir().unwrap();
+    let pool: Arc<dyn MemoryPool> = Arc::new(FairSpillPool::new(256 << 10));
+    let ours = session_in(true, table, Some(Arc::clone(&pool)), Some(tmp.path()));
+    let mut stream = ours
+        .sql(&format!("SELECT * FROM t ORDER BY {ORDER}"))
+        .await
+        .unwrap()
+        .execute_stream()
+        .await
+        .unwrap();
+    let first = stream.next().await.unwrap().unwrap();
+    assert!(first.num_rows() > 0);
+    assert!(files_under(tmp.path()) > 0, "the merge should hold spilled runs");
+    drop(stream);
+    // Spill files are deleted off the async threads: wait a little for them.
+    for _ in 0..100 {
+        if files_under(tmp.path()) == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(files_under(tmp.path()), 0, "spill files left");
+    assert_eq!(pool.reserved(), 0);
 }
 
 #[tokio::test]

@@ -3,12 +3,14 @@
 #![allow(dead_code)]
 
 use std::cmp::Ordering;
+use std::path::Path;
 use std::sync::Arc;
 
 use arrow::array::{Array, AsArray, Int64Array, RecordBatch, StringViewArray};
 use arrow::datatypes::{DataType, Field, Int64Type, Schema};
 use datafusion::datasource::MemTable;
 use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
 use datafusion::execution::memory_pool::MemoryPool;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::physical_plan::metrics::MetricsSet;
@@ -76,9 +78,23 @@ pub fn declared_order(a: &Row, b: &Row) -> Ordering {
 /// `pool` bytes (`None`: unbounded). Two target partitions: DataFusion 55 spreads a table of
 /// fewer partitions than the target over more, and forgets its order when it does.
 pub fn session(gpusort: bool, table: Arc<MemTable>, pool: Option<Arc<dyn MemoryPool>>) -> SessionContext {
+    session_in(gpusort, table, pool, None)
+}
+
+/// [`session`], spilling into `spill_dir` (`None`: the OS's temporary directory).
+pub fn session_in(
+    gpusort: bool,
+    table: Arc<MemTable>,
+    pool: Option<Arc<dyn MemoryPool>>,
+    spill_dir: Option<&Path>,
+) -> SessionContext {
     let mut runtime = RuntimeEnvBuilder::new();
     if let Some(pool) = pool {
         runtime = runtime.with_memory_pool(pool);
+    }
+    if let Some(dir) = spill_dir {
+        let mode = DiskManagerMode::Directories(vec![dir.to_path_buf()]);
+        runtime = runtime.with_disk_manager_builder(DiskManagerBuilder::default().with_mode(mode));
     }
     let config = SessionConfig::new().with_target_partitions(2).with_batch_size(100);
     let mut builder = SessionStateBuilder::new()
@@ -91,6 +107,18 @@ pub fn session(gpusort: bool, table: Arc<MemTable>, pool: Option<Arc<dyn MemoryP
     let ctx = SessionContext::new_with_state(builder.build());
     ctx.register_table("t", table).unwrap();
     ctx
+}
+
+/// Files under `dir`, at any depth.
+pub fn files_under(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| match e.path() {
+            p if p.is_dir() => files_under(&p),
+            _ => 1,
+        })
+        .sum()
 }
 
 /// Whether a plan holds DataFusion's own merge.
