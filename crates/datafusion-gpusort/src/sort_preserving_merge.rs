@@ -32,7 +32,7 @@ use crate::partition_runs::PartitionRuns;
 ///
 /// # Algorithm
 ///
-/// Each input partition is a sorted run ([`PartitionRuns`]: read on its own task, held under a
+/// Each input partition is a sorted run (`PartitionRuns`: read on its own task, held under a
 /// memory reservation, written to disk in pieces when the pool runs short). The runs are then
 /// merged as an external sort merges its runs: by key ranges, each range's rows of every run
 /// merged on the GPU (`merge.cu`, seed 003's merge of sorted runs; the rows are told to be
