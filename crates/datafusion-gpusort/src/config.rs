@@ -153,9 +153,9 @@ extensions_options! {
         /// sort all partitions in one `GpuSortExec` instead.
         pub merge_partitions: bool, default = true
         /// Where DataFusion merges partitions that are already sorted (a
-        /// `SortPreservingMergeExec` without a `LIMIT` over sorted input, e.g. files declared
-        /// `WITH ORDER`), merge them in a `GpuSortPreservingMergeExec`: by key ranges on the
-        /// GPU or on every core, after reading the whole input.
+        /// `SortPreservingMergeExec` over sorted input, e.g. files declared `WITH ORDER`, without
+        /// a `LIMIT` of at most `topk_max_fetch`), merge them in a `GpuSortPreservingMergeExec`:
+        /// by key ranges on the GPU or on every core, after reading the whole input.
         pub merge_sorted_partitions: bool, default = true
         /// Most rows of one sorted run of the external sort; 0 sizes runs by the GPU memory
         /// budget (and the memory pool) alone.

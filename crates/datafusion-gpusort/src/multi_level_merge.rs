@@ -191,10 +191,23 @@ impl MultiLevelMerge {
         Ok(started)
     }
 
-    /// The last run, streamed as it is; it holds the reservation until the output ends.
+    /// The last run, streamed as it is (its first `fetch` rows); it holds the reservation until
+    /// the output ends.
     fn stream_one(mut self) -> Result<SendableRecordBatchStream> {
         let run = self.runs.pop().expect("one run");
         let stream = run.into_stream(&self.spill, SPILL_READ_AHEAD)?;
+        let stream = stream.scan(self.fetch.unwrap_or(usize::MAX), |remaining, batch| {
+            let out = match batch {
+                Ok(_) if *remaining == 0 => None,
+                Ok(b) => {
+                    let n = b.num_rows().min(*remaining);
+                    *remaining -= n;
+                    Some(Ok(b.slice(0, n)))
+                }
+                Err(e) => Some(Err(e)),
+            };
+            futures::future::ready(out)
+        });
         let reservation = self.reservation;
         let baseline = self.metrics.baseline.clone();
         Ok(Box::pin(RecordBatchStreamAdapter::new(

@@ -56,6 +56,8 @@ pub(crate) struct PartitionRuns {
     fan_in: usize,
     /// Most rows one sort takes (found with the first batch).
     run_rows: Option<Option<usize>>,
+    /// Rows the merge keeps (`None`: all).
+    fetch: Option<usize>,
     metrics: GpuSortMetrics,
 }
 
@@ -77,7 +79,14 @@ impl PartitionRuns {
             spill,
             fan_in,
             run_rows: None,
+            fetch: None,
         }
+    }
+
+    /// Keeps only the first `fetch` rows of the merge.
+    pub(crate) fn with_fetch(mut self, fetch: Option<usize>) -> Self {
+        self.fetch = fetch;
+        self
     }
 
     /// Reads every stream of `inputs` (partition `i` the `i`-th), each on a task of its own,
@@ -143,7 +152,7 @@ impl PartitionRuns {
             }
         }
         log::debug!(target: "gpusort::timeline", "GpuSortPreservingMergeExec: {} sorted runs read", runs.len());
-        if runs.is_empty() {
+        if runs.is_empty() || self.fetch == Some(0) {
             let reservation = self.reservation;
             reservation.free();
             return Ok(Box::pin(RecordBatchStreamAdapter::new(
@@ -159,7 +168,7 @@ impl PartitionRuns {
             self.sorter,
             self.spill,
             self.fan_in,
-            None,
+            self.fetch,
             run_rows,
         );
         merge.stream().await

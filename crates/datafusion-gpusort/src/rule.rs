@@ -39,10 +39,10 @@ use crate::sort_preserving_merge::GpuSortPreservingMergeExec;
 /// above the one sort.
 ///
 /// With `gpusort.merge_sorted_partitions` (the default), any other `SortPreservingMergeExec`
-/// without a `fetch` — one over partitions that were already sorted, e.g. files declared
-/// `WITH ORDER` — becomes a [`GpuSortPreservingMergeExec`], which merges the sorted partitions
-/// on the GPU. One with a `fetch` stays: it stops reading after `fetch` rows, where ours reads
-/// every row first.
+/// — one over partitions that were already sorted, e.g. files declared `WITH ORDER` — becomes
+/// a [`GpuSortPreservingMergeExec`], which merges the sorted partitions on the GPU. One with a
+/// `fetch` of at most `gpusort.topk_max_fetch` stays, as a small TopK does: it stops reading
+/// after `fetch` rows of each partition, where ours reads every row first.
 ///
 /// Run it last, before `SanityCheckPlan` ([`register`](crate::register) does).
 #[derive(Debug, Default, Clone)]
@@ -139,11 +139,11 @@ fn merge_partitions(
 }
 
 /// A `SortPreservingMergeExec` over sorted partitions as a [`GpuSortPreservingMergeExec`],
-/// when it reads every row (no `fetch`) of a bounded input of several partitions whose sort
-/// keys gpusort encodes.
+/// when it keeps every row or more than `gpusort.topk_max_fetch` of a bounded input of several
+/// partitions whose sort keys gpusort encodes.
 fn merge_sorted(merge: &SortPreservingMergeExec, options: &GpuSortConfig) -> Result<Option<Arc<dyn ExecutionPlan>>> {
     let input = merge.input();
-    if merge.fetch().is_some()
+    if merge.fetch().is_some_and(|fetch| fetch <= options.topk_max_fetch)
         || input.output_partitioning().partition_count() < 2
         || input.boundedness().is_unbounded()
     {
@@ -156,7 +156,9 @@ fn merge_sorted(merge: &SortPreservingMergeExec, options: &GpuSortConfig) -> Res
         }
     }
     Ok(Some(Arc::new(
-        GpuSortPreservingMergeExec::try_new(merge.expr().clone(), Arc::clone(input))?.with_options(options.clone()),
+        GpuSortPreservingMergeExec::try_new(merge.expr().clone(), Arc::clone(input))?
+            .with_fetch(merge.fetch())
+            .with_options(options.clone()),
     )))
 }
 

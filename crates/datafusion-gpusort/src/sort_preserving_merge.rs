@@ -26,9 +26,10 @@ use crate::in_memory::InMemorySorter;
 use crate::metrics::GpuSortMetrics;
 use crate::partition_runs::PartitionRuns;
 
-/// Merges input partitions that are each sorted by `expr` into one sorted partition — what
-/// DataFusion's `SortPreservingMergeExec` does, put in its place by
-/// [`GpuSortRule`](crate::GpuSortRule) when the merge keeps every row.
+/// Merges input partitions that are each sorted by `expr` into one sorted partition, keeping
+/// the first `fetch` rows — what DataFusion's `SortPreservingMergeExec` does, put in its place
+/// by [`GpuSortRule`](crate::GpuSortRule) when the merge keeps every row or more than
+/// `gpusort.topk_max_fetch` of them.
 ///
 /// # Algorithm
 ///
@@ -47,6 +48,7 @@ use crate::partition_runs::PartitionRuns;
 pub struct GpuSortPreservingMergeExec {
     input: Arc<dyn ExecutionPlan>,
     expr: LexOrdering,
+    fetch: Option<usize>,
     options: GpuSortConfig,
     metrics: ExecutionPlanMetricsSet,
     cache: Arc<PlanProperties>,
@@ -59,10 +61,17 @@ impl GpuSortPreservingMergeExec {
         Ok(Self {
             input,
             expr,
+            fetch: None,
             options: GpuSortConfig::default(),
             metrics: ExecutionPlanMetricsSet::new(),
             cache,
         })
+    }
+
+    /// Keeps the first `fetch` rows.
+    pub fn with_fetch(mut self, fetch: Option<usize>) -> Self {
+        self.fetch = fetch;
+        self
     }
 
     /// Uses these options (device, strategy, thresholds).
@@ -98,13 +107,19 @@ impl DisplayAs for GpuSortPreservingMergeExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         match t {
             DisplayFormatType::Default | DisplayFormatType::Verbose => {
-                write!(
-                    f,
-                    "GpuSortPreservingMergeExec: [{}], device={}",
-                    self.expr, self.options.device
-                )
+                write!(f, "GpuSortPreservingMergeExec: [{}]", self.expr)?;
+                if let Some(fetch) = self.fetch {
+                    write!(f, ", fetch={fetch}")?;
+                }
+                write!(f, ", device={}", self.options.device)
             }
-            DisplayFormatType::TreeRender => writeln!(f, "{}", self.expr),
+            DisplayFormatType::TreeRender => {
+                writeln!(f, "{}", self.expr)?;
+                match self.fetch {
+                    Some(fetch) => writeln!(f, "limit={fetch}"),
+                    None => Ok(()),
+                }
+            }
         }
     }
 }
@@ -188,7 +203,7 @@ impl ExecutionPlan for GpuSortPreservingMergeExec {
             metrics,
         );
         let fan_in = context.runtime_env().disk_manager.max_spill_merge_fan_in();
-        let mut runs = PartitionRuns::new(partitions, sorter, reservation, spill, fan_in);
+        let mut runs = PartitionRuns::new(partitions, sorter, reservation, spill, fan_in).with_fetch(self.fetch);
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             self.schema(),
             futures::stream::once(async move {
@@ -203,7 +218,18 @@ impl ExecutionPlan for GpuSortPreservingMergeExec {
         Some(self.metrics.clone_inner())
     }
 
+    fn fetch(&self) -> Option<usize> {
+        self.fetch
+    }
+
+    fn with_fetch(&self, limit: Option<usize>) -> Option<Arc<dyn ExecutionPlan>> {
+        Some(Arc::new(self.clone().with_fetch(limit)))
+    }
+
     fn cardinality_effect(&self) -> CardinalityEffect {
-        CardinalityEffect::Equal
+        match self.fetch {
+            None => CardinalityEffect::Equal,
+            Some(_) => CardinalityEffect::LowerEqual,
+        }
     }
 }

@@ -5,7 +5,10 @@
 
 use std::sync::Arc;
 
+use datafusion::catalog::TableProvider;
 use datafusion::execution::memory_pool::{FairSpillPool, MemoryPool};
+use datafusion::physical_plan::{ExecutionPlanProperties, collect};
+use datafusion_gpusort::GpuSortPreservingMergeExec;
 
 #[path = "support/tables.rs"]
 mod tables;
@@ -63,11 +66,66 @@ async fn rows_with_equal_keys_come_out_partition_by_partition() {
     }
 }
 
+/// A `LIMIT` of at most `gpusort.topk_max_fetch` keeps DataFusion's merge (it stops reading
+/// early); a larger one merges here and keeps its first rows, equal to DataFusion's (also where
+/// one partition holds every row: one run, cut at the limit); the option off keeps DataFusion's.
 #[tokio::test]
-async fn a_limit_and_the_option_off_keep_datafusion_merge() {
-    let ours = session(true, sorted_table(1000, 3, 100), None);
+async fn limits_and_the_option_off() {
+    let table = sorted_table(5000, 3, 100);
+    let stock = session(false, Arc::clone(&table), None);
+    let ours = session(true, table, None);
     let p = plan(&ours, &format!("SELECT * FROM t ORDER BY {ORDER} LIMIT 5")).await;
     assert!(has_stock_merge(&p) && !p.contains("GpuSortPreservingMergeExec"), "{p}");
+    for (q, fetch) in [
+        (format!("SELECT * FROM t ORDER BY {ORDER} LIMIT 1500"), 1500),
+        (format!("SELECT * FROM t ORDER BY {ORDER} LIMIT 1000 OFFSET 700"), 1700),
+        (
+            format!("SELECT * FROM t WHERE id % 3 = 0 ORDER BY {ORDER} LIMIT 4999"),
+            4999,
+        ),
+    ] {
+        let p = plan(&ours, &q).await;
+        assert!(
+            p.contains(&format!(
+                "GpuSortPreservingMergeExec: [k@0 ASC, s@1 DESC NULLS LAST, id@2 ASC NULLS LAST], fetch={fetch}"
+            )) && !has_stock_merge(&p),
+            "{q}:\n{p}"
+        );
+        let (expected, _) = rows(&stock, &q).await;
+        let (actual, _) = rows(&ours, &q).await;
+        assert_eq!(actual, expected, "{q}");
+    }
+    // One partition holds every row: one run, cut at the limit. (Built by hand: a scan under
+    // a planned limit takes the fetch itself.)
+    let full = sorted_table(9000, 3, 100);
+    let part = full.batches[0].read().await.clone();
+    let rows_in = part.iter().map(|b| b.num_rows()).sum::<usize>();
+    let only = Arc::new(
+        datafusion::datasource::MemTable::try_new(full.schema(), vec![part, vec![], vec![]])
+            .unwrap()
+            .with_sort_order(full.sort_order.lock().clone()),
+    );
+    let (stock_one, ours_one) = (session(false, Arc::clone(&only), None), session(true, only, None));
+    let scan = ours_one
+        .sql("SELECT * FROM t")
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    let order = scan.output_ordering().expect("declared sorted").clone();
+    for fetch in [1, 1200, rows_in + 5] {
+        let merge = GpuSortPreservingMergeExec::try_new(order.clone(), Arc::clone(&scan))
+            .unwrap()
+            .with_fetch(Some(fetch));
+        let batches = collect(Arc::new(merge), ours_one.task_ctx()).await.unwrap();
+        let q = format!("SELECT * FROM t ORDER BY {ORDER} LIMIT {fetch}");
+        let (expected, _) = rows(&stock_one, &q).await;
+        let actual = arrow::util::pretty::pretty_format_batches(&batches)
+            .unwrap()
+            .to_string();
+        assert!(actual == expected, "fetch {fetch} of one partition's {rows_in} rows");
+    }
     ours.sql("SET gpusort.merge_sorted_partitions = false").await.unwrap();
     let p = plan(&ours, &format!("SELECT * FROM t ORDER BY {ORDER}")).await;
     assert!(has_stock_merge(&p) && !p.contains("GpuSortPreservingMergeExec"), "{p}");
