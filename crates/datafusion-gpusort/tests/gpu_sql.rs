@@ -250,7 +250,7 @@ async fn gpu_external_sort_in_budget_sized_runs() {
 }
 
 /// A merge of sorted partitions (`GpuSortPreservingMergeExec`) on the GPU: rows equal stock
-/// DataFusion's merge (a total order) and, ordered by `k` alone, come out stably (ties
+/// DataFusion's merge (a total order, with and without a `LIMIT`) and, ordered by `k` alone, come out stably (ties
 /// partition by partition); a small pool makes it spill (and merge row by row when no step
 /// fits); the pool returns to zero. A step's runs merge on the GPU (`merge.cu`) where the
 /// rounds are at most the radix passes: `k` (41 values and nulls) takes one pass, so 2
@@ -280,6 +280,11 @@ async fn gpu_merges_sorted_partitions() {
                 .unwrap()
                 .to_string();
             assert!(actual == expected, "{what}: rows differ from DataFusion's merge");
+            // A LIMIT above gpusort.topk_max_fetch merges here too.
+            let limited = format!("{total} LIMIT 2500");
+            let (want, _) = rows(&stock, &limited).await;
+            let (got, _) = rows(&ours, &limited).await;
+            assert!(got == want, "{what}: LIMIT 2500 differs from DataFusion's merge");
             let count = |m: &datafusion::physical_plan::metrics::MetricsSet| {
                 [
                     "runs",
