@@ -250,9 +250,9 @@ async fn gpu_external_sort_in_budget_sized_runs() {
 }
 
 /// A merge of sorted partitions (`GpuSortPreservingMergeExec`) on the GPU: rows equal stock
-/// DataFusion's merge (a total order, with and without a `LIMIT`) and, ordered by `k` alone, come out stably (ties
-/// partition by partition); a small pool makes it spill (and merge row by row when no step
-/// fits); the pool returns to zero. A step's runs merge on the GPU (`merge.cu`) where the
+/// DataFusion's merge (a total order, with and without a `LIMIT`) and, ordered by `k` alone,
+/// come out stably (ties partition by partition); a small pool makes it spill (and merge row by
+/// row when no step fits); the pool returns to zero. A step's runs merge on the GPU (`merge.cu`) where the
 /// rounds are at most the radix passes: `k` (41 values and nulls) takes one pass, so 2
 /// partitions (one round) merge and 6 (three) sort.
 #[tokio::test]
