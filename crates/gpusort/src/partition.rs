@@ -16,9 +16,12 @@
 
 use std::cmp::Ordering;
 
-use arrow::array::{ArrayRef, RecordBatch};
+use arrow::array::BooleanBufferBuilder;
+use arrow::array::{Array, ArrayRef, RecordBatch, Scalar};
+use arrow::buffer::BooleanBuffer;
+use arrow::compute::kernels::cmp;
 use arrow::compute::{LexicographicalComparator, SortOptions, concat};
-use arrow::datatypes::{Field, Schema};
+use arrow::datatypes::{DataType, Field, Schema};
 use std::sync::Arc;
 
 use arrow::error::ArrowError;
@@ -41,8 +44,8 @@ pub struct Splitters {
     options: Vec<SortOptions>,
 }
 
-/// Compares rows of one batch of keys by their radix keys, then (for inexact layouts) by the
-/// full values, then by position.
+/// Compares rows of one batch of keys by their radix keys, or, for inexact layouts (string
+/// prefixes), by their full values.
 struct RowOrder {
     words: Vec<Vec<u32>>,
     exact: Option<LexicographicalComparator>,
@@ -75,16 +78,18 @@ impl RowOrder {
     }
 
     fn cmp_keys(&self, a: usize, b: usize) -> Ordering {
+        // An inexact field's words can tie where its values differ, and the words of the
+        // fields after it must not decide then: the full values order the rows.
+        if let Some(c) = &self.exact {
+            return c.compare(a, b);
+        }
         for w in &self.words {
             match w[a].cmp(&w[b]) {
                 Ordering::Equal => {}
                 other => return other,
             }
         }
-        match &self.exact {
-            Some(c) => c.compare(a, b),
-            None => Ordering::Equal,
-        }
+        Ordering::Equal
     }
 }
 
@@ -195,6 +200,18 @@ impl Splitters {
                 self.keys.len()
             )));
         }
+        match self.assign_by_kernels(keys, positions)? {
+            Some(ranges) => Ok(ranges),
+            None => self.assign_by_radix_keys(keys, positions),
+        }
+    }
+}
+
+impl Splitters {
+    /// [`Self::assign`] through gpusort's radix keys: the splitters and the rows encoded together
+    /// (one layout), each row's range found by a binary search over the splitters.
+    fn assign_by_radix_keys(&self, keys: &[ArrayRef], positions: &[u64]) -> Result<Vec<u32>> {
+        let (s, rows) = (self.positions.len(), positions.len());
         // Splitters first, then the rows: one encoding, so their keys compare.
         let combined = self
             .keys
@@ -223,6 +240,152 @@ impl Splitters {
     }
 }
 
+impl Splitters {
+    /// [`Self::assign`] by Arrow's comparison kernels ([`Self::at_or_after`]); `None` where a
+    /// key column's type is not one they order as the radix keys do.
+    fn assign_by_kernels(&self, keys: &[ArrayRef], positions: &[u64]) -> Result<Option<Vec<u32>>> {
+        let Some(at_or_after) = self.at_or_after(keys, |p| {
+            BooleanBuffer::collect_bool(positions.len(), |r| positions[r] >= p)
+        })?
+        else {
+            return Ok(None);
+        };
+        Ok(Some(
+            (0..positions.len())
+                .map(|r| at_or_after.iter().map(|ge| ge.value(r) as u32).sum())
+                .collect(),
+        ))
+    }
+
+    /// The rows of each range, as bitmaps, for rows at consecutive positions from `first`
+    /// (what a split of one batch assigns: a chunk of its rows): [`Self::assign`] 64 rows a
+    /// word. `None` where a key column's type is not one Arrow's kernels order as the radix
+    /// keys do.
+    pub fn range_bitmaps(&self, keys: &[ArrayRef], first: u64) -> Result<Option<Vec<BooleanBuffer>>> {
+        let rows = check_keys(keys, keys.first().map_or(0, |k| k.len()), &self.options)?;
+        let from = |p: u64| {
+            // Rows at positions >= p: those from index p - first on.
+            let at = p.saturating_sub(first).min(rows as u64) as usize;
+            let mut b = BooleanBufferBuilder::new(rows);
+            b.append_n(at, false);
+            b.append_n(rows - at, true);
+            b.finish()
+        };
+        let Some(at_or_after) = self.at_or_after(keys, from)? else {
+            return Ok(None);
+        };
+        // Splitters ascend, so each bitmap holds the next: range r is at or after splitter
+        // r - 1 and not at or after splitter r.
+        let all = BooleanBuffer::new_set(rows);
+        let none = BooleanBuffer::new_unset(rows);
+        let bounds: Vec<&BooleanBuffer> = std::iter::once(&all)
+            .chain(&at_or_after)
+            .chain(std::iter::once(&none))
+            .collect();
+        Ok(Some(bounds.windows(2).map(|w| w[0] & &!w[1]).collect()))
+    }
+
+    /// For each splitter, the rows at or after it in `(key, position)` order, by Arrow's
+    /// comparison kernels where every key column is of a type they order as the radix keys do
+    /// ([`kernel_ordered`]); `None` otherwise. `position_at_least(p)` is the rows whose
+    /// position is at least `p`.
+    ///
+    /// The rows at or after a splitter are
+    /// `after_1 | (equal_1 & (after_2 | (equal_2 & ... (position >= the splitter's))))`, each
+    /// `after_c` and `equal_c` one kernel call against the splitter's value, 64 rows a word.
+    fn at_or_after(
+        &self,
+        keys: &[ArrayRef],
+        position_at_least: impl Fn(u64) -> BooleanBuffer,
+    ) -> Result<Option<Vec<BooleanBuffer>>> {
+        if keys.len() != self.keys.len() || !keys.iter().all(|k| kernel_ordered(k.data_type())) {
+            return Ok(None);
+        }
+        let mut at_or_after = Vec::with_capacity(self.positions.len());
+        for (s, &position) in self.positions.iter().enumerate() {
+            let mut ge = position_at_least(position);
+            for (c, column) in keys.iter().enumerate().rev() {
+                let (after, equal) = after_and_equal(column, &self.keys[c].slice(s, 1), self.options[c])?;
+                ge = &after | &(&equal & &ge);
+            }
+            at_or_after.push(ge);
+        }
+        Ok(Some(at_or_after))
+    }
+}
+
+/// Whether Arrow's comparison kernels order values of `data_type` as gpusort's radix keys do
+/// (integers, IEEE `totalOrder` for floats, dates, times, timestamps, durations, 4- to 16-byte
+/// decimals, booleans, strings and binaries by their bytes).
+fn kernel_ordered(data_type: &DataType) -> bool {
+    use DataType::*;
+    matches!(
+        data_type,
+        Int8 | Int16
+            | Int32
+            | Int64
+            | UInt8
+            | UInt16
+            | UInt32
+            | UInt64
+            | Float16
+            | Float32
+            | Float64
+            | Date32
+            | Date64
+            | Time32(_)
+            | Time64(_)
+            | Timestamp(_, _)
+            | Duration(_)
+            | Decimal32(_, _)
+            | Decimal64(_, _)
+            | Decimal128(_, _)
+            | Boolean
+            | Utf8
+            | LargeUtf8
+            | Utf8View
+            | Binary
+            | LargeBinary
+            | BinaryView
+    )
+}
+
+/// For each row of `column`: whether it sorts after `value` (one row of the column's type)
+/// under `options`, and whether it equals it (two nulls are equal).
+fn after_and_equal(
+    column: &ArrayRef,
+    value: &ArrayRef,
+    options: SortOptions,
+) -> Result<(BooleanBuffer, BooleanBuffer)> {
+    let rows = column.len();
+    let valid = match column.logical_nulls() {
+        Some(n) => n.inner().clone(),
+        None => BooleanBuffer::new_set(rows),
+    };
+    if value.is_null(0) {
+        // Non-null rows come after a null one when nulls sort first; null rows equal it.
+        let after = if options.nulls_first {
+            valid.clone()
+        } else {
+            BooleanBuffer::new_unset(rows)
+        };
+        return Ok((after, !&valid));
+    }
+    let scalar = Scalar::new(Arc::clone(value));
+    let beyond = if options.descending {
+        cmp::lt(column, &scalar)?
+    } else {
+        cmp::gt(column, &scalar)?
+    };
+    let equal = cmp::eq(column, &scalar)?;
+    let mut after = beyond.values() & &valid;
+    if !options.nulls_first {
+        // Null rows come after every value.
+        after = &after | &!&valid;
+    }
+    Ok((after, equal.values() & &valid))
+}
+
 /// How even a partitioning is: the largest range's rows over the mean (1.0 is perfect; `n`
 /// ranges with everything in one give `n`). 1.0 for no rows.
 pub fn imbalance(range_rows: &[usize]) -> f64 {
@@ -232,6 +395,16 @@ pub fn imbalance(range_rows: &[usize]) -> f64 {
     }
     let max = *range_rows.iter().max().unwrap_or(&0) as f64;
     max / (total as f64 / range_rows.len() as f64)
+}
+
+/// splitmix64: the next value of a seeded generator whose state is `state` (the reservoir's
+/// and the split sort's samples).
+pub(crate) fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// A uniform sample of at most `capacity` rows of a stream of rows (Vitter's reservoir
@@ -255,12 +428,7 @@ impl Reservoir {
     }
 
     fn next(&mut self) -> u64 {
-        // splitmix64
-        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        splitmix64(&mut self.state)
     }
 
     /// Offers the next `rows` rows of the stream; returns `(row, slot)` for each row to keep,
@@ -300,6 +468,76 @@ mod tests {
             descending: false,
             nulls_first: false,
         }
+    }
+
+    /// The kernels' assignment equals the radix keys' on every type they take, with nulls,
+    /// few distinct values (ties split by position), both directions and both null orders,
+    /// one and two key columns; other types take the radix keys.
+    #[test]
+    fn kernel_assignment_equals_radix_key_assignment() {
+        use gpusort_testing::{ColumnShape, random_array, sortable_types};
+        use rand::prelude::*;
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(26);
+        let types = sortable_types();
+        let mut kernel_cases = 0;
+        for case in 0..300 {
+            let columns = 1 + case % 2;
+            let n = rng.random_range(1..3000);
+            let keys: Vec<ArrayRef> = (0..columns)
+                .map(|_| {
+                    let t = &types[rng.random_range(0..types.len())];
+                    let shape = ColumnShape::random(&mut rng);
+                    random_array(&mut rng, t, n, shape)
+                })
+                .collect();
+            let options: Vec<SortOptions> = (0..columns)
+                .map(|_| SortOptions {
+                    descending: rng.random_bool(0.5),
+                    nulls_first: rng.random_bool(0.5),
+                })
+                .collect();
+            let positions: Vec<u64> = (0..n as u64).map(|p| p * 3 + 1).collect();
+            let sample: Vec<u32> = (0..n as u32).filter(|_| rng.random_bool(0.3)).collect();
+            let sample_keys: Vec<ArrayRef> = keys
+                .iter()
+                .map(|k| {
+                    arrow::compute::take(k.as_ref(), &arrow::array::UInt32Array::from(sample.clone()), None).unwrap()
+                })
+                .collect();
+            let sample_positions: Vec<u64> = sample.iter().map(|&r| positions[r as usize]).collect();
+            let ranges = rng.random_range(2..6);
+            let splitters = Splitters::from_sample(&sample_keys, &sample_positions, &options, ranges).unwrap();
+            if splitters.positions().is_empty() {
+                continue;
+            }
+            let by_keys = splitters.assign_by_radix_keys(&keys, &positions).unwrap();
+            let what = format!(
+                "case {case}: {:?} {options:?}",
+                keys.iter().map(|k| k.data_type()).collect::<Vec<_>>()
+            );
+            match splitters.assign_by_kernels(&keys, &positions).unwrap() {
+                Some(by_kernels) => {
+                    kernel_cases += 1;
+                    if let Some(r) = (0..n).find(|&r| by_kernels[r] != by_keys[r]) {
+                        let show = |k: &ArrayRef, i: usize| arrow::util::display::array_value_to_string(k, i).unwrap();
+                        let row: Vec<String> = keys.iter().map(|k| show(k, r)).collect();
+                        let sp: Vec<Vec<String>> = (0..splitters.positions().len())
+                            .map(|i| splitters.keys().iter().map(|k| show(k, i)).collect())
+                            .collect();
+                        panic!(
+                            "{what}: row {r} {row:?} pos {} kernels {} keys {}; splitters {sp:?} at {:?}",
+                            positions[r],
+                            by_kernels[r],
+                            by_keys[r],
+                            splitters.positions()
+                        );
+                    }
+                }
+                None => assert!(keys.iter().any(|k| !kernel_ordered(k.data_type())), "{what}"),
+            }
+            assert_eq!(splitters.assign(&keys, &positions).unwrap(), by_keys, "{what}");
+        }
+        assert!(kernel_cases > 100, "{kernel_cases} cases took the kernels");
     }
 
     /// Assigns every row and checks the ranges are the sorted order cut into intervals.
