@@ -46,6 +46,54 @@ impl FromStr for DeviceChoice {
     }
 }
 
+/// The GPUs one sort may split over (`gpusort.devices`): `one` (the default: the one device
+/// `gpusort.device` names), `all` (every GPU of the host), or a list of GPU numbers (`0,1`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum DeviceList {
+    /// One device, as `gpusort.device` says.
+    #[default]
+    One,
+    /// Every GPU the driver lists.
+    All,
+    /// These GPUs, in this order (their key ranges' order).
+    List(Vec<usize>),
+}
+
+impl fmt::Display for DeviceList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::One => f.write_str("one"),
+            Self::All => f.write_str("all"),
+            Self::List(l) => {
+                let l: Vec<String> = l.iter().map(|n| n.to_string()).collect();
+                f.write_str(&l.join(","))
+            }
+        }
+    }
+}
+
+impl FromStr for DeviceList {
+    type Err = DataFusionError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let t = s.trim().to_ascii_lowercase();
+        match t.as_str() {
+            "" | "one" | "none" => return Ok(Self::One),
+            "all" => return Ok(Self::All),
+            _ => {}
+        }
+        let mut list = Vec::new();
+        for part in t.split(',') {
+            let part = part.trim();
+            match part.strip_prefix("cuda:").unwrap_or(part).parse::<usize>() {
+                Ok(n) if !list.contains(&n) => list.push(n),
+                Ok(n) => return config_err!("gpusort.devices: GPU {n} is named twice in '{s}'"),
+                Err(_) => return config_err!("gpusort.devices: expected one, all or GPU numbers like 0,1, got '{s}'"),
+            }
+        }
+        Ok(Self::List(list))
+    }
+}
+
 /// The sort strategy: `auto` (the planner's rule, calibrated on the H100), one of the six GPU strategies, or
 /// `cpu` (the CPU backend).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -126,6 +174,7 @@ impl FromStr for ByteSize {
 }
 
 config_field!(DeviceChoice);
+config_field!(DeviceList);
 config_field!(StrategyChoice);
 config_field!(ByteSize);
 
@@ -140,6 +189,14 @@ extensions_options! {
         pub min_rows: usize, default = 100_000
         /// `auto` (GPU 0 if usable, else the CPU), `cpu`, or a GPU number (must be usable).
         pub device: DeviceChoice, default = DeviceChoice::Auto
+        /// GPUs one large sort splits over by key ranges, each GPU sorting one range at once
+        /// (`gpusort_cuda::MultiGpuBackend`): `one` (only `device`), `all`, or GPU numbers
+        /// (`0,1`). Sorts too small for two ranges (~1M rows each) run on the first GPU, as
+        /// does everything when `device` is `cpu` or names no GPU.
+        pub devices: DeviceList, default = DeviceList::One
+        /// The fewest rows of each GPU's key range when `devices` names several GPUs: a sort of
+        /// fewer than twice this runs on one GPU.
+        pub split_min_rows: usize, default = 1 << 20
         /// `auto` (the planner's rule, calibrated on the H100), one of `gpusort::Strategy::ALL`
         /// (grs-direct, grs-indirect, srts-direct, srts-indirect, msd-direct, msd-indirect; a
         /// test checks this list), or `cpu`.
@@ -199,6 +256,16 @@ mod tests {
         c.set("device", "CPU").unwrap();
         assert_eq!(c.device, DeviceChoice::Cpu);
         assert!(c.set("device", "gpu-zero").is_err());
+        assert_eq!(c.devices, DeviceList::One);
+        c.set("devices", "all").unwrap();
+        assert_eq!(c.devices, DeviceList::All);
+        c.set("devices", "1, cuda:0").unwrap();
+        assert_eq!(c.devices, DeviceList::List(vec![1, 0]));
+        assert_eq!(c.devices.to_string(), "1,0");
+        assert!(c.set("devices", "0,0").is_err());
+        assert!(c.set("devices", "0,x").is_err());
+        c.set("devices", "one").unwrap();
+        assert_eq!(c.devices, DeviceList::One);
         c.set("strategy", "GRS-indirect").unwrap();
         assert_eq!(c.strategy.to_string(), "grs-indirect");
         assert!(

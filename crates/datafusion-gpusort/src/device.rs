@@ -7,6 +7,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use gpusort::CpuBackend;
 use gpusort_cuda::CudaBackend;
 
+use crate::config::DeviceList;
+
 type Opened = Result<Arc<CudaBackend>, String>;
 
 fn opened() -> &'static Mutex<HashMap<usize, Opened>> {
@@ -24,6 +26,20 @@ pub fn gpu_backend(ordinal: usize) -> Result<Arc<CudaBackend>, String> {
             Err(e) => Err(e.to_string()),
         })
         .clone()
+}
+
+/// The backends of the GPUs `devices` names (`gpusort.devices`), opened on first use; `None`
+/// for [`DeviceList::One`]; or why one of them is not usable.
+pub fn gpu_backends(devices: &DeviceList) -> Option<Result<Vec<Arc<CudaBackend>>, String>> {
+    let ordinals: Vec<usize> = match devices {
+        DeviceList::One => return None,
+        DeviceList::All => match gpusort_cuda::device::device_count() {
+            Ok(n) => (0..n).collect(),
+            Err(e) => return Some(Err(e.to_string())),
+        },
+        DeviceList::List(l) => l.clone(),
+    };
+    Some(ordinals.into_iter().map(gpu_backend).collect())
 }
 
 /// The process's CPU backend.

@@ -17,6 +17,14 @@ pub enum GpuSortExecError {
         /// Why it cannot be used.
         reason: String,
     },
+    /// `gpusort.devices` names a GPU that cannot be used (with `gpusort.device` not `auto`).
+    #[error("gpusort.devices = {devices}, but a GPU of them cannot be used: {reason}")]
+    DevicesUnavailable {
+        /// The configured devices.
+        devices: String,
+        /// Why one cannot be used.
+        reason: String,
+    },
     /// The blocking task that ran the sort panicked or was cancelled.
     #[error("the sort task failed: {0}")]
     Task(String),

@@ -6,7 +6,9 @@
 //!
 //! 1. **Path.** A sort goes to the GPU when `gpusort.device` and `gpusort.strategy` allow one,
 //!    a device is usable and the rows reach `gpusort.min_rows`; else to the CPU backend, and
-//!    the reason is recorded in the `cpu_fallback` metric.
+//!    the reason is recorded in the `cpu_fallback` metric. When `gpusort.devices` names two
+//!    GPUs or more and the rows make two key ranges or more, the sort splits over the GPUs
+//!    ([`MultiGpuBackend`]: one key range a GPU, all at once, concatenated in order).
 //! 2. **Sort input.** Sort expressions that are not plain columns are evaluated and appended
 //!    to the batch as extra columns, which the sort spec then names; they are dropped from the
 //!    sorted output.
@@ -16,7 +18,8 @@
 //!    buffered rows only encodes the key columns, sorts and downloads. The batches are kept as
 //!    well: when the sort turns out to be for the CPU (fewer rows than `gpusort.min_rows`) or
 //!    the GPU fails (out of memory, a driver error), the session is dropped and the same rows
-//!    sort on the CPU, with the reason in `cpu_fallback`.
+//!    sort on the CPU, with the reason in `cpu_fallback`. A sort split over several GPUs does
+//!    not stream: its ranges are known only once every row is in.
 //! 4. **Sort.** The rows sort whole (the payload moved by the GPU's record sort or the CPU's
 //!    radix passes), or, for a range-merge step on the CPU, by their key columns alone into a
 //!    permutation that the step gathers through.
@@ -32,12 +35,12 @@ use datafusion::error::Result;
 use datafusion::physical_expr::LexOrdering;
 use datafusion::physical_expr::expressions::Column;
 use gpusort::cpu::gather::concat_batches;
-use gpusort::{EncoderOptions, SortKey, SortOutput, SortRequest, SortSpec};
-use gpusort_cuda::{CudaBackend, CudaSortError, GPU_STRING_PREFIX_BYTES, GpuSortSession};
+use gpusort::{EncoderOptions, SortKey, SortOutput, SortRequest, SortSpec, SplitOptions};
+use gpusort_cuda::{CudaBackend, CudaSortError, GPU_STRING_PREFIX_BYTES, GpuSortSession, MultiGpuBackend};
 use rayon::prelude::*;
 
 use crate::config::{DeviceChoice, GpuSortConfig, StrategyChoice};
-use crate::device::{cpu_backend, gpu_backend};
+use crate::device::{cpu_backend, gpu_backend, gpu_backends};
 use crate::error::GpuSortExecError;
 use crate::metrics::GpuSortMetrics;
 
@@ -51,7 +54,11 @@ pub(crate) const KEY_BYTES_PER_ROW_AND_KEY: usize = 24;
 /// Where a sort runs.
 pub(crate) enum SortPath {
     Gpu(Arc<CudaBackend>),
-    Cpu { reason: Option<String> },
+    /// Split by key ranges over several GPUs (`gpusort.devices`).
+    Gpus(Arc<MultiGpuBackend>),
+    Cpu {
+        reason: Option<String>,
+    },
 }
 
 /// Sorts rows held in memory (see the module docs).
@@ -166,13 +173,25 @@ impl InMemorySorter {
     /// like `batch` can take when sorts run on a GPU.
     pub(crate) fn run_rows(&self, batch: &RecordBatch) -> Option<usize> {
         let configured = (self.options.max_run_rows > 0).then_some(self.options.max_run_rows);
-        let gpu = match self.choose_path(usize::MAX) {
-            Ok(SortPath::Gpu(gpu)) => self.sort_input(batch).ok().and_then(|(extended, spec)| {
+        let max_rows = |gpu: &CudaBackend| {
+            self.sort_input(batch).ok().and_then(|(extended, spec)| {
                 let request = SortRequest::new(&extended, &spec).with_strategy(self.options.strategy.strategy());
                 gpu.max_rows_within(&gpu_request(&request), self.gpu_limit())
                     .ok()
                     .map(|rows| rows.max(1))
-            }),
+            })
+        };
+        let gpu = match self.choose_path(usize::MAX) {
+            Ok(SortPath::Gpu(gpu)) => max_rows(&gpu),
+            // Each GPU sorts one key range: the smallest GPU's rows on each, less a tenth for
+            // ranges the sample left larger than the mean.
+            Ok(SortPath::Gpus(multi)) => multi
+                .gpus()
+                .iter()
+                .map(|g| max_rows(g))
+                .collect::<Option<Vec<usize>>>()
+                .and_then(|rows| rows.into_iter().min())
+                .map(|least| (least / 10 * 9 * multi.gpus().len()).max(1)),
             _ => None,
         };
         match (configured, gpu) {
@@ -373,6 +392,29 @@ impl InMemorySorter {
         if rows < o.min_rows {
             return cpu(format!("{rows} rows < gpusort.min_rows = {}", o.min_rows));
         }
+        match gpu_backends(&o.devices) {
+            Some(Ok(gpus)) if gpus.len() > 1 => {
+                let split = SplitOptions {
+                    min_rows_per_range: o.split_min_rows.max(1),
+                    ..SplitOptions::default()
+                };
+                let multi = MultiGpuBackend::try_new(gpus)
+                    .map_err(|e| GpuSortExecError::Sort(e.into()))?
+                    .with_options(split);
+                if multi.options().ranges_for(rows, multi.gpus().len()) > 1 {
+                    return Ok(SortPath::Gpus(Arc::new(multi)));
+                }
+            }
+            Some(Err(reason)) if o.device == DeviceChoice::Auto => return cpu(reason),
+            Some(Err(reason)) => {
+                return Err(GpuSortExecError::DevicesUnavailable {
+                    devices: o.devices.to_string(),
+                    reason,
+                }
+                .into());
+            }
+            _ => {}
+        }
         match gpu_backend(ordinal) {
             Ok(gpu) => Ok(SortPath::Gpu(gpu)),
             Err(reason) if o.device == DeviceChoice::Auto => cpu(reason),
@@ -441,17 +483,27 @@ fn run_sort(
     gpu_limit: Option<usize>,
     metrics: &GpuSortMetrics,
 ) -> Result<SortOutput, GpuSortExecError> {
-    let reason = match path {
-        SortPath::Gpu(gpu) => match gpu.sort_within(&gpu_request(request), gpu_limit) {
-            Ok(out) => {
-                metrics.record(&out.stats, Some(&gpusort::SortBackend::name(gpu.as_ref())));
-                return Ok(out);
-            }
-            // The CPU would fail the same way.
-            Err(CudaSortError::Core(e)) => return Err(e.into()),
-            Err(e) => Some(format!("GPU failed: {e}")),
-        },
-        SortPath::Cpu { reason } => reason,
+    let on_gpu = match &path {
+        SortPath::Gpu(gpu) => Some((
+            gpu.sort_within(&gpu_request(request), gpu_limit),
+            gpusort::SortBackend::name(gpu.as_ref()),
+        )),
+        SortPath::Gpus(gpus) => Some((
+            gpus.sort_within(&gpu_request(request), gpu_limit),
+            gpusort::SortBackend::name(gpus.as_ref()),
+        )),
+        SortPath::Cpu { .. } => None,
+    };
+    let reason = match (on_gpu, path) {
+        (Some((Ok(out), name)), _) => {
+            metrics.record(&out.stats, Some(&name));
+            return Ok(out);
+        }
+        // The CPU would fail the same way.
+        (Some((Err(CudaSortError::Core(e)), _)), _) => return Err(e.into()),
+        (Some((Err(e), _)), _) => Some(format!("GPU failed: {e}")),
+        (None, SortPath::Cpu { reason }) => reason,
+        (None, _) => None,
     };
     if let Some(reason) = reason {
         metrics.cpu_fallback.add(reason);

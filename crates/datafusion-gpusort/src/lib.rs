@@ -38,7 +38,7 @@ use datafusion::execution::SessionStateBuilder;
 use datafusion::physical_optimizer::sanity_checker::SanityCheckPlan;
 use datafusion::prelude::SessionConfig;
 
-pub use config::{ByteSize, DeviceChoice, GpuSortConfig, StrategyChoice};
+pub use config::{ByteSize, DeviceChoice, DeviceList, GpuSortConfig, StrategyChoice};
 pub use device::gpu_backend;
 pub use error::GpuSortExecError;
 pub use exec::GpuSortExec;

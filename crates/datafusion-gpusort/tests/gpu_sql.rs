@@ -106,6 +106,34 @@ async fn gpu_direct_sorts_of_long_strings_run_indirect_as_the_plan_says() {
     }
 }
 
+/// `gpusort.devices = all`: on a machine of several GPUs each sort of enough rows splits over
+/// them by key ranges (the plan's path names them all); on one GPU it runs there. Either way
+/// the rows equal stock DataFusion's.
+#[tokio::test]
+async fn gpu_devices_all_splits_over_the_gpus() {
+    if !gpu_present() {
+        return;
+    }
+    let gpus = gpusort_cuda::device::device_count().unwrap();
+    let stock = context(false, 60_000, 3);
+    let ours = context(true, 60_000, 3);
+    set(
+        &ours,
+        &[
+            ("min_rows", "0"),
+            ("device", "0"),
+            ("devices", "all"),
+            ("split_min_rows", "5000"),
+        ],
+    )
+    .await;
+    compare_with_stock(&stock, &ours, &format!("devices = all, {gpus} GPUs")).await;
+    let text = analyze(&ours, "SELECT * FROM t ORDER BY c DESC, a").await;
+    let names: Vec<String> = (0..gpus).map(|g| g.to_string()).collect();
+    let path = format!("path=gpu cuda:{} ", names.join("+"));
+    assert!(text.contains(&path) && text.contains("gpu_sorts=1"), "{path}: {text}");
+}
+
 #[tokio::test]
 async fn gpu_out_of_memory_falls_back_to_the_cpu() {
     if !gpu_present() {

@@ -151,6 +151,42 @@ async fn explain_analyze_shows_path_and_reason() {
     );
 }
 
+/// `gpusort.devices`: with `device = auto` and fewer GPUs than it names, the sort still runs
+/// (on the CPU with the reason where there is no GPU, on the GPUs there are otherwise); with a
+/// GPU number for `device`, a missing GPU of the list fails the query and says which option.
+#[tokio::test]
+async fn devices_option_splits_or_says_why_not() {
+    let stock = context(false, 30_000, 3);
+    let ours = context(true, 30_000, 3);
+    for (k, v) in [("min_rows", "0"), ("devices", "all"), ("split_min_rows", "1000")] {
+        ours.sql(&format!("SET gpusort.{k} = '{v}'")).await.unwrap();
+    }
+    compare_with_stock(&stock, &ours, "gpusort.devices = all").await;
+    let (text, _) = rows(&ours, "EXPLAIN ANALYZE SELECT * FROM t ORDER BY b, a").await;
+    assert!(
+        text.contains("gpu_sorts=1") || text.contains("cpu_fallback=no GPU"),
+        "{text}"
+    );
+    assert!(ours.sql("SET gpusort.devices = '0,x'").await.is_err());
+
+    let gpus = gpusort_cuda::device::device_count().unwrap_or(0);
+    let beyond = format!("0,{}", gpus.max(1));
+    ours.sql("SET gpusort.device = '0'").await.unwrap();
+    ours.sql(&format!("SET gpusort.devices = '{beyond}'")).await.unwrap();
+    let err = ours
+        .sql("SELECT * FROM t ORDER BY b, a")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(&format!("gpusort.devices = {beyond}, but a GPU of them cannot be used")),
+        "{err}"
+    );
+}
+
 #[tokio::test]
 async fn memory_limits_fail_clearly_and_return_to_zero() {
     for limit in [4 << 10, 64 << 10, 256 << 10, 16 << 20] {

@@ -12,7 +12,7 @@ use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
-use datafusion_gpusort::{ByteSize, DeviceChoice, GpuSortConfig, SessionStateBuilderExt, StrategyChoice};
+use datafusion_gpusort::{ByteSize, DeviceChoice, DeviceList, GpuSortConfig, SessionStateBuilderExt, StrategyChoice};
 
 use crate::error::{CliError, Result};
 use crate::inputs::Inputs;
@@ -51,6 +51,11 @@ pub struct PlanArgs {
     #[arg(long, value_name = "N|cpu|auto", default_value = "auto", value_parser = parse_device)]
     pub device: DeviceChoice,
 
+    /// GPUs one sort splits over by key ranges: one (only --device), all, or GPU numbers
+    /// like 0,1
+    #[arg(long, value_name = "one|all|N,N", default_value = "one", value_parser = parse_devices)]
+    pub devices: DeviceList,
+
     /// The sort strategy (the help lists them)
     #[arg(long, value_name = "NAME", default_value = "auto", value_parser = parse_strategy,
           help = strategy_help())]
@@ -80,6 +85,7 @@ impl PlanArgs {
             gpu_memory_limit: None,
             disk_limit: None,
             device: DeviceChoice::Auto,
+            devices: DeviceList::One,
             strategy: StrategyChoice::Auto,
             min_rows: None,
             temp_dir: None,
@@ -97,6 +103,7 @@ impl PlanArgs {
         let mut config = GpuSortConfig::default();
         config.enabled = !self.no_gpusort;
         config.device = self.device;
+        config.devices = self.devices.clone();
         config.strategy = self.strategy;
         // The writer encodes each batch and drops it: views into the sorted columns serve it
         // as well as compacted copies, which cost 6.6 CPU-seconds of TPC-H lineitem SF10
@@ -120,6 +127,11 @@ fn parse_size(s: &str) -> std::result::Result<ByteSize, String> {
 fn parse_device(s: &str) -> std::result::Result<DeviceChoice, String> {
     s.parse::<DeviceChoice>()
         .map_err(|_| format!("expected auto, cpu or a GPU number, got '{s}'"))
+}
+
+fn parse_devices(s: &str) -> std::result::Result<DeviceList, String> {
+    s.parse::<DeviceList>()
+        .map_err(|_| format!("expected one, all or GPU numbers like 0,1, got '{s}'"))
 }
 
 fn parse_strategy(s: &str) -> std::result::Result<StrategyChoice, String> {
@@ -316,6 +328,9 @@ mod tests {
         args.no_gpusort = true;
         assert!(!args.gpusort_config().enabled);
         assert!(parse_device("gpu").unwrap_err().contains("a GPU number"));
+        args.devices = parse_devices("all").unwrap();
+        assert_eq!(args.gpusort_config().devices, DeviceList::All);
+        assert!(parse_devices("0,zero").unwrap_err().contains("GPU numbers"));
         assert!(parse_size("lots").unwrap_err().contains("8g"));
         let err = parse_strategy("quick").unwrap_err();
         for s in gpusort::Strategy::ALL {

@@ -3,8 +3,9 @@
 //! the process's pool of pinned host memory ([`pinned`]) and copies through it ([`transfer`]),
 //! the GRS and SRTS record sorts of Bandyopadhyay & Sahni, direct and indirect, ByField and
 //! Hybrid, and gpusort's MSD hybrid ([`Gpu::sort`]), sort keys encoded on the device
-//! ([`encode`]), [`CudaBackend`], which implements [`gpusort::SortBackend`] with them, and its
-//! streaming sort, [`GpuSortSession`]. No DataFusion code lives here.
+//! ([`encode`]), [`CudaBackend`], which implements [`gpusort::SortBackend`] with them, its
+//! streaming sort, [`GpuSortSession`], and [`MultiGpuBackend`], one sort over several GPUs.
+//! No DataFusion code lives here.
 //!
 //! The host modules mirror the kernel families of `kernels/`, one module per `.cu` file:
 //!
@@ -23,6 +24,7 @@
 //! | `merge` | `merge.cu` | sorted runs merged (a tree of merge-path merges, or the paper's odd-even merge-split) instead of radix-sorted |
 //! | `ties` | `ties.cu` | rows tied on a truncated string prefix, ordered on the device by their following bytes |
 //! | `sort` | — | [`Gpu::sort`]: a plan's passes, then its gathers |
+//! | `multi` | — | [`MultiGpuBackend`]: one sort over several GPUs of the host, split by key ranges |
 //! | `memory` | — | device memory a sort needs |
 //! | `options` | — | [`GpuOptions`]: the `GPUSORT_*` settings, read once when a device opens |
 //! | [`tune`] | — | `gpusort tune`: the empirical search over the kernels' settings, the tuning profile |
@@ -47,6 +49,7 @@ mod lsd;
 mod memory;
 mod merge;
 pub mod msd;
+mod multi;
 pub mod nvcomp;
 pub mod onesweep;
 mod options;
@@ -70,6 +73,7 @@ pub use gpu::Gpu;
 pub use kernels::{KernelCache, KernelTuning};
 pub use memory::{BudgetRefusal, DeviceBudget, DeviceBudgetStats, DeviceReservation};
 pub use merge::{MergeMethod, odd_even_applies};
+pub use multi::MultiGpuBackend;
 pub use nvcomp::{CompressStats, ZstdCompressor};
 pub use options::{DEVICE_TIES_MIN_MEAN_ROWS, DeviceTies, GpuOptions};
 pub use pinned::{FRESH_PIN_MAX, HostBuffer, PinnedPool, PinnedPoolStats};

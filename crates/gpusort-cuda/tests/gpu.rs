@@ -22,17 +22,17 @@
 //! Every test runs under `GPUSORT_SMEM_CAP` too (the shapes of a GPU with less shared memory:
 //! `STEPS=caps scripts/device-run.sh` runs them at 96, 99 and 163 KiB).
 
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use arrow::array::{ArrayRef, RecordBatch, UInt32Array};
 use arrow::datatypes::{DataType, Field, Schema};
 use cudarc::driver::CudaSlice;
 use gpusort::plan::{InputOrder, RadixPass, Strategy, radix_passes, varying_bits};
-use gpusort::{CpuBackend, EncoderOptions, KeyEncoder, SortBackend, SortKey, SortRequest, SortSpec};
+use gpusort::{CpuBackend, EncoderOptions, KeyEncoder, SortBackend, SortKey, SortRequest, SortSpec, SplitOptions};
 use gpusort_cuda::kernels::MERGE_TILE;
 use gpusort_cuda::{
     CudaBackend, DeviceColumn, DeviceRecords, DeviceTable, DeviceTies, Gpu, GpuOptions, GpuSortPlan, KernelCache,
-    MergeMethod, SortSwitches, odd_even_applies,
+    MergeMethod, MultiGpuBackend, SortSwitches, odd_even_applies,
 };
 use gpusort_testing::{EDGE_SIZES, assert_matches_reference, random_case, rng_from_env};
 use rand::prelude::*;
@@ -956,6 +956,51 @@ fn backend_large_batch_both_strategies() {
         let out = b.sort(&request).unwrap();
         assert_matches_reference(&c.batch, &c.spec, None, &out, &format!("2M rows {strategy}"));
         assert!(out.stats.bytes_to_device > 0 && out.stats.bytes_from_device > 0);
+    }
+}
+
+/// One sort split by key ranges over several GPUs ([`MultiGpuBackend`]): over every GPU of
+/// the machine, or two backends of GPU 0 where it has one (the split, the sorts at once and the
+/// concatenation are the same). Random tables of every type, limits and strategies, against
+/// the stable reference and the CPU backend.
+#[test]
+fn backend_split_over_gpus_matches_reference() {
+    let Some(b) = backend() else { return };
+    drop(b);
+    let count = gpusort_cuda::device::device_count().unwrap();
+    let ordinals: Vec<usize> = if count >= 2 { (0..count).collect() } else { vec![0, 0] };
+    let gpus = ordinals
+        .iter()
+        .map(|&o| CudaBackend::try_new(o).map(Arc::new))
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let ranges = gpus.len();
+    let multi = MultiGpuBackend::try_new(gpus).unwrap().with_options(SplitOptions {
+        sample_rows: 2048,
+        min_rows_per_range: 500,
+        seed: 11,
+    });
+    let (mut rng, seed) = rng_from_env(0x5b117);
+    let cpu = CpuBackend::new();
+    for i in 0..60 {
+        let n = [0, 1, 999, 1000, 4096, 30_000, 250_000][i % 7];
+        let c = random_case(&mut rng, n);
+        let strategy = Strategy::ALL[rng.random_range(0..Strategy::ALL.len())];
+        let limit = rng.random_bool(0.2).then(|| rng.random_range(0..=n + 1));
+        let request = SortRequest::new(&c.batch, &c.spec)
+            .with_strategy(Some(strategy))
+            .with_limit(limit);
+        let what = format!("seed {seed} case {i}: {n} rows, {strategy}, limit {limit:?}, GPUs {ordinals:?}");
+        let out = multi.sort(&request).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_matches_reference(&c.batch, &c.spec, limit, &out, &what);
+        let on_cpu = cpu.sort(&request).unwrap();
+        assert_eq!(out.batch, on_cpu.batch, "{what}: split GPUs and CPU differ");
+        if limit.is_none() {
+            assert_eq!(out.indices, on_cpu.indices, "{what}: permutations differ");
+        }
+        let expected = multi.options().ranges_for(n, ranges);
+        let split = if expected > 1 { expected } else { 0 };
+        assert_eq!(out.stats.split_ranges, split, "{what}");
     }
 }
 

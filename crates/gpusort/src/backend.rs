@@ -140,6 +140,9 @@ pub struct SortStats {
     pub bytes_to_device: u64,
     /// Bytes copied from device to host.
     pub bytes_from_device: u64,
+    /// Key ranges the sort was split into, each sorted by a sorter of its own
+    /// ([`crate::split`]); 0 for a sort on one sorter.
+    pub split_ranges: usize,
 }
 
 /// A sorted batch.

@@ -2,7 +2,8 @@
 //! the sort planner with the cost rule of Bandyopadhyay & Sahni ([`plan`]), the backend
 //! trait every sorter implements ([`SortBackend`]), and the multi-threaded CPU radix sort
 //! backend ([`cpu::CpuBackend`]) that runs when there is no GPU and is the reference the GPU
-//! backend is tested against. This crate holds no GPU code.
+//! backend is tested against, and the split of one sort over several sorters by key ranges
+//! ([`split`], [`partition`]). This crate holds no GPU code.
 
 pub mod backend;
 pub mod cpu;
@@ -12,6 +13,7 @@ pub mod partition;
 pub mod plan;
 pub mod size;
 pub mod spec;
+pub mod split;
 pub mod ties;
 
 pub use backend::{SortBackend, SortOutput, SortRequest, SortStats};
@@ -21,3 +23,4 @@ pub use keys::{EncodedKeys, EncoderOptions, KeyEncoder, KeyLayout};
 pub use plan::{Algorithm, Layout, RecordMove, Strategy};
 pub use size::parse_byte_size;
 pub use spec::{SortKey, SortOptions, SortSpec};
+pub use split::{SplitBackend, SplitOptions};
