@@ -213,11 +213,19 @@ fn main() {
         for _ in 0..a.reps {
             drop(last.take());
             let t = Instant::now();
-            let outputs = backend.sort_ranges_within(&request, None).expect("the sort");
+            match backend.sort_ranges_within(&request, None) {
+                Ok(outputs) => last = Some(outputs),
+                Err(e) => {
+                    println!("{g} GPU(s) failed: {e}");
+                    break;
+                }
+            }
             times.push(t.elapsed().as_secs_f64());
-            last = Some(outputs);
         }
-        let outputs = last.expect("one run or more");
+        let Some(outputs) = last else {
+            writeln!(table_out, "| {g} | failed | | | | | |").unwrap();
+            continue;
+        };
         check(&outputs, reference.as_deref(), input_sum);
         if reference.is_none() {
             reference = Some(

@@ -63,19 +63,33 @@ struct CudaHostAllocator {
 
 impl HostAllocator for CudaHostAllocator {
     fn allocate(&self, bytes: usize) -> Result<NonNull<u8>, String> {
-        self.ctx.bind_to_thread().map_err(|e| e.to_string())?;
         // SAFETY: a plain allocation; the memory is owned by the pool from here on.
-        let ptr = unsafe { result::malloc_host(bytes, sys::CU_MEMHOSTALLOC_PORTABLE) }.map_err(|e| e.to_string())?;
+        let ptr = with_context(&self.ctx, || unsafe { result::malloc_host(bytes, sys::CU_MEMHOSTALLOC_PORTABLE) })?
+            .map_err(|e| e.to_string())?;
         NonNull::new(ptr as *mut u8).ok_or_else(|| "cuMemHostAlloc returned null".to_string())
     }
 
     unsafe fn free(&self, ptr: NonNull<u8>, _bytes: usize) {
-        if self.ctx.bind_to_thread().is_ok() {
-            // SAFETY: the caller's contract: `ptr` came from `allocate` and is unused. A failure
-            // here leaks the block, which is all that can be done in a drop.
-            let _ = unsafe { result::free_host(ptr.as_ptr() as *mut _) };
-        }
+        // SAFETY: the caller's contract: `ptr` came from `allocate` and is unused. A failure
+        // here leaks the block, which is all that can be done in a drop.
+        let _ = with_context(&self.ctx, || unsafe { result::free_host(ptr.as_ptr() as *mut _) });
     }
+}
+
+/// Runs `f` with `ctx` current on this thread, then makes current again the context that was
+/// (pushed and popped, not set): the pool serves the sorts of every device of the process,
+/// and a sort that allocates from it on its own thread goes on with raw copies on its own
+/// device's stream, which need that device's context current.
+fn with_context<T>(ctx: &CudaContext, f: impl FnOnce() -> T) -> Result<T, String> {
+    // SAFETY: the context is alive (held by `ctx`); push and pop are paired on this thread.
+    unsafe { sys::cuCtxPushCurrent_v2(ctx.cu_ctx()) }
+        .result()
+        .map_err(|e| e.to_string())?;
+    let out = f();
+    let mut popped = std::ptr::null_mut();
+    // SAFETY: pops the context pushed above.
+    let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) }.result();
+    Ok(out)
 }
 
 /// Blocks of at least this many bytes are pinned through mmap and `cuMemHostRegister`.
@@ -208,12 +222,13 @@ impl HostAllocator for RegisteredHostAllocator {
         if !registers(bytes) {
             return self.plain.allocate(bytes);
         }
-        self.plain.ctx.bind_to_thread().map_err(|e| e.to_string())?;
         let ptr = Self::map(bytes)?;
         // SAFETY: the mapping is ours, faulted in and `bytes` long.
-        let registered =
+        let registered = with_context(&self.plain.ctx, || {
             unsafe { sys::cuMemHostRegister_v2(ptr.as_ptr() as *mut _, bytes, sys::CU_MEMHOSTREGISTER_PORTABLE) }
-                .result();
+                .result()
+        })
+        .and_then(|r| r.map_err(|e| e.to_string()));
         match registered {
             Ok(()) => Ok(ptr),
             Err(e) => {
@@ -229,11 +244,9 @@ impl HostAllocator for RegisteredHostAllocator {
             // SAFETY: the caller's contract; blocks of this size came from `plain`.
             return unsafe { self.plain.free(ptr, bytes) };
         }
-        if self.plain.ctx.bind_to_thread().is_ok() {
-            // SAFETY: the block was registered by `allocate` and is unused. A failure leaves
-            // the pages locked until the process ends; unmapping still returns them.
-            let _ = unsafe { sys::cuMemHostUnregister(ptr.as_ptr() as *mut _) }.result();
-        }
+        // SAFETY: the block was registered by `allocate` and is unused. A failure leaves
+        // the pages locked until the process ends; unmapping still returns them.
+        let _ = with_context(&self.plain.ctx, || unsafe { sys::cuMemHostUnregister(ptr.as_ptr() as *mut _) }.result());
         // SAFETY: the caller's contract: a mapping from `allocate`, unused.
         unsafe { Self::unmap(ptr, bytes) };
     }

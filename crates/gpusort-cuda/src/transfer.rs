@@ -106,6 +106,7 @@ impl Transfers {
     /// # Safety
     /// `dst` has room for `src`.
     unsafe fn upload_through_ring(&mut self, src: &[u8], dst: CUdeviceptr) -> Result<()> {
+        self.bind()?;
         for (i, chunk) in src.chunks(RING_CHUNK).enumerate() {
             let stream = Arc::clone(&self.stream);
             let slot = self.slot(i % RING_SLOTS)?;
@@ -135,6 +136,7 @@ impl Transfers {
     /// # Safety
     /// `src` holds `dst.len()` bytes.
     unsafe fn download_through_ring(&mut self, src: CUdeviceptr, dst: &mut [u8]) -> Result<()> {
+        self.bind()?;
         let total = dst.len();
         // Chunks in flight: (chunk, slot), oldest first.
         let mut flight: VecDeque<(usize, usize)> = VecDeque::new();
@@ -173,6 +175,13 @@ impl Transfers {
         Ok(())
     }
 
+    /// Makes the stream's context current on this thread: the raw copies below run on the
+    /// stream, whose device need not be the one a pinned allocation or another device's sort
+    /// last made current here.
+    fn bind(&self) -> Result<()> {
+        Ok(self.stream.context().bind_to_thread()?)
+    }
+
     /// The stream the copies run on.
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
@@ -185,6 +194,7 @@ impl Transfers {
     /// passed this copy.
     pub unsafe fn upload_to(&mut self, src: &[u8], dst: CUdeviceptr) -> Result<()> {
         if !src.is_empty() {
+            self.bind()?;
             // SAFETY: the caller's contract.
             unsafe { result::memcpy_htod_async(dst, src, self.stream.cu_stream()) }?;
         }
@@ -280,6 +290,7 @@ impl Transfers {
             // SAFETY: the caller's contract.
             return unsafe { self.download_through_ring(src, dst) };
         }
+        self.bind()?;
         // SAFETY: the caller's contract.
         unsafe { result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }?;
         self.from_device += len as u64;
