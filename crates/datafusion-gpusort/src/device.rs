@@ -35,7 +35,7 @@ pub fn gpu_backends(devices: &DeviceList) -> Option<Result<Vec<Arc<CudaBackend>>
         DeviceList::One => return None,
         DeviceList::All => match gpusort_cuda::device::device_count() {
             Ok(n) => (0..n).collect(),
-            Err(e) => return Some(Err(e.to_string())),
+            Err(e) => return Some(Err(gpusort_cuda::CudaSortError::from(e).to_string())),
         },
         DeviceList::List(l) => l.clone(),
     };

@@ -64,8 +64,10 @@ struct CudaHostAllocator {
 impl HostAllocator for CudaHostAllocator {
     fn allocate(&self, bytes: usize) -> Result<NonNull<u8>, String> {
         // SAFETY: a plain allocation; the memory is owned by the pool from here on.
-        let ptr = with_context(&self.ctx, || unsafe { result::malloc_host(bytes, sys::CU_MEMHOSTALLOC_PORTABLE) })?
-            .map_err(|e| e.to_string())?;
+        let ptr = with_context(&self.ctx, || unsafe {
+            result::malloc_host(bytes, sys::CU_MEMHOSTALLOC_PORTABLE)
+        })?
+        .map_err(|e| e.to_string())?;
         NonNull::new(ptr as *mut u8).ok_or_else(|| "cuMemHostAlloc returned null".to_string())
     }
 
@@ -246,7 +248,9 @@ impl HostAllocator for RegisteredHostAllocator {
         }
         // SAFETY: the block was registered by `allocate` and is unused. A failure leaves
         // the pages locked until the process ends; unmapping still returns them.
-        let _ = with_context(&self.plain.ctx, || unsafe { sys::cuMemHostUnregister(ptr.as_ptr() as *mut _) }.result());
+        let _ = with_context(&self.plain.ctx, || {
+            unsafe { sys::cuMemHostUnregister(ptr.as_ptr() as *mut _) }.result()
+        });
         // SAFETY: the caller's contract: a mapping from `allocate`, unused.
         unsafe { Self::unmap(ptr, bytes) };
     }
