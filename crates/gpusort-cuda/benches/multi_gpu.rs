@@ -12,7 +12,8 @@
 //! uploads, kernels, downloads, host gathers), and the permutations mapped to input rows; the
 //! ranges are left as they are, one output each, as an operator emits them. The split alone is
 //! timed apart, by phase (`split s`: splitters from the sample, rows assigned to ranges, the
-//! ranges' columns gathered). Minimum and median of `R` runs after a warm-up on every GPU.
+//! ranges' columns gathered), and its ranges sorted at once and one after another (how far
+//! the GPUs' sorts overlap). Minimum and median of `R` runs after a warm-up on every GPU.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -20,7 +21,7 @@ use std::time::Instant;
 
 use arrow::array::{ArrayRef, AsArray, RecordBatch, UInt64Array};
 use arrow::datatypes::{DataType, Field, Schema, UInt64Type};
-use gpusort::split::{RangeRows, assign_rows, choose_splitters, gather_ranges};
+use gpusort::split::{RangeRows, assign_rows, choose_splitters, gather_ranges, sort_ranges};
 use gpusort::{SortKey, SortOptions, SortOutput, SortRequest, SortSpec, SplitOptions};
 use gpusort_cuda::{CudaBackend, MultiGpuBackend};
 use rayon::prelude::*;
@@ -143,6 +144,30 @@ fn timed_split(request: &SortRequest<'_>, ranges: usize, options: &SplitOptions)
     (out, [sample, assign, t.elapsed().as_secs_f64()])
 }
 
+/// How far the ranges' sorts overlap: the split's ranges sorted all at once (as the backend
+/// does), then one after another, each on its GPU.
+fn overlap(request: &SortRequest<'_>, ranges: &[RangeRows], gpus: &[Arc<CudaBackend>]) {
+    let t = Instant::now();
+    sort_ranges(request, ranges, |i, r| gpus[i].sort_within(r, None)).expect("the ranges' sorts");
+    let together = t.elapsed().as_secs_f64();
+    let apart: Vec<f64> = ranges
+        .iter()
+        .enumerate()
+        .map(|(i, range)| {
+            let mut own = request.clone();
+            own.batch = &range.batch;
+            let t = Instant::now();
+            gpus[i].sort_within(&own, None).expect("a range's sort");
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    println!(
+        "{} GPUs, the split's ranges: at once {together:.3} s; one after another {apart:.3?} s (sum {:.3})",
+        gpus.len(),
+        apart.iter().sum::<f64>()
+    );
+}
+
 fn main() {
     let a = args();
     let available = gpusort_cuda::device::device_count().expect("a GPU");
@@ -200,6 +225,7 @@ fn main() {
         let options: SplitOptions = backend.options().clone();
         let (split_s, phases) = if g > 1 {
             let (ranges, phases) = timed_split(&request, g, &options);
+            overlap(&request, &ranges, &gpus[..g]);
             drop(ranges);
             (
                 phases.iter().sum::<f64>(),
