@@ -395,7 +395,7 @@ impl InMemorySorter {
         match gpu_backends(&o.devices) {
             Some(Ok(gpus)) if gpus.len() > 1 => {
                 let split = SplitOptions {
-                    min_rows_per_range: o.split_min_rows.max(1),
+                    min_rows_per_range: o.split_min_rows,
                     ..SplitOptions::default()
                 };
                 let multi = MultiGpuBackend::try_new(gpus)
@@ -483,28 +483,34 @@ fn run_sort(
     gpu_limit: Option<usize>,
     metrics: &GpuSortMetrics,
 ) -> Result<SortOutput, GpuSortExecError> {
-    let on_gpu = match &path {
-        SortPath::Gpu(gpu) => Some((
+    let (sorted, device) = match path {
+        SortPath::Gpu(gpu) => (
             gpu.sort_within(&gpu_request(request), gpu_limit),
             gpusort::SortBackend::name(gpu.as_ref()),
-        )),
-        SortPath::Gpus(gpus) => Some((
+        ),
+        SortPath::Gpus(gpus) => (
             gpus.sort_within(&gpu_request(request), gpu_limit),
             gpusort::SortBackend::name(gpus.as_ref()),
-        )),
-        SortPath::Cpu { .. } => None,
+        ),
+        SortPath::Cpu { reason } => return sort_on_cpu(request, reason, metrics),
     };
-    let reason = match (on_gpu, path) {
-        (Some((Ok(out), name)), _) => {
-            metrics.record(&out.stats, Some(&name));
-            return Ok(out);
+    match sorted {
+        Ok(out) => {
+            metrics.record(&out.stats, Some(&device));
+            Ok(out)
         }
         // The CPU would fail the same way.
-        (Some((Err(CudaSortError::Core(e)), _)), _) => return Err(e.into()),
-        (Some((Err(e), _)), _) => Some(format!("GPU failed: {e}")),
-        (None, SortPath::Cpu { reason }) => reason,
-        (None, _) => None,
-    };
+        Err(CudaSortError::Core(e)) => Err(e.into()),
+        Err(e) => sort_on_cpu(request, Some(format!("GPU failed: {e}")), metrics),
+    }
+}
+
+/// Runs `request` on the CPU backend, recording `reason` (why not on a GPU) when there is one.
+fn sort_on_cpu(
+    request: &SortRequest<'_>,
+    reason: Option<String>,
+    metrics: &GpuSortMetrics,
+) -> Result<SortOutput, GpuSortExecError> {
     if let Some(reason) = reason {
         metrics.cpu_fallback.add(reason);
     }
