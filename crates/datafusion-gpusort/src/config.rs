@@ -229,6 +229,11 @@ extensions_options! {
         /// are, for a consumer that encodes each batch and drops it, e.g. a Parquet writer:
         /// no copy, and the sorted buffers are freed with the last batch.
         pub compact_output_views: bool, default = true
+        /// Where a sorted output is written to Parquet files through DataFusion's
+        /// `ParquetSink` (`COPY (SELECT ... ORDER BY ...) TO 'out.parquet'`), write them with
+        /// gpusort's writer instead (`GpuParquetSink`): the same writer properties, row groups
+        /// encoded in parallel, zstd pages compressed on the GPU where nvCOMP loads.
+        pub parquet_sink: bool, default = true
     }
 }
 

@@ -1,7 +1,7 @@
 //! datafusion-gpusort: gpusort as a DataFusion physical operator — [`GpuSortExec`] and
 //! [`GpuSortPreservingMergeExec`], the [`GpuSortRule`] that puts them where DataFusion plans a
-//! `SortExec` or a `SortPreservingMergeExec`, their `gpusort.*` config options
-//! ([`GpuSortConfig`]) and metrics. No kernels live here: the sorts run on
+//! `SortExec` or a `SortPreservingMergeExec` (and [`GpuParquetSink`] where their output is
+//! written to Parquet), their `gpusort.*` config options ([`GpuSortConfig`]) and metrics. No kernels live here: the sorts run on
 //! `gpusort-cuda`'s GPU backend or `gpusort`'s CPU backend.
 //!
 //! One line turns it on:
@@ -23,6 +23,7 @@ mod in_memory;
 mod merge;
 mod metrics;
 mod multi_level_merge;
+mod parquet_sink;
 mod partition_runs;
 mod range_merge;
 mod rule;
@@ -43,6 +44,7 @@ pub use device::gpu_backend;
 pub use error::GpuSortExecError;
 pub use exec::GpuSortExec;
 pub use metrics::{GpuSortMetrics, TextMetric};
+pub use parquet_sink::GpuParquetSink;
 pub use rule::GpuSortRule;
 pub use sort_preserving_merge::GpuSortPreservingMergeExec;
 

@@ -4,6 +4,9 @@ use std::sync::Arc;
 
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
+use datafusion::datasource::file_format::parquet::ParquetSink;
+use datafusion::datasource::physical_plan::FileSink;
+use datafusion::datasource::sink::DataSinkExec;
 use datafusion::error::Result;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
@@ -16,6 +19,7 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 
 use crate::config::GpuSortConfig;
 use crate::exec::GpuSortExec;
+use crate::parquet_sink::GpuParquetSink;
 use crate::sort_preserving_merge::GpuSortPreservingMergeExec;
 
 /// A physical optimizer rule that replaces each `SortExec` with a [`GpuSortExec`] of the same
@@ -43,6 +47,10 @@ use crate::sort_preserving_merge::GpuSortPreservingMergeExec;
 /// a [`GpuSortPreservingMergeExec`], which merges the sorted partitions on the GPU. One with a
 /// `fetch` of at most `gpusort.topk_max_fetch` stays, as a small TopK does: it stops reading
 /// after `fetch` rows of each partition, where ours reads every row first.
+///
+/// With `gpusort.parquet_sink` (the default), a `DataSinkExec` writing such a sort's output
+/// through DataFusion's `ParquetSink` writes it through a [`GpuParquetSink`] instead, where that
+/// writes the files as DataFusion's would ([`GpuParquetSink::supports`]).
 ///
 /// Run it last, before `SanityCheckPlan` ([`register`](crate::register) does).
 #[derive(Debug, Default, Clone)]
@@ -180,6 +188,10 @@ impl PhysicalOptimizerRule for GpuSortRule {
                     None if options.merge_sorted_partitions => merge_sorted(merge, &options)?,
                     plan => plan,
                 }
+            } else if let Some(sink) = node.downcast_ref::<DataSinkExec>()
+                && options.parquet_sink
+            {
+                replace_parquet_sink(sink, &options)?
             } else {
                 None
             };
@@ -198,4 +210,58 @@ impl PhysicalOptimizerRule for GpuSortRule {
     fn schema_check(&self) -> bool {
         true
     }
+}
+
+/// A `DataSinkExec` writing a sorted input with DataFusion's `ParquetSink` as one writing it
+/// with a [`GpuParquetSink`]: where the input is one [`GpuSortExec`] (or
+/// [`GpuSortPreservingMergeExec`]) under projections and filters, and the sink's options are
+/// ones gpusort's writer follows. The sort then hands out its batches as they are
+/// (`compact_output_views` off): the writer encodes each and drops it.
+fn replace_parquet_sink(exec: &DataSinkExec, options: &GpuSortConfig) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+    let Some(parquet) = exec.sink().downcast_ref::<ParquetSink>() else {
+        return Ok(None);
+    };
+    if GpuParquetSink::supports(parquet.config(), parquet.parquet_options()).is_some() {
+        return Ok(None);
+    }
+    let Some(input) = sorted_for_writing(exec.input())? else {
+        return Ok(None);
+    };
+    let sink = GpuParquetSink::new(
+        parquet.config().clone(),
+        parquet.parquet_options().clone(),
+        input.output_ordering(),
+        options,
+    );
+    Ok(Some(Arc::new(DataSinkExec::new(
+        input,
+        Arc::new(sink),
+        exec.sort_order().clone(),
+    ))))
+}
+
+/// `plan` with the one sort under its projections and filters handing out its batches
+/// uncompacted; `None` where `plan` is not such a sort's single sorted partition.
+fn sorted_for_writing(plan: &Arc<dyn ExecutionPlan>) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+    if plan.output_partitioning().partition_count() != 1 {
+        return Ok(None);
+    }
+    if let Some(sort) = plan.downcast_ref::<GpuSortExec>() {
+        let mut options = sort.options().clone();
+        options.compact_output_views = false;
+        return Ok(Some(Arc::new(sort.clone().with_options(options))));
+    }
+    if plan.downcast_ref::<GpuSortPreservingMergeExec>().is_some() {
+        return Ok(Some(Arc::clone(plan)));
+    }
+    let Some((_, child)) = order_preserving(plan) else {
+        return Ok(None);
+    };
+    let Some(child) = sorted_for_writing(child)? else {
+        return Ok(None);
+    };
+    Ok(Some(Arc::clone(plan).replace_children(
+        vec![child],
+        ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute),
+    )?))
 }

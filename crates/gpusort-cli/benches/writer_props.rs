@@ -137,7 +137,7 @@ fn gpusort_encoder_ms(one: &RecordBatch) -> Result<Option<f64>, Box<dyn std::err
     let descr = parquet::arrow::ArrowSchemaConverter::new()
         .convert(&one.schema())?
         .column(0);
-    if !gpusort_cli::encoder::encodes(one.schema().field(0), &descr, &props) {
+    if !gpusort_parquet::encoder::encodes(one.schema().field(0), &descr, &props) {
         return Ok(None);
     }
     let slices: Vec<_> = (0..one.num_rows())
@@ -147,7 +147,7 @@ fn gpusort_encoder_ms(one: &RecordBatch) -> Result<Option<f64>, Box<dyn std::err
     let mut best = f64::MAX;
     for _ in 0..3 {
         let start = Instant::now();
-        std::hint::black_box(gpusort_cli::encoder::encode(&slices, &descr, &props)?);
+        std::hint::black_box(gpusort_parquet::encoder::encode(&slices, &descr, &props)?);
         best = best.min(start.elapsed().as_secs_f64() * 1e3);
     }
     Ok(Some(best))
@@ -161,12 +161,11 @@ mod whole {
 
     use arrow::array::RecordBatch;
     use arrow::row::{RowConverter, SortField};
-    use gpusort_cli::gpu_pages::{DEFAULT_FRAME_BYTES, NvcompZstd};
-    use gpusort_cli::order_by::OrderBy;
-    use gpusort_cli::pages::{CpuZstd, PageCompressor};
     use gpusort_cli::timeline::cpu_seconds;
-    use gpusort_cli::writer::{Codec, ColumnEncoder, SortedParquetWriter, WriteOptions};
     use gpusort_cuda::nvcomp::MAX_CHUNK;
+    use gpusort_parquet::gpu_pages::{DEFAULT_FRAME_BYTES, NvcompZstd};
+    use gpusort_parquet::pages::{CpuZstd, PageCompressor};
+    use gpusort_parquet::writer::{Codec, ColumnEncoder, SortedParquetWriter, WriteOptions};
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterPropertiesBuilder};
     use parquet::schema::types::ColumnPath;
@@ -201,7 +200,7 @@ mod whole {
             ("zstd(1)", "zstd(1)", |b, _| b),
             ("snappy", "snappy", |b, _| b),
             ("uncompressed", "uncompressed", |b, _| b),
-            // Pages compressed apart from encoding (gpusort_cli::pages): on the CPU, then on
+            // Pages compressed apart from encoding (gpusort_parquet::pages): on the CPU, then on
             // the GPU through nvCOMP in frames of several sizes, where the encoding settings
             // weigh differently.
             ("default", PAGES_CPU, |b, _| b),
@@ -316,7 +315,7 @@ mod whole {
         );
         println!("| variant | codec | wall s | CPU s | cores busy | MiB |\n|---|---|---:|---:|---:|---:|");
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        let order_by = OrderBy::try_new(schema.field(0).name(), &schema)?;
+        let order_by = [gpusort_parquet::SortKey::asc(schema.field(0).name())];
         let out = std::env::temp_dir().join("writer_props_whole.parquet");
         for (i, (name, codec, props)) in whole_variants().into_iter().enumerate() {
             let label = format!("{name} {codec}");
@@ -332,7 +331,7 @@ mod whole {
             };
             let (start, cpu) = (Instant::now(), cpu_seconds());
             let file = std::fs::File::create(&out)?;
-            let builder = props(WriterProperties::builder(), &high);
+            let builder = props(WriterProperties::builder(), &high).build();
             let mut writer =
                 SortedParquetWriter::try_new_with_properties(file, Arc::clone(&schema), &order_by, &options, builder)?;
             runtime.block_on(async {

@@ -13,7 +13,7 @@ use gpusort_cuda::{CudaSortError, Gpu, GpuOptions, KernelCache, TuningProfile};
 use crate::error::Result;
 use crate::plan::{PlanArgs, SortPlan, format_size};
 use crate::report::group_digits;
-use crate::writer::{Codec, DEFAULT_ROW_GROUP_SIZE};
+use gpusort_parquet::writer::{Codec, DEFAULT_ROW_GROUP_SIZE};
 
 /// `gpusort info`: the GPUs found (or why none), the driver's and NVRTC's versions, where
 /// compiled kernels are cached. Never fails: what is missing is said.

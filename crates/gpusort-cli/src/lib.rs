@@ -12,22 +12,17 @@
 //! The binary (`src/main.rs`) parses [`Cli`] and calls [`run`]; the tests and the
 //! `parquet_sort` benchmark call [`sort::sort`] directly.
 
-pub mod encoder;
 pub mod error;
-pub mod gpu_pages;
 pub mod info;
 pub mod inputs;
 pub mod interrupt;
 pub mod order_by;
-pub mod pages;
 pub mod plan;
 pub mod progress;
 pub mod report;
-mod row_group;
 pub mod sort;
 pub mod timeline;
 pub mod tune;
-pub mod writer;
 
 use clap::{Parser, Subcommand};
 

@@ -9,19 +9,13 @@ use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::parser::{Parser, ParserError};
 use datafusion::sql::sqlparser::tokenizer::Token;
 
+use gpusort_parquet::quote;
+
 use crate::error::{CliError, Result};
 
-/// One key of the list: a column of the inputs and its direction.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SortKey {
-    /// The column's name as the inputs spell it.
-    pub column: String,
-    /// `DESC`.
-    pub descending: bool,
-    /// Nulls before the other values. SQL's default (DataFusion's too): nulls sort as the
-    /// largest value, so last for `ASC` and first for `DESC`.
-    pub nulls_first: bool,
-}
+/// One key of the list: a column of the inputs and its direction (nulls first or last as SQL
+/// says: last for `ASC`, first for `DESC`, unless the list says otherwise).
+pub use gpusort_parquet::SortKey;
 
 /// A parsed, resolved ORDER BY list.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,18 +83,7 @@ impl OrderBy {
     /// The list in full SQL, every direction and null placement spelled out, names quoted
     /// where they need it: `amount DESC NULLS FIRST, "Order Id" ASC NULLS LAST`.
     pub fn to_sql(&self) -> String {
-        self.keys
-            .iter()
-            .map(|k| {
-                format!(
-                    "{} {} NULLS {}",
-                    quote(&k.column),
-                    if k.descending { "DESC" } else { "ASC" },
-                    if k.nulls_first { "FIRST" } else { "LAST" }
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(", ")
+        gpusort_parquet::order_by_sql(&self.keys)
     }
 }
 
@@ -153,19 +136,6 @@ fn resolve(name: &str, quoted: bool, schema: &Schema) -> Result<String> {
             .collect::<Vec<_>>()
             .join(", "),
     })
-}
-
-/// `name`, in double quotes when it is not a plain lower-case SQL identifier.
-fn quote(name: &str) -> String {
-    let plain = name.chars().next().is_some_and(|c| c.is_ascii_lowercase() || c == '_')
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-    if plain {
-        name.to_string()
-    } else {
-        format!("\"{}\"", name.replace('"', "\"\""))
-    }
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::report::{PlanMetrics, group_digits, rate};
-use crate::writer::WriteProgress;
+use gpusort_parquet::writer::WriteProgress;
 
 /// Writes `text` to stderr, losing it when stderr is closed or full (`gpusort sort ... 2>&1 |
 /// head -1`): progress and the summary are not worth stopping a sort for.

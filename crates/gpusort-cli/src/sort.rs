@@ -16,14 +16,14 @@ use futures::StreamExt;
 use tempfile::NamedTempFile;
 
 use crate::error::{self, CliError, Result};
-use crate::gpu_pages::{self, CompressOn};
 use crate::interrupt;
-use crate::pages::PageCompressor;
 use crate::plan::{PlanArgs, SessionOptions, SortPlan, format_size};
 use crate::progress::{Monitor, ProgressMode};
 use crate::report::{PhaseTimes, PlanMetrics, SortReport};
 use crate::timeline;
-use crate::writer::{
+use gpusort_parquet::gpu_pages::{self, CompressOn};
+use gpusort_parquet::pages::PageCompressor;
+use gpusort_parquet::writer::{
     Codec, ColumnEncoder, DEFAULT_ROW_GROUP_SIZE, ORDER_BY_METADATA_KEY, SortedParquetWriter, WriteOptions,
     writer_share,
 };
@@ -57,7 +57,7 @@ pub struct SortArgs {
     /// What encodes the output's columns: gpusort (its own encoder for integer, date, decimal,
     /// string and binary columns, the Parquet crate's for the rest; with zstd or uncompressed
     /// output) or parquet (the Parquet crate's for every column)
-    #[arg(long, value_name = "ENCODER", value_enum, ignore_case = true, default_value_t = ColumnEncoder::Gpusort)]
+    #[arg(long, value_name = "ENCODER", default_value_t = ColumnEncoder::Gpusort)]
     pub column_encoder: ColumnEncoder,
 
     /// Replace OUTPUT if it exists
@@ -146,7 +146,7 @@ pub async fn sort(args: &SortArgs, mode: ProgressMode) -> Result<SortReport> {
         .reopen()
         .map_err(|e| CliError::io(format!("opening {}", temp.path().display()), e))?;
     let mut writer =
-        SortedParquetWriter::try_new(file, schema, &planned.order_by, &write_options).map_err(write_err)?;
+        SortedParquetWriter::try_new(file, schema, planned.order_by.keys(), &write_options).map_err(write_err)?;
 
     let total_rows = planned.inputs.rows();
     let run_start = Instant::now();
@@ -229,10 +229,15 @@ enum Pages {
 
 impl Pages {
     fn start(args: &SortArgs) -> Result<Self> {
-        let device = args.plan.gpusort_config().device;
+        // The GPU the sort may use compresses its pages.
+        let device = match args.plan.gpusort_config().device {
+            DeviceChoice::Cpu => Err("--device cpu".to_string()),
+            DeviceChoice::Gpu(n) => Ok(n),
+            DeviceChoice::Auto => Ok(0),
+        };
         if args.compress_on == CompressOn::Auto
             && args.column_encoder == ColumnEncoder::Gpusort
-            && let Some(deferred) = gpu_pages::DeferredZstd::start(args.compression, device)
+            && let Some(deferred) = gpu_pages::DeferredZstd::start(args.compression, device.clone())
         {
             return Ok(Self::Deferred(Arc::new(deferred)));
         }

@@ -16,7 +16,7 @@
 //! pages are then compressed in one batch (see [`crate::pages`]).
 
 use std::collections::VecDeque;
-use std::fs::File;
+use std::io::Write;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,15 +30,15 @@ use parquet::arrow::{ArrowSchemaConverter, ArrowWriter};
 use parquet::basic::Compression;
 use parquet::errors::ParquetError;
 use parquet::file::metadata::{KeyValue, SortingColumn};
-use parquet::file::properties::{WriterProperties, WriterPropertiesBuilder, WriterPropertiesPtr};
+use parquet::file::properties::{WriterProperties, WriterPropertiesPtr};
 use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::types::ColumnDescPtr;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use crate::encoder;
-use crate::order_by::OrderBy;
 use crate::pages::{CapturingPageStoreFactory, CpuZstd, PageCompressor, Uncompressed};
 use crate::row_group::{Chunks, Encoded, RowGroupJob};
+use crate::{SortKey, order_by_sql};
 
 /// Rows per row group unless `--row-group-size` says otherwise (the Parquet writer's default).
 pub const DEFAULT_ROW_GROUP_SIZE: usize = 1024 * 1024;
@@ -157,12 +157,33 @@ impl std::fmt::Display for Codec {
 /// gpusort's needs the pages compressed apart from encoding ([`crate::pages`]): it serves
 /// zstd (compressed by [`WriteOptions::page_compressor`], else by [`CpuZstd`] at the codec's
 /// level) and uncompressed output; other codecs are the Parquet crate's alone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ColumnEncoder {
+    /// gpusort's (`gpusort`).
     #[default]
     Gpusort,
-    #[value(name = "parquet")]
+    /// The Parquet crate's (`parquet`).
     ParquetCrate,
+}
+
+impl FromStr for ColumnEncoder {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "gpusort" => Ok(Self::Gpusort),
+            "parquet" => Ok(Self::ParquetCrate),
+            _ => Err(format!("expected gpusort or parquet, got '{s}'")),
+        }
+    }
+}
+
+impl std::fmt::Display for ColumnEncoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Gpusort => "gpusort",
+            Self::ParquetCrate => "parquet",
+        })
+    }
 }
 
 /// How the output is written.
@@ -278,25 +299,26 @@ pub struct SortedParquetWriter {
 
 impl SortedParquetWriter {
     /// Starts writing `file` with columns `schema` (batches of other but compatible types are
-    /// converted), recording `order_by` as the sort of every row group.
-    pub fn try_new(
-        file: File,
+    /// converted), recording `order_by` as the sort of every row group. The file is written
+    /// on a thread of the writer's own.
+    pub fn try_new<W: Write + Send + 'static>(
+        file: W,
         schema: SchemaRef,
-        order_by: &OrderBy,
+        order_by: &[SortKey],
         options: &WriteOptions,
     ) -> Result<Self, ParquetError> {
-        Self::try_new_with_properties(file, schema, order_by, options, WriterProperties::builder())
+        Self::try_new_with_properties(file, schema, order_by, options, WriterProperties::default())
     }
 
     /// As [`Self::try_new`], starting from `properties` (e.g. per-column encodings or
     /// statistics) instead of the Parquet crate's defaults; `options` and the sort's metadata
-    /// are set on top of them.
-    pub fn try_new_with_properties(
-        file: File,
+    /// are set on top of them (the sort's key joins `properties`' key-value metadata).
+    pub fn try_new_with_properties<W: Write + Send + 'static>(
+        file: W,
         schema: SchemaRef,
-        order_by: &OrderBy,
+        order_by: &[SortKey],
         options: &WriteOptions,
-        properties: WriterPropertiesBuilder,
+        properties: WriterProperties,
     ) -> Result<Self, ParquetError> {
         if options.row_group_size == 0 {
             return Err(ParquetError::General("the row group size must be at least 1".into()));
@@ -307,14 +329,23 @@ impl SortedParquetWriter {
             Some(_) => Compression::UNCOMPRESSED,
             None => options.codec.0,
         };
+        // The sort's key joins the metadata `properties` has (replacing one of its name).
+        let mut metadata: Vec<KeyValue> = properties
+            .key_value_metadata()
+            .into_iter()
+            .flatten()
+            .filter(|kv| kv.key != ORDER_BY_METADATA_KEY)
+            .cloned()
+            .collect();
+        if !order_by.is_empty() {
+            metadata.push(KeyValue::new(ORDER_BY_METADATA_KEY.to_string(), order_by_sql(order_by)));
+        }
         let props = properties
+            .into_builder()
             .set_compression(encoding_codec)
             .set_max_row_group_row_count(Some(options.row_group_size))
             .set_sorting_columns(sorting.clone())
-            .set_key_value_metadata(Some(vec![KeyValue::new(
-                ORDER_BY_METADATA_KEY.to_string(),
-                order_by.to_sql(),
-            )]))
+            .set_key_value_metadata(Some(metadata))
             .build();
         // The Arrow writer adds the Arrow schema to the file metadata; its lower half then
         // writes row groups whose columns were encoded elsewhere.
@@ -490,8 +521,8 @@ struct Encoder {
 }
 
 impl Encoder {
-    fn new(
-        file_writer: &SerializedFileWriter<File>,
+    fn new<W: Write + Send>(
+        file_writer: &SerializedFileWriter<W>,
         factory: ArrowRowGroupWriterFactory,
         page_compressor: Option<Arc<dyn PageCompressor>>,
         column_encoder: ColumnEncoder,
@@ -580,19 +611,19 @@ impl Encoder {
 /// The writer thread: encodes each row group received (its columns in parallel, up to
 /// [`row_groups_in_flight`] row groups at once) and appends them in order. Returns the number
 /// of row groups.
-fn write_row_groups(
-    mut file_writer: SerializedFileWriter<File>,
+fn write_row_groups<W: Write + Send>(
+    mut file_writer: SerializedFileWriter<W>,
     encoder: Encoder,
     mut receiver: mpsc::Receiver<RowGroup>,
 ) -> Result<usize, ParquetError> {
     let mut in_flight: VecDeque<std_mpsc::Receiver<Encoded>> = VecDeque::new();
     let mut index = 0;
     let in_flight_max = row_groups_in_flight();
-    let append = |file_writer: &mut SerializedFileWriter<File>, chunks: Chunks| -> Result<(), ParquetError> {
+    let append = |file_writer: &mut SerializedFileWriter<W>, chunks: Chunks| -> Result<(), ParquetError> {
         let mut row_group = file_writer.next_row_group()?;
         chunks.append_to(&mut row_group)?;
         let closed = row_group.close()?;
-        crate::timeline::mark(format_args!(
+        crate::mark(format_args!(
             "writer: row group {} appended ({} rows)",
             closed.ordinal().unwrap_or(-1),
             closed.num_rows()
@@ -657,11 +688,14 @@ fn write_row_groups(
 }
 
 /// Parquet's `sorting_columns` for `order_by`: each key as the index of its leaf column.
-/// `None` when a key is a nested column (it has no single leaf).
-fn sorting_columns(schema: &Schema, order_by: &OrderBy) -> Result<Option<Vec<SortingColumn>>, ParquetError> {
+/// `None` when a key is a nested column (it has no single leaf), or there is no key.
+fn sorting_columns(schema: &Schema, order_by: &[SortKey]) -> Result<Option<Vec<SortingColumn>>, ParquetError> {
+    if order_by.is_empty() {
+        return Ok(None);
+    }
     let descr = ArrowSchemaConverter::new().convert(schema)?;
     let mut out = vec![];
-    for key in order_by.keys() {
+    for key in order_by {
         let root = schema
             .index_of(&key.column)
             .map_err(|e| ParquetError::General(e.to_string()))?;
@@ -688,6 +722,7 @@ mod tests {
     use arrow::array::{Array, Int32Array, StringArray, StringViewArray, StructArray};
     use arrow::datatypes::Field;
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use std::fs::File;
 
     #[test]
     fn codecs_parse_with_their_levels() {
@@ -750,7 +785,7 @@ mod tests {
                 true,
             ),
         ]));
-        let order_by = OrderBy::try_new("s DESC, k", &schema).unwrap();
+        let order_by = [SortKey::desc("s"), SortKey::asc("k")];
         // DataFusion's batches carry string views where the file has strings.
         let batch_schema = Arc::new(Schema::new(vec![
             Field::new("k", DataType::Int32, false),
@@ -847,7 +882,8 @@ mod tests {
         );
 
         // A nested sort key has no single leaf: no sorting_columns then.
-        let by_nested = OrderBy::try_new("nested", &schema).unwrap();
+        let by_nested = [SortKey::asc("nested")];
         assert_eq!(sorting_columns(&schema, &by_nested).unwrap(), None);
+        assert_eq!(sorting_columns(&schema, &[]).unwrap(), None);
     }
 }

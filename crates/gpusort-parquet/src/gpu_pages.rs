@@ -5,7 +5,6 @@
 use std::str::FromStr;
 use std::sync::Arc;
 
-use datafusion_gpusort::DeviceChoice;
 use gpusort_cuda::ZstdCompressor;
 use gpusort_cuda::nvcomp::{CompressStats, MAX_CHUNK};
 use parquet::basic::{Compression, ZstdLevel};
@@ -199,9 +198,13 @@ pub struct PagePath {
     pub why_cpu: Option<String>,
 }
 
-/// Where `--compress-on` and the codec have the pages compressed. An error only for
-/// `--compress-on gpu` when nvCOMP cannot run.
-pub fn choose(on: CompressOn, codec: Codec, device: DeviceChoice) -> Result<PagePath, String> {
+/// The GPU a sort's pages may be compressed on: `Ok(n)` for GPU `n`, or `Err(why)` where the
+/// sort uses none (the reason the summary gives, e.g. `--device cpu`).
+pub type PagesGpu = Result<usize, String>;
+
+/// Where `--compress-on` and the codec have the pages compressed, on `gpu`. An error only
+/// for `--compress-on gpu` when nvCOMP cannot run.
+pub fn choose(on: CompressOn, codec: Codec, gpu: PagesGpu) -> Result<PagePath, String> {
     let Compression::ZSTD(level) = codec.0 else {
         if on == CompressOn::Gpu {
             return Err(format!("--compress-on gpu: nvCOMP is used for zstd only, not {codec}"));
@@ -212,11 +215,10 @@ pub fn choose(on: CompressOn, codec: Codec, device: DeviceChoice) -> Result<Page
             why_cpu: None,
         });
     };
-    let opened = match (on, device) {
+    let opened = match (on, gpu) {
         (CompressOn::Cpu, _) => Err("--compress-on cpu".to_string()),
-        (_, DeviceChoice::Cpu) => Err("--device cpu".to_string()),
-        (_, DeviceChoice::Gpu(n)) => NvcompZstd::try_new(n, DEFAULT_FRAME_BYTES, level.compression_level()),
-        (_, DeviceChoice::Auto) => NvcompZstd::try_new(0, DEFAULT_FRAME_BYTES, level.compression_level()),
+        (_, Err(why)) => Err(why),
+        (_, Ok(n)) => NvcompZstd::try_new(n, DEFAULT_FRAME_BYTES, level.compression_level()),
     };
     match opened {
         Ok(pages) => Ok(PagePath {
@@ -247,8 +249,8 @@ pub struct DeferredZstd {
 }
 
 impl DeferredZstd {
-    /// Starts choosing for zstd `codec` (`None` for another codec) on `device`.
-    pub fn start(codec: Codec, device: DeviceChoice) -> Option<Self> {
+    /// Starts choosing for zstd `codec` (`None` for another codec) on `gpu`.
+    pub fn start(codec: Codec, gpu: PagesGpu) -> Option<Self> {
         let Compression::ZSTD(level) = codec.0 else {
             return None;
         };
@@ -258,12 +260,13 @@ impl DeferredZstd {
             pending: Default::default(),
             chosen: Default::default(),
         };
+        let gpu_here = gpu.clone();
         let choosing = std::thread::Builder::new()
             .name("gpusort-nvcomp".into())
             .spawn(move || {
-                let found = choose(CompressOn::Auto, codec, device);
+                let found = choose(CompressOn::Auto, codec, gpu);
                 if let Ok(path) = &found {
-                    crate::timeline::mark(format_args!("writer: pages chosen: {}", path.label));
+                    crate::mark(format_args!("writer: pages chosen: {}", path.label));
                 }
                 found
             });
@@ -271,7 +274,7 @@ impl DeferredZstd {
             Ok(thread) => *deferred.pending.lock().unwrap_or_else(|p| p.into_inner()) = Some(thread),
             // No thread: chosen now.
             Err(_) => {
-                deferred.settle(choose(CompressOn::Auto, codec, device));
+                deferred.settle(choose(CompressOn::Auto, codec, gpu_here));
             }
         }
         Some(deferred)
@@ -307,7 +310,7 @@ impl DeferredZstd {
             why_cpu: Some(why),
         });
         if let Some(why) = &path.why_cpu {
-            crate::timeline::mark(format_args!("writer: {} ({why})", path.label));
+            crate::mark(format_args!("writer: {} ({why})", path.label));
         }
         let compressor = path
             .compressor
@@ -450,21 +453,21 @@ mod tests {
     fn the_cpu_compresses_when_asked_or_when_nvcomp_cannot() {
         let zstd: Codec = "zstd(3)".parse().unwrap();
         let snappy: Codec = "snappy".parse().unwrap();
-        let cpu = choose(CompressOn::Cpu, zstd, DeviceChoice::Auto).unwrap();
+        let cpu = choose(CompressOn::Cpu, zstd, Ok(0)).unwrap();
         assert!(cpu.compressor.is_none());
         assert_eq!(
             (cpu.label.as_str(), cpu.why_cpu.as_deref()),
             ("zstd(3) on the CPU", Some("--compress-on cpu"))
         );
-        let cpu = choose(CompressOn::Auto, zstd, DeviceChoice::Cpu).unwrap();
+        let cpu = choose(CompressOn::Auto, zstd, Err("--device cpu".into())).unwrap();
         assert_eq!(cpu.why_cpu.as_deref(), Some("--device cpu"));
-        let other = choose(CompressOn::Auto, snappy, DeviceChoice::Auto).unwrap();
+        let other = choose(CompressOn::Auto, snappy, Ok(0)).unwrap();
         assert!(other.compressor.is_none() && other.why_cpu.is_none());
         assert_eq!(other.label, "snappy");
-        let err = choose(CompressOn::Gpu, snappy, DeviceChoice::Auto).unwrap_err();
+        let err = choose(CompressOn::Gpu, snappy, Ok(0)).unwrap_err();
         assert!(err.contains("zstd only, not snappy"), "{err}");
         // Auto with zstd: the GPU where nvCOMP loads, else the CPU with the loader's reason.
-        let auto = choose(CompressOn::Auto, zstd, DeviceChoice::Auto).unwrap();
+        let auto = choose(CompressOn::Auto, zstd, Ok(0)).unwrap();
         match auto.compressor {
             Some(_) => assert!(auto.label.starts_with("zstd on the GPU (nvCOMP 6."), "{}", auto.label),
             None => {
@@ -477,12 +480,12 @@ mod tests {
     #[test]
     fn deferred_zstd_compresses_where_the_choice_fell_from_every_thread() {
         let snappy: Codec = "snappy".parse().unwrap();
-        assert!(DeferredZstd::start(snappy, DeviceChoice::Auto).is_none());
+        assert!(DeferredZstd::start(snappy, Ok(0)).is_none());
         let zstd: Codec = "zstd(5)".parse().unwrap();
         let pages: Vec<Vec<u8>> = (0..40u8).map(|i| vec![i; 1000 + 37 * i as usize]).collect();
         let refs: Vec<&[u8]> = pages.iter().map(|p| p.as_slice()).collect();
-        for device in [DeviceChoice::Cpu, DeviceChoice::Auto] {
-            let deferred = Arc::new(DeferredZstd::start(zstd, device).unwrap());
+        for gpu in [Err("--device cpu".to_string()), Ok(0)] {
+            let deferred = Arc::new(DeferredZstd::start(zstd, gpu.clone()).unwrap());
             assert_eq!(deferred.codec(), zstd.0);
             // Several threads ask at once; each gets frames of its pages.
             let results: Vec<Vec<Vec<u8>>> = std::thread::scope(|scope| {
@@ -498,12 +501,12 @@ mod tests {
                 }
             }
             let path = deferred.path();
-            match device {
-                DeviceChoice::Cpu => {
+            match gpu {
+                Err(_) => {
                     assert_eq!(path.label, "zstd(5) on the CPU");
                     assert_eq!(path.why_cpu.as_deref(), Some("--device cpu"));
                 }
-                _ => assert!(path.label.starts_with("zstd"), "{}", path.label),
+                Ok(_) => assert!(path.label.starts_with("zstd"), "{}", path.label),
             }
             assert_eq!(deferred.name(), path.label);
         }

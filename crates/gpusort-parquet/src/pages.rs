@@ -567,7 +567,6 @@ pub(crate) mod tests {
 
     use super::*;
 
-    use crate::order_by::OrderBy;
     use crate::writer::{ColumnEncoder, SortedParquetWriter, WriteOptions, WriteStats};
 
     #[test]
@@ -706,7 +705,7 @@ pub(crate) mod tests {
         version: WriterVersion,
     ) -> Result<WriteStats> {
         let schema = schema();
-        let order_by = OrderBy::try_new("cat, i DESC", &schema).unwrap();
+        let order_by = [crate::SortKey::asc("cat"), crate::SortKey::desc("i")];
         let options = WriteOptions {
             row_group_size: ROW_GROUP,
             codec: "zstd(3)".parse().unwrap(),
@@ -720,7 +719,8 @@ pub(crate) mod tests {
             .set_write_batch_size(128)
             .set_dictionary_page_size_limit(4096)
             .set_write_page_header_statistics(true)
-            .set_column_bloom_filter_enabled(ColumnPath::from("cat"), true);
+            .set_column_bloom_filter_enabled(ColumnPath::from("cat"), true)
+            .build();
         let file = File::create(path).unwrap();
         let mut writer = SortedParquetWriter::try_new_with_properties(file, schema, &order_by, &options, properties)?;
         for from in (0..ROWS).step_by(1700) {

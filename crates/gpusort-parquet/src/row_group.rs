@@ -16,7 +16,7 @@
 //! the sort's staging of each merge step queued behind the writer's tasks in the one pool,
 //! 1.07 s a step for 2 ms of work (stop 24). Two pools share the cores as the OS schedules.
 
-use std::fs::File;
+use std::io::Write;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex};
@@ -42,7 +42,10 @@ pub(crate) enum Chunks {
 }
 
 impl Chunks {
-    pub(crate) fn append_to(self, row_group: &mut SerializedRowGroupWriter<'_, File>) -> Result<(), ParquetError> {
+    pub(crate) fn append_to<W: Write + Send>(
+        self,
+        row_group: &mut SerializedRowGroupWriter<'_, W>,
+    ) -> Result<(), ParquetError> {
         match self {
             Chunks::Encoded(chunks) => chunks.into_iter().try_for_each(|c| c.append_to_row_group(row_group)),
             Chunks::Compressed(chunks) => chunks.into_iter().try_for_each(|c| c.append_to_row_group(row_group)),
@@ -122,7 +125,7 @@ impl RowGroupJob {
         for (writer, &root) in self.writers.into_iter().zip(&self.roots) {
             by_field[root].push(writer);
         }
-        crate::timeline::mark(format_args!("writer: row group {} encoding", self.index));
+        crate::mark(format_args!("writer: row group {} encoding", self.index));
         let shared = Arc::new(Shared {
             batches: self.batches,
             gpusort: self.gpusort,
@@ -210,7 +213,7 @@ impl Shared {
             .map(|fields| fields.into_iter().flatten().collect());
         match (leaves, compressing) {
             (Ok(leaves), Some((compressor, pages))) => {
-                crate::timeline::mark(format_args!("writer: row group {index} encoded"));
+                crate::mark(format_args!("writer: row group {index} encoded"));
                 let columns = leaves
                     .into_iter()
                     .zip(pages)
@@ -258,7 +261,7 @@ fn compress_off_rayon(
         let chunks = pool
             .install(|| compress_row_group(columns, compressor.as_ref()))
             .map(Chunks::Compressed);
-        crate::timeline::mark(format_args!("writer: row group {index} ready"));
+        crate::mark(format_args!("writer: row group {index} ready"));
         let _ = done.send((chunks, permit));
     };
     // Where no thread can be started, here: slower, not wrong.

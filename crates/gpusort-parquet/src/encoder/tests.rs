@@ -33,7 +33,7 @@ use parquet::file::serialized_reader::ReadOptionsBuilder;
 use parquet::schema::types::{ColumnDescPtr, ColumnPath};
 
 use super::{encode, encodes};
-use crate::order_by::OrderBy;
+use crate::SortKey;
 use crate::writer::{ColumnEncoder, SortedParquetWriter, WriteOptions};
 
 /// xorshift64: the tests' values, the same on every run.
@@ -212,7 +212,7 @@ impl Case {
     /// Writes the table to `path` with `encoder`.
     async fn write(&self, path: &Path, encoder: ColumnEncoder) {
         let schema = self.schema();
-        let order_by = OrderBy::try_new(schema.field(0).name(), &schema).unwrap();
+        let order_by = [SortKey::asc(schema.field(0).name())];
         let options = WriteOptions {
             row_group_size: self.row_group_size,
             codec: self.codec.parse().unwrap(),
@@ -221,7 +221,7 @@ impl Case {
             column_encoder: encoder,
         };
         let file = File::create(path).unwrap();
-        let properties = self.properties.clone();
+        let properties = self.properties.clone().build();
         let mut writer =
             SortedParquetWriter::try_new_with_properties(file, schema, &order_by, &options, properties).unwrap();
         for batch in self.batches() {
