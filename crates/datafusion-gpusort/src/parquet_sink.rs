@@ -465,20 +465,22 @@ mod tests {
             limit,
         });
         let (tx, task) = spawn_upload(object);
-        let written = std::thread::spawn(move || {
+        // A thread of its own, as the writer's is, joined off the runtime's threads.
+        let thread = std::thread::spawn(move || {
             let mut file = ChannelWrite::new(tx);
             for i in 0..n / 1000 {
                 file.write_all(&[i as u8; 1000])?;
             }
             file.write_all(&vec![7; n % 1000])
             // Dropped here: the rest goes out.
-        })
-        .join()
-        .unwrap();
+        });
+        let written = tokio::task::spawn_blocking(move || thread.join().unwrap())
+            .await
+            .unwrap();
         (written, task.join_unwind().await.unwrap(), bytes)
     }
 
-    #[tokio::test]
+    #[tokio::test(flavor = "multi_thread")]
     async fn the_upload_gets_every_byte_and_reports_its_failure() {
         let n = 2 * CHUNK_BYTES + 12_345;
         let (written, uploaded, bytes) = upload(n, usize::MAX).await;
@@ -491,12 +493,15 @@ mod tests {
             assert_eq!((bytes[0], bytes[at], bytes[n - 1]), (0, (at / 1000) as u8, 7));
         }
 
-        // The store fails after the first chunk: the writer's thread sees the upload stop,
-        // the upload says why.
-        let (written, uploaded, _) = upload(4 * CHUNK_BYTES, CHUNK_BYTES + 1).await;
-        assert!(written.unwrap_err().to_string().contains("upload"));
+        // The store fails after the first chunk: the upload says why, whether or not the
+        // writer's thread had sent its last chunk by then (the channel holds four) ...
+        let (_, uploaded, _) = upload(4 * CHUNK_BYTES, CHUNK_BYTES + 1).await;
         let err = uploaded.complete().await.unwrap_err().to_string();
         assert!(err.contains("the store is full"), "{err}");
+        // ... and a writer with more to send sees the upload stop.
+        let (written, uploaded, _) = upload(10 * CHUNK_BYTES, CHUNK_BYTES + 1).await;
+        assert!(written.unwrap_err().to_string().contains("upload"));
+        assert!(uploaded.complete().await.is_err());
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //! `collect` runs `SELECT * FROM 'INPUT' ORDER BY ...` and collects the batches (their rows
 //! are counted); `copy` runs `COPY (SELECT * FROM 'INPUT' ORDER BY ...) TO 'OUTPUT'` with
 //! DataFusion's Parquet writer (zstd(3)). It prints one line: `sql_parquet <mode> <engine>
-//! seconds=S rows=N plan=<the sort operator> writers=W`, for `crates/gpusort-cli/benches/tpch.py`.
+//! seconds=S rows=N plan=<the sort operator>[+<the Parquet sink>] writers=W`, for
+//! `crates/gpusort-cli/benches/tpch.py`.
 //!
 //! Both engines' `COPY` encode up to W row groups at once (`datafusion.execution.parquet.
 //! maximum_parallel_row_group_writers`, DataFusion's default 1; here the number of cores, or
@@ -71,6 +72,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .find(|l| l.contains("SortExec") || l.contains("GpuSortExec"))
         .map(|l| l.trim().split(':').next().unwrap_or("").to_string())
         .unwrap_or_default();
+    // The sink of a COPY: DataFusion's ParquetSink or gpusort's GpuParquetSink.
+    let sink = plan_text
+        .lines()
+        .find_map(|l| {
+            l.contains("ParquetSink")
+                .then(|| l.split("sink=").nth(1).unwrap_or(l).trim())
+        })
+        .map(|s| s.split('(').next().unwrap_or("").to_string());
+    let sort = match sink {
+        Some(sink) => format!("{sort}+{sink}"),
+        None => sort,
+    };
     let batches = df.collect().await?;
     let seconds = start.elapsed().as_secs_f64();
     let n: usize = match rows {
