@@ -363,7 +363,7 @@ async fn gpu_copy_to_parquet_writes_what_datafusion_writes() {
     }
     let dir = tempfile::tempdir().unwrap();
     let (stock, ours) = (context(false, 300_000, 4), context(true, 300_000, 4));
-    set(&ours, ON_GPU).await;
+    set(&ours, &[("min_rows", "0"), ("device", "0")]).await;
     for (i, order) in ["b NULLS FIRST, a DESC, c", "c, b, a", "a, b, c"].iter().enumerate() {
         let path = |who: &str| dir.path().join(format!("{who}{i}.parquet")).display().to_string();
         let copy = |who: &str| {
