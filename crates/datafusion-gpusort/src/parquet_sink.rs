@@ -177,14 +177,16 @@ impl GpuParquetSink {
         Ok((properties, options))
     }
 
-    /// Writes the batches of `rx` to `path` in `store`; the rows written.
+    /// Writes the batches of `rx` to `path` in `store`: the rows written, and the upload, to
+    /// be completed once the input is known to have ended without an error (a channel that
+    /// closes looks the same either way).
     async fn write_file(
         self: Arc<Self>,
         path: Path,
         mut rx: mpsc::Receiver<RecordBatch>,
         store: Arc<dyn ObjectStore>,
         context: Arc<TaskContext>,
-    ) -> Result<u64> {
+    ) -> Result<(u64, Upload)> {
         let (properties, mut options) = self.writer_settings(&context)?;
         // The writer's memory: its share of a bounded pool, or as little as one row group at
         // a time where the pool cannot spare it.
@@ -223,10 +225,7 @@ impl GpuParquetSink {
             .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))?;
         reservation.free();
         match written {
-            Ok(stats) => {
-                uploaded.complete().await?;
-                Ok(stats.rows)
-            }
+            Ok(stats) => Ok((stats.rows, uploaded)),
             // Where the upload failed first, its error says why the writer stopped.
             Err(e) => {
                 uploaded.result?;
@@ -378,17 +377,26 @@ impl FileSink for GpuParquetSink {
             let task = Arc::clone(&this).write_file(path, rx, Arc::clone(&object_store), Arc::clone(context));
             files.push(SpawnedTask::spawn(task));
         }
+        let mut written = Vec::with_capacity(files.len());
         for file in files {
-            let rows = file
-                .join_unwind()
-                .await
-                .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))??;
-            rows_written.add(rows as usize);
+            written.push(
+                file.join_unwind()
+                    .await
+                    .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))??,
+            );
         }
+        // An input that failed ends its files' streams as one that ended does: the files are
+        // completed only once the input has ended without an error, else dropped unfinished
+        // (no partial output where the store removes an upload never completed, as the local
+        // file system does).
         demux_task
             .join_unwind()
             .await
             .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))??;
+        for (rows, upload) in written {
+            upload.complete().await?;
+            rows_written.add(rows as usize);
+        }
         Ok(rows_written.value() as u64)
     }
 }

@@ -255,3 +255,77 @@ async fn a_bounded_pool_is_respected_and_returned() {
     .await;
     assert_eq!(read(&path).0, read(&expected).0);
 }
+
+#[tokio::test]
+async fn insert_into_a_parquet_table_writes_through_the_sink() {
+    let dir = tempfile::tempdir().unwrap();
+    let (stock, ours) = (session(false, None), session(true, None));
+    for (ctx, who) in [(&stock, "stock"), (&ours, "ours")] {
+        let location = dir.path().join(who);
+        std::fs::create_dir_all(&location).unwrap();
+        ctx.sql(&format!(
+            "CREATE EXTERNAL TABLE out (orderkey BIGINT NOT NULL, linenumber INT NOT NULL, comment VARCHAR) \
+             STORED AS PARQUET LOCATION '{}/'",
+            location.display()
+        ))
+        .await
+        .unwrap();
+    }
+    let insert =
+        "INSERT INTO out SELECT orderkey, linenumber, comment FROM t ORDER BY comment DESC, orderkey, linenumber";
+    let p = explain(&ours, insert).await;
+    assert!(p.contains("GpuParquetSink") && p.contains("GpuSortExec"), "{p}");
+    for ctx in [&stock, &ours] {
+        run(ctx, insert).await;
+    }
+    // DataFusion's demuxer deals the sorted batches round robin into several files
+    // (`minimum_parallel_output_files`): each file holds a sorted part of the rows.
+    let order = "comment DESC NULLS FIRST, orderkey, linenumber";
+    let mut rows_written = 0;
+    for path in std::fs::read_dir(dir.path().join("ours")).unwrap() {
+        let path = path.unwrap().path();
+        let (in_file_order, meta) = read(&path);
+        assert_eq!(
+            meta.row_group(0).sorting_columns().map(|s| s.len()),
+            Some(3),
+            "{path:?}"
+        );
+        rows_written += meta.file_metadata().num_rows();
+        let file = SessionContext::new().enable_url_table();
+        let sorted = run(&file, &format!("SELECT * FROM '{}' ORDER BY {order}", path.display())).await;
+        assert_eq!(
+            in_file_order,
+            pretty_format_batches(&sorted).unwrap().to_string(),
+            "{path:?}"
+        );
+    }
+    assert_eq!(rows_written, 6000);
+    // The tables hold the same rows.
+    let all = format!("SELECT * FROM out ORDER BY {order}");
+    let (actual, expected) = (run(&ours, &all).await, run(&stock, &all).await);
+    assert_eq!(
+        pretty_format_batches(&actual).unwrap().to_string(),
+        pretty_format_batches(&expected).unwrap().to_string()
+    );
+}
+
+#[tokio::test]
+async fn a_failed_copy_leaves_no_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let ours = session(true, None);
+    // The division fails above the sort, as its output streams out.
+    let path = dir.path().join("failed.parquet");
+    let copy = format!(
+        "COPY (SELECT orderkey, 10 / (linenumber - linenumber) AS boom FROM t ORDER BY orderkey, linenumber) \
+         TO '{}' STORED AS PARQUET",
+        path.display()
+    );
+    assert!(explain(&ours, &copy).await.contains("GpuParquetSink"));
+    let err = ours.sql(&copy).await.unwrap().collect().await.unwrap_err().to_string();
+    assert!(err.contains("Divide by zero"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
