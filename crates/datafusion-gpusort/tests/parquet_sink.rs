@@ -329,3 +329,26 @@ async fn a_failed_copy_leaves_no_file() {
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+#[tokio::test]
+async fn an_empty_result_writes_a_file_of_no_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let (stock, ours) = (session(false, None), session(true, None));
+    let copy = |who: &str| {
+        format!(
+            "COPY (SELECT * FROM t WHERE orderkey < 0 ORDER BY comment, orderkey) TO '{}' STORED AS PARQUET",
+            dir.path().join(format!("{who}.parquet")).display()
+        )
+    };
+    assert!(explain(&ours, &copy("ours")).await.contains("GpuParquetSink"));
+    run(&ours, &copy("ours")).await;
+    run(&stock, &copy("stock")).await;
+    let (actual, meta) = read(&dir.path().join("ours.parquet"));
+    let (expected, stock_meta) = read(&dir.path().join("stock.parquet"));
+    assert_eq!(meta.file_metadata().num_rows(), 0);
+    assert_eq!(actual, expected);
+    assert_eq!(
+        meta.file_metadata().schema_descr().root_schema(),
+        stock_meta.file_metadata().schema_descr().root_schema()
+    );
+}
