@@ -4,7 +4,8 @@
 # DuckDB. .gpu/ holds gpusort.xz (scripts/pack-gpu.sh) and the wheels: duckdb.tar.xz (the
 # duckdb wheel unpacked and repacked with xz; device-unpack.sh leaves it as duckdb.tar) and
 # tpchgen_cli-*.whl, and optionally sql_parquet (the SQL bench, for CONTENDERS sql-copy, df-copy,
-# sql-collect). Logs go under $OUT.
+# sql-collect). Logs go under $OUT. Where one call cannot carry both the binaries and the wheels,
+# a first call runs scripts/device-setup.sh with the wheels (and nvCOMP), this one the binaries.
 #
 #   SF=10 LISTS=1,2,3 CONTENDERS=gpu,cpu,duckdb RUNS=2 EXTRA="" bash scripts/device-tpch.sh
 set -u

@@ -331,13 +331,16 @@ type ObjectWriter = Box<dyn tokio::io::AsyncWrite + Send + Unpin>;
 struct Upload {
     object: ObjectWriter,
     result: Result<()>,
+    /// Bytes written to the object.
+    bytes: usize,
 }
 
 impl Upload {
-    async fn complete(mut self) -> Result<()> {
+    /// Completes the upload; the file's bytes.
+    async fn complete(mut self) -> Result<usize> {
         self.result?;
         self.object.shutdown().await?;
-        Ok(())
+        Ok(self.bytes)
     }
 }
 
@@ -345,14 +348,15 @@ impl Upload {
 fn spawn_upload(mut object: ObjectWriter) -> (mpsc::Sender<Bytes>, SpawnedTask<Upload>) {
     let (tx, mut rx) = mpsc::channel::<Bytes>(4);
     let task = SpawnedTask::spawn(async move {
-        let mut result = Ok(());
+        let (mut result, mut bytes) = (Ok(()), 0);
         while let Some(chunk) = rx.recv().await {
             if let Err(e) = object.write_all(&chunk).await {
                 result = Err(DataFusionError::from(e));
                 break;
             }
+            bytes += chunk.len();
         }
-        Upload { object, result }
+        Upload { object, result, bytes }
     });
     (tx, task)
 }
@@ -371,6 +375,7 @@ impl FileSink for GpuParquetSink {
         object_store: Arc<dyn ObjectStore>,
     ) -> Result<u64> {
         let rows_written = MetricBuilder::new(&self.metrics).global_counter("rows_written");
+        let bytes_written = MetricBuilder::new(&self.metrics).global_counter("bytes_written");
         let this = Arc::new(self.clone_for_task());
         let mut files = vec![];
         while let Some((path, rx)) = file_stream_rx.recv().await {
@@ -394,7 +399,7 @@ impl FileSink for GpuParquetSink {
             .await
             .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))??;
         for (rows, upload) in written {
-            upload.complete().await?;
+            bytes_written.add(upload.complete().await?);
             rows_written.add(rows as usize);
         }
         Ok(rows_written.value() as u64)
@@ -493,7 +498,7 @@ mod tests {
         let n = 2 * CHUNK_BYTES + 12_345;
         let (written, uploaded, bytes) = upload(n, usize::MAX).await;
         written.unwrap();
-        uploaded.complete().await.unwrap();
+        assert_eq!(uploaded.complete().await.unwrap(), n);
         {
             let bytes = bytes.lock().unwrap();
             assert_eq!(bytes.len(), n);

@@ -246,6 +246,18 @@ async fn a_bounded_pool_is_respected_and_returned() {
     assert!(explain(&ours, &copy).await.contains("GpuParquetSink"));
     run(&ours, &copy).await;
     assert_eq!(pool.reserved(), 0);
+    // EXPLAIN ANALYZE shows what the sink wrote.
+    std::fs::remove_file(&path).unwrap();
+    let analyzed = pretty_format_batches(&run(&ours, &format!("EXPLAIN ANALYZE {copy}")).await)
+        .unwrap()
+        .to_string();
+    let size = std::fs::metadata(&path).unwrap().len();
+    assert!(
+        analyzed.contains("rows_written=6.00 K") && analyzed.contains("bytes_written="),
+        "{analyzed}"
+    );
+    assert!(size > 1000, "{size}");
+    assert_eq!(pool.reserved(), 0);
     let stock = session(false, None);
     let expected = dir.path().join("bounded-stock.parquet");
     run(
