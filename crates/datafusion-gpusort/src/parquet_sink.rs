@@ -14,10 +14,11 @@
 //! [`GpuSortRule`](crate::GpuSortRule) puts it in place of a `ParquetSink` whose input is
 //! sorted by a [`GpuSortExec`](crate::GpuSortExec) or a
 //! [`GpuSortPreservingMergeExec`](crate::GpuSortPreservingMergeExec) (through projections and
-//! filters) when [`GpuParquetSink::supports`] the options, and `gpusort.parquet_sink` is on.
-//! Files go through the session's object store, as `ParquetSink`'s do; a write that fails
-//! leaves no file behind where the store's multipart upload does not (the local file system's
-//! writes a temporary file and renames it at the end).
+//! filters), where [`GpuParquetSink::unsupported`] finds nothing in the options it does not
+//! follow, and `gpusort.parquet_sink` is on. Files go through the session's object store, as
+//! `ParquetSink`'s do, and each is completed only once the input has ended without an error:
+//! a failed write leaves no file where the store discards an upload never completed (the
+//! local file system writes a temporary file and renames it at the end).
 
 use std::fmt;
 use std::io::Write;
@@ -96,13 +97,13 @@ impl DisplayAs for GpuParquetSink {
 }
 
 impl GpuParquetSink {
-    /// Why gpusort's writer cannot write a `ParquetSink` of `config` and `options` as it
-    /// would (`None`: it can). It writes one file a stream, with the writer properties
+    /// What keeps gpusort's writer from writing a `ParquetSink` of `config` and `options` as it
+    /// would (`None`: nothing). It writes one file a stream, with the writer properties
     /// DataFusion derives from `options`, less these: partitioned output (hive-style
     /// directories), encryption, content-defined chunking, `max_row_group_bytes`,
     /// `skip_arrow_metadata`, and a codec of a column's own (its pages are compressed a row
     /// group at a time, in one codec).
-    pub fn supports(config: &FileSinkConfig, options: &TableParquetOptions) -> Option<&'static str> {
+    pub fn unsupported(config: &FileSinkConfig, options: &TableParquetOptions) -> Option<&'static str> {
         let global = &options.global;
         if !config.table_partition_cols.is_empty() {
             Some("partitioned output")
@@ -125,7 +126,7 @@ impl GpuParquetSink {
         }
     }
 
-    /// The sink for `config` and `options` (which [`Self::supports`]), whose input is in
+    /// The sink for `config` and `options` (where [`Self::unsupported`] finds nothing), whose input is in
     /// `ordering`, with `gpusort`'s device options.
     pub fn new(
         config: FileSinkConfig,

@@ -50,7 +50,7 @@ use crate::sort_preserving_merge::GpuSortPreservingMergeExec;
 ///
 /// With `gpusort.parquet_sink` (the default), a `DataSinkExec` writing such a sort's output
 /// through DataFusion's `ParquetSink` writes it through a [`GpuParquetSink`] instead, where that
-/// writes the files as DataFusion's would ([`GpuParquetSink::supports`]).
+/// writes the files as DataFusion's would ([`GpuParquetSink::unsupported`] finds nothing).
 ///
 /// Run it last, before `SanityCheckPlan` ([`register`](crate::register) does).
 #[derive(Debug, Default, Clone)]
@@ -221,7 +221,7 @@ fn replace_parquet_sink(exec: &DataSinkExec, options: &GpuSortConfig) -> Result<
     let Some(parquet) = exec.sink().downcast_ref::<ParquetSink>() else {
         return Ok(None);
     };
-    if GpuParquetSink::supports(parquet.config(), parquet.parquet_options()).is_some() {
+    if GpuParquetSink::unsupported(parquet.config(), parquet.parquet_options()).is_some() {
         return Ok(None);
     }
     let Some(input) = sorted_for_writing(exec.input())? else {
