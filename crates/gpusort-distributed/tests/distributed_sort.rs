@@ -503,3 +503,55 @@ mod nodes {
         assert_eq!(thin_to_uniform(&even, 200).unwrap().num_rows(), 200);
     }
 }
+
+/// `COPY (SELECT ... ORDER BY ...) TO 'x.parquet'` through the cluster's context: written by
+/// `GpuParquetSink`, the file holds the rows of the single-node sort in its order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn copy_to_parquet_through_the_cluster_writes_the_sorted_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.parquet");
+    write_table(&path);
+    let cluster = LoopbackCluster::try_new(2).await.unwrap();
+    let distributed = cluster.context(SessionConfig::new().with_target_partitions(4), 2);
+    let input = path.to_str().unwrap();
+    distributed
+        .register_parquet("t", input, ParquetReadOptions::default())
+        .await
+        .unwrap();
+    let out = dir.path().join("out.parquet");
+    let copy = format!(
+        "COPY (SELECT * FROM t ORDER BY zipf DESC, f, id) TO '{}' STORED AS PARQUET",
+        out.display()
+    );
+    // The sink stays in the coordinator's plan (this planner leaves a COPY's sort there too,
+    // with DataFusion's sink as with gpusort's).
+    let plan = distributed
+        .sql(&copy)
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    let plan = displayable(plan.as_ref()).indent(true).to_string();
+    assert!(
+        plan.contains("GpuParquetSink") && plan.contains("GpuSortExec"),
+        "{plan}"
+    );
+    let written = collect(&distributed, &copy).await;
+    assert_eq!(
+        arrow::util::display::array_value_to_string(written.column(0), 0).unwrap(),
+        ROWS.to_string()
+    );
+    let single = SessionContext::new();
+    single
+        .register_parquet("t", input, ParquetReadOptions::default())
+        .await
+        .unwrap();
+    single
+        .register_parquet("out", out.to_str().unwrap(), ParquetReadOptions::default())
+        .await
+        .unwrap();
+    let want = collect(&single, "SELECT * FROM t ORDER BY zipf DESC, f, id").await;
+    let got = collect(&single, "SELECT * FROM out").await;
+    assert_same(&copy, &got, &want);
+}
