@@ -145,11 +145,20 @@ fn timed_split(request: &SortRequest<'_>, ranges: usize, options: &SplitOptions)
 }
 
 /// How far the ranges' sorts overlap: the split's ranges sorted all at once (as the backend
-/// does), then one after another, each on its GPU.
+/// does: each on a rayon pool of its own), at once on rayon's one global pool, then one after
+/// another, each on its GPU.
 fn overlap(request: &SortRequest<'_>, ranges: &[RangeRows], gpus: &[Arc<CudaBackend>]) {
-    let t = Instant::now();
-    sort_ranges(request, ranges, |i, r| gpus[i].sort_within(r, None)).expect("the ranges' sorts");
-    let together = t.elapsed().as_secs_f64();
+    let at_once = |pool_per_range| {
+        let options = SplitOptions {
+            pool_per_range,
+            ..SplitOptions::default()
+        };
+        let t = Instant::now();
+        sort_ranges(request, ranges, &options, |i, r| gpus[i].sort_within(r, None)).expect("the ranges' sorts");
+        t.elapsed().as_secs_f64()
+    };
+    let together = at_once(true);
+    let shared = at_once(false);
     let apart: Vec<f64> = ranges
         .iter()
         .enumerate()
@@ -162,7 +171,7 @@ fn overlap(request: &SortRequest<'_>, ranges: &[RangeRows], gpus: &[Arc<CudaBack
         })
         .collect();
     println!(
-        "{} GPUs, the split's ranges: at once {together:.3} s; one after another {apart:.3?} s (sum {:.3})",
+        "{} GPUs, the split's ranges: at once {together:.3} s (a pool a range), {shared:.3} s (one pool); one after another {apart:.3?} s (sum {:.3})",
         gpus.len(),
         apart.iter().sum::<f64>()
     );

@@ -979,6 +979,7 @@ fn backend_split_over_gpus_matches_reference() {
         sample_rows: 2048,
         min_rows_per_range: 500,
         seed: 11,
+        pool_per_range: true,
     });
     let (mut rng, seed) = rng_from_env(0x5b117);
     let cpu = CpuBackend::new();

@@ -52,6 +52,10 @@ pub struct SplitOptions {
     pub min_rows_per_range: usize,
     /// The seed of the sample's generator.
     pub seed: u64,
+    /// Each range's sort runs on a rayon pool of its own, with its share of the threads
+    /// (else every range's host work shares rayon's global pool, where a thread waiting in one
+    /// sort's parallel loop may run another sort's tasks on its stack).
+    pub pool_per_range: bool,
 }
 
 impl Default for SplitOptions {
@@ -61,6 +65,7 @@ impl Default for SplitOptions {
             min_rows_per_range: 1 << 20,
             // Any constant: the sample must not depend on the run.
             seed: 0x5eed_5017,
+            pool_per_range: true,
         }
     }
 }
@@ -201,15 +206,22 @@ pub fn gather_ranges(request: &SortRequest<'_>, lists: Vec<Vec<u32>>) -> Result<
         .collect()
 }
 
-/// Sorts each range with `sort_range(range, request)`, all at once (a thread each), and maps
-/// each range's permutation back to input rows: the outputs, in range order, are the stable
-/// sort of the input. `request` gives the spec, strategy, limit and encoding of every range.
-/// The first range's error (in range order) is the sort's.
-pub fn sort_ranges<F, E>(request: &SortRequest<'_>, ranges: &[RangeRows], sort_range: F) -> Result<Vec<SortOutput>, E>
+/// Sorts each range with `sort_range(range, request)`, all at once (a thread each, on a rayon
+/// pool of its own with [`SplitOptions::pool_per_range`]), and maps each range's permutation
+/// back to input rows: the outputs, in range order, are the stable sort of the input.
+/// `request` gives the spec, strategy, limit and encoding of every range. The first range's
+/// error (in range order) is the sort's.
+pub fn sort_ranges<F, E>(
+    request: &SortRequest<'_>,
+    ranges: &[RangeRows],
+    options: &SplitOptions,
+    sort_range: F,
+) -> Result<Vec<SortOutput>, E>
 where
     F: Fn(usize, &SortRequest<'_>) -> Result<SortOutput, E> + Sync,
     E: From<GpusortError> + Send,
 {
+    let pools = range_pools(ranges.len(), options)?;
     let sort_range = &sort_range;
     let outputs: Vec<Result<SortOutput, E>> = std::thread::scope(|scope| {
         let handles: Vec<_> = ranges
@@ -218,17 +230,24 @@ where
             .map(|(i, range)| {
                 let mut own = request.clone();
                 own.batch = &range.batch;
+                let pool = pools.get(i);
                 scope.spawn(move || {
-                    let mut output = sort_range(i, &own)?;
-                    let rows = &range.rows;
-                    let mapped: Vec<u32> = output
-                        .indices
-                        .values()
-                        .par_iter()
-                        .map(|&local| rows[local as usize])
-                        .collect();
-                    output.indices = UInt32Array::from(mapped);
-                    Ok(output)
+                    let sort = || -> Result<SortOutput, E> {
+                        let mut output = sort_range(i, &own)?;
+                        let rows = &range.rows;
+                        let mapped: Vec<u32> = output
+                            .indices
+                            .values()
+                            .par_iter()
+                            .map(|&local| rows[local as usize])
+                            .collect();
+                        output.indices = UInt32Array::from(mapped);
+                        Ok(output)
+                    };
+                    match pool {
+                        Some(pool) => pool.install(sort),
+                        None => sort(),
+                    }
                 })
             })
             .collect();
@@ -241,6 +260,24 @@ where
             .collect()
     });
     outputs.into_iter().collect()
+}
+
+/// A rayon pool for each of `ranges` ranges, each with its share of rayon's threads, where
+/// [`SplitOptions::pool_per_range`] asks for them and there are two ranges or more; else none.
+fn range_pools(ranges: usize, options: &SplitOptions) -> Result<Vec<rayon::ThreadPool>> {
+    if !options.pool_per_range || ranges < 2 {
+        return Ok(vec![]);
+    }
+    let threads = (rayon::current_num_threads() / ranges).max(1);
+    (0..ranges)
+        .map(|i| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .thread_name(move |t| format!("gpusort-range{i}-{t}"))
+                .build()
+                .map_err(|e| GpusortError::Backend(format!("a rayon pool for range {i}: {e}")))
+        })
+        .collect()
 }
 
 /// What the ranges' sorts did, as one sort: rows, passes and bytes added; times the longest
@@ -316,7 +353,7 @@ where
         return Ok(vec![sort_range(0, request)?]);
     }
     let split = split_ranges(request, ranges, options)?;
-    sort_ranges(request, &split, sort_range)
+    sort_ranges(request, &split, options, sort_range)
 }
 
 /// A [`SortBackend`] over several backends: each sort splits by key ranges over them (see the
@@ -383,6 +420,7 @@ mod tests {
             sample_rows: 64,
             min_rows_per_range: 1,
             seed: 7,
+            pool_per_range: true,
         }
     }
 
@@ -423,15 +461,60 @@ mod tests {
     #[test]
     fn split_sort_equals_one_sort() {
         for (n, distinct, k) in [(5000, 1000, 2), (5000, 3, 3), (4097, 1, 4), (10, 5, 4), (1, 1, 2)] {
-            for descending in [false, true] {
+            for (descending, pool_per_range) in [(false, true), (true, true), (false, false)] {
                 let batch = table(n, distinct);
                 let spec = spec(descending);
                 let request = SortRequest::new(&batch, &spec);
                 let one = CpuBackend::new().sort(&request).unwrap();
-                let split = split_backend(k).sort(&request).unwrap();
-                assert_eq!(split.indices, one.indices, "n {n}, distinct {distinct}, k {k}");
-                assert_eq!(split.batch, one.batch);
+                let options = SplitOptions {
+                    pool_per_range,
+                    ..small_options()
+                };
+                let split = split_backend(k).with_options(options).sort(&request).unwrap();
+                let what = format!("n {n}, distinct {distinct}, k {k}, pool per range {pool_per_range}");
+                assert_eq!(split.indices, one.indices, "{what}");
+                assert_eq!(split.batch, one.batch, "{what}");
                 assert_eq!(split.stats.rows, n);
+            }
+        }
+    }
+
+    #[test]
+    fn each_range_sorts_on_a_pool_of_its_own() {
+        let batch = table(6000, 6000);
+        let spec = spec(false);
+        let request = SortRequest::new(&batch, &spec);
+        let ranges = split_ranges(&request, 3, &small_options()).unwrap();
+        let seen = std::sync::Mutex::new(vec![]);
+        let cpu = CpuBackend::new();
+        let sort = |i: usize, r: &SortRequest<'_>| {
+            seen.lock().unwrap().push((
+                i,
+                std::thread::current().name().map(str::to_string),
+                rayon::current_num_threads(),
+            ));
+            cpu.sort(r)
+        };
+        for pool_per_range in [true, false] {
+            let options = SplitOptions {
+                pool_per_range,
+                ..small_options()
+            };
+            seen.lock().unwrap().clear();
+            sort_ranges(&request, &ranges, &options, sort).unwrap();
+            let mut seen = seen.lock().unwrap().clone();
+            seen.sort();
+            assert_eq!(seen.len(), 3);
+            for (i, name, threads) in &seen {
+                let expected = match pool_per_range {
+                    true => (rayon::current_num_threads() / 3).max(1),
+                    false => rayon::current_num_threads(),
+                };
+                assert_eq!(*threads, expected, "range {i}, pool per range {pool_per_range}");
+                let on_its_pool = name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with(&format!("gpusort-range{i}-")));
+                assert_eq!(on_its_pool, pool_per_range, "range {i} ran on {name:?}");
             }
         }
     }
