@@ -144,9 +144,10 @@ fn timed_split(request: &SortRequest<'_>, ranges: usize, options: &SplitOptions)
     (out, [sample, assign, t.elapsed().as_secs_f64()])
 }
 
-/// How far the ranges' sorts overlap: the split's ranges sorted all at once (as the backend
-/// does: each on a rayon pool of its own), at once on rayon's one global pool, then one after
-/// another, each on its GPU.
+/// How far the ranges' sorts overlap: the split's ranges sorted one after another (each on
+/// its GPU), all at once on rayon's one global pool, and all at once each on a rayon pool of its
+/// own (as the backend does); twice, in that order, so that no variant is the only one to meet
+/// memory the process has not used before.
 fn overlap(request: &SortRequest<'_>, ranges: &[RangeRows], gpus: &[Arc<CudaBackend>]) {
     let at_once = |pool_per_range| {
         let options = SplitOptions {
@@ -157,24 +158,29 @@ fn overlap(request: &SortRequest<'_>, ranges: &[RangeRows], gpus: &[Arc<CudaBack
         sort_ranges(request, ranges, &options, |i, r| gpus[i].sort_within(r, None)).expect("the ranges' sorts");
         t.elapsed().as_secs_f64()
     };
-    let together = at_once(true);
-    let shared = at_once(false);
-    let apart: Vec<f64> = ranges
-        .iter()
-        .enumerate()
-        .map(|(i, range)| {
-            let mut own = request.clone();
-            own.batch = &range.batch;
-            let t = Instant::now();
-            gpus[i].sort_within(&own, None).expect("a range's sort");
-            t.elapsed().as_secs_f64()
-        })
-        .collect();
-    println!(
-        "{} GPUs, the split's ranges: at once {together:.3} s (a pool a range), {shared:.3} s (one pool); one after another {apart:.3?} s (sum {:.3})",
-        gpus.len(),
-        apart.iter().sum::<f64>()
-    );
+    let one_after_another = || -> Vec<f64> {
+        ranges
+            .iter()
+            .enumerate()
+            .map(|(i, range)| {
+                let mut own = request.clone();
+                own.batch = &range.batch;
+                let t = Instant::now();
+                gpus[i].sort_within(&own, None).expect("a range's sort");
+                t.elapsed().as_secs_f64()
+            })
+            .collect()
+    };
+    for round in 1..=2 {
+        let apart = one_after_another();
+        let shared = at_once(false);
+        let own = at_once(true);
+        println!(
+            "{} GPUs, the split's ranges, round {round}: one after another {apart:.3?} s (sum {:.3}); at once {shared:.3} s (one pool), {own:.3} s (a pool a range)",
+            gpus.len(),
+            apart.iter().sum::<f64>()
+        );
+    }
 }
 
 fn main() {
