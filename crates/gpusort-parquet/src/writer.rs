@@ -10,7 +10,7 @@
 //! take more than the budget.
 //!
 //! Each row group's columns are encoded by rayon tasks, one a column (see
-//! [`crate::row_group`]), by gpusort's encoder ([`crate::encoder`]) where it takes them
+//! `row_group.rs`), by gpusort's encoder ([`crate::encoder`]) where it takes them
 //! ([`ColumnEncoder`]). With a [`PageCompressor`] ([`WriteOptions::page_compressor`], or zstd
 //! on the CPU for gpusort's encoder) the columns are encoded uncompressed and each row group's
 //! pages are then compressed in one batch (see [`crate::pages`]).

@@ -9,11 +9,11 @@
 //! RLE definition levels; values dictionary encoded (the encodings the writer's properties name
 //! for dictionary pages and their indices) until the dictionary reaches its limit, then plain;
 //! chunk statistics,
-//! a column index and an offset index, cut and raised alike (see [`statistics`]). Pages are
+//! a column index and an offset index, cut and raised alike (see `statistics.rs`). Pages are
 //! left uncompressed for a [`crate::pages::PageCompressor`] to compress a row group at a time.
 //!
 //! It is faster than the Parquet crate's encoder because it is not general (see
-//! [`values`]'s doc): on TPC-H lineitem, encoding was two thirds of the writer's CPU time,
+//! `values.rs`'s doc): on TPC-H lineitem, encoding was two thirds of the writer's CPU time,
 //! the larger part of it hashing and comparing values one by one through generic paths.
 
 mod chunk;
