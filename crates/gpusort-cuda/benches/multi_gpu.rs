@@ -144,6 +144,11 @@ fn timed_split(request: &SortRequest<'_>, ranges: usize, options: &SplitOptions)
     (out, [sample, assign, t.elapsed().as_secs_f64()])
 }
 
+/// The allocator the `gpusort` tool runs with (mimalloc): freed memory comes back to the
+/// process instead of the kernel, which decides what a sort's fresh memory costs.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// How far the ranges' sorts overlap: the split's ranges sorted one after another (each on
 /// its GPU), all at once on rayon's one global pool, and all at once each on a rayon pool of its
 /// own (as the backend does); twice, in that order, so that no variant is the only one to meet
