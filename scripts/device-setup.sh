@@ -4,7 +4,7 @@
 # the working tree included). Files outlive a call while the machine stays warm (30 s idle),
 # so the next call carries only the binaries. From .gpu/, each where present:
 #   libnvcomp.so.6.xz   nvCOMP, as device-nvcomp.sh takes it (zstd pages on the GPU)
-#   duckdb.tar.xz       DuckDB's wheel unpacked and repacked with xz (../shared/bench/README.md)
+#   duckdb.tar.xz       DuckDB's wheel unpacked and repacked with xz (as device-tpch.sh takes it)
 #   tpchgen_cli-*.whl   tpchgen-cli's wheel
 # then makes TPC-H lineitem at scale $SF (default 10) in /tmp/tpch/sf$SF, where tpch.py looks.
 #

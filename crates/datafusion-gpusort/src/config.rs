@@ -21,6 +21,17 @@ pub enum DeviceChoice {
     Gpu(usize),
 }
 
+impl DeviceChoice {
+    /// The GPU a sort would use: the one named, GPU 0 for `auto`; `None` for `cpu`.
+    pub fn ordinal(self) -> Option<usize> {
+        match self {
+            Self::Auto => Some(0),
+            Self::Cpu => None,
+            Self::Gpu(n) => Some(n),
+        }
+    }
+}
+
 impl fmt::Display for DeviceChoice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -384,10 +384,8 @@ impl InMemorySorter {
         if o.strategy == StrategyChoice::Cpu {
             return cpu("gpusort.strategy = cpu".into());
         }
-        let ordinal = match o.device {
-            DeviceChoice::Cpu => return cpu("gpusort.device = cpu".into()),
-            DeviceChoice::Auto => 0,
-            DeviceChoice::Gpu(n) => n,
+        let Some(ordinal) = o.device.ordinal() else {
+            return cpu("gpusort.device = cpu".into());
         };
         if rows < o.min_rows {
             return cpu(format!("{rows} rows < gpusort.min_rows = {}", o.min_rows));

@@ -52,7 +52,7 @@ use gpusort_parquet::{PageCompressor, SortKey};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
-use crate::config::{DeviceChoice, GpuSortConfig};
+use crate::config::GpuSortConfig;
 
 /// Writes each file of a `COPY ... TO` or `INSERT INTO` a Parquet table with gpusort's writer;
 /// see the module doc.
@@ -135,11 +135,10 @@ impl GpuParquetSink {
         gpusort: &GpuSortConfig,
     ) -> Self {
         let order_by = order_by(ordering, config.output_schema());
-        let gpu = match gpusort.device {
-            DeviceChoice::Cpu => Err("gpusort.device = cpu".to_string()),
-            DeviceChoice::Gpu(n) => Ok(n),
-            DeviceChoice::Auto => Ok(0),
-        };
+        let gpu = gpusort
+            .device
+            .ordinal()
+            .ok_or_else(|| "gpusort.device = cpu".to_string());
         Self {
             config,
             parquet_options,

@@ -212,10 +212,8 @@ fn predicted_device(args: &PlanArgs, rows: u64) -> String {
     if config.strategy == StrategyChoice::Cpu {
         return "gpusort's CPU backend (--strategy cpu)".into();
     }
-    let ordinal = match config.device {
-        DeviceChoice::Cpu => return "gpusort's CPU backend (--device cpu)".into(),
-        DeviceChoice::Auto => 0,
-        DeviceChoice::Gpu(n) => n,
+    let Some(ordinal) = config.device.ordinal() else {
+        return "gpusort's CPU backend (--device cpu)".into();
     };
     if rows < config.min_rows as u64 {
         return format!(

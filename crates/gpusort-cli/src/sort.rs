@@ -230,11 +230,12 @@ enum Pages {
 impl Pages {
     fn start(args: &SortArgs) -> Result<Self> {
         // The GPU the sort may use compresses its pages.
-        let device = match args.plan.gpusort_config().device {
-            DeviceChoice::Cpu => Err("--device cpu".to_string()),
-            DeviceChoice::Gpu(n) => Ok(n),
-            DeviceChoice::Auto => Ok(0),
-        };
+        let device = args
+            .plan
+            .gpusort_config()
+            .device
+            .ordinal()
+            .ok_or_else(|| "--device cpu".to_string());
         if args.compress_on == CompressOn::Auto
             && args.column_encoder == ColumnEncoder::Gpusort
             && let Some(deferred) = gpu_pages::DeferredZstd::start(args.compression, device.clone())
