@@ -34,7 +34,6 @@
 use std::sync::{Arc, Mutex};
 
 use arrow::datatypes::SchemaRef;
-use gpusort::cpu::gather::fixed_width;
 use gpusort::{KeyEncoder, KeyLayout, SortBackend, SortOutput, SortRequest, SortSpec};
 
 use crate::error::{CudaSortError, Result};
@@ -43,7 +42,7 @@ use crate::kernels::KernelCache;
 use crate::memory::{DeviceBudget, device_bytes_needed};
 use crate::options::GpuOptions;
 use crate::pinned::PinnedPool;
-use crate::session::GpuSortSession;
+use crate::session::{GpuSortSession, device_width};
 
 /// Widest digit the GPU kernels take.
 pub const MAX_DIGIT_BITS: u32 = 8;
@@ -144,18 +143,19 @@ impl CudaBackend {
     ///
     /// The estimate is conservative: it counts every key word of the sample's layout plus one
     /// more per sort key (other batches may span wider ranges), or every word a key encoded on
-    /// the device can take when that is more, every fixed-width column as
+    /// the device can take when that is more, every column the device moves as
     /// nullable, and the larger of the direct and indirect footprints.
     pub fn max_rows_within(&self, request: &SortRequest<'_>, memory_limit: Option<usize>) -> Result<usize> {
         let encoder = KeyEncoder::try_new(request.batch, request.spec, &request.encoder)?;
         // Keys encoded on the device hold every word their types can take while they encode.
         let words = (encoder.layout().num_words() + request.spec.len())
             .max(KeyLayout::native_max_words(request.spec, &request.batch.schema()).unwrap_or(0));
+        let views = self.gpu.options().device_views;
         let widths: Vec<usize> = request
             .batch
             .columns()
             .iter()
-            .filter_map(|c| fixed_width(c.data_type()).filter(|w| *w <= 16))
+            .filter_map(|c| device_width(c.data_type(), views))
             .collect();
         let bytes = |n: usize| {
             // Without packed gathers: a sort packs its gathers only where the memory allows.

@@ -34,6 +34,10 @@ pub struct GpuOptions {
     /// Keys of native columns are encoded on the device (off with `GPUSORT_DEVICE_KEYS=0`:
     /// on the host).
     pub device_keys: bool,
+    /// String and binary view columns (`Utf8View`, `BinaryView`) move on the device as 16-byte
+    /// rows, their long views' buffer indices raised as they are staged (off with
+    /// `GPUSORT_DEVICE_VIEWS=0`: the host concatenates and gathers them).
+    pub device_views: bool,
     /// Shared memory a block may use at most, in bytes, below the device's own limit
     /// (`GPUSORT_SMEM_CAP`, 16 KiB to 1 MiB; `K` / `KiB` suffixes are read too): the kernels get
     /// the shapes of a GPU with that much ([`crate::shapes`]), e.g. `96K` (V100), `99K` (A10, L4,
@@ -105,6 +109,7 @@ impl Default for GpuOptions {
             onesweep: true,
             pair_lanes: true,
             device_keys: true,
+            device_views: true,
             smem_cap: None,
             presorted: true,
             merge: Some(MergeMethod::Tree),
@@ -167,6 +172,7 @@ impl GpuOptions {
             onesweep: var("GPUSORT_ONESWEEP").as_deref() != Some("0"),
             pair_lanes: var("GPUSORT_PAIR_LANES").as_deref() != Some("0"),
             device_keys: var("GPUSORT_DEVICE_KEYS").as_deref() != Some("0"),
+            device_views: var("GPUSORT_DEVICE_VIEWS").as_deref() != Some("0"),
             smem_cap,
             presorted: var("GPUSORT_PRESORTED").as_deref() != Some("0"),
             merge: match var("GPUSORT_MERGE").as_deref() {
@@ -262,13 +268,14 @@ mod tests {
             ("GPUSORT_ONESWEEP", "0"),
             ("GPUSORT_PAIR_LANES", "0"),
             ("GPUSORT_DEVICE_KEYS", "0"),
+            ("GPUSORT_DEVICE_VIEWS", "0"),
             ("GPUSORT_PRESORTED", "0"),
             ("GPUSORT_MERGE", "odd-even"),
             ("GPUSORT_DEVICE_TIES", "0"),
             ("GPUSORT_IPT", "12"),
         ]))
         .unwrap();
-        assert!(o.profile && !o.onesweep && !o.pair_lanes && !o.device_keys && !o.presorted);
+        assert!(o.profile && !o.onesweep && !o.pair_lanes && !o.device_keys && !o.device_views && !o.presorted);
         assert_eq!(o.device_ties, DeviceTies::Never);
         assert_eq!(o.merge, Some(MergeMethod::OddEven));
         assert_eq!(

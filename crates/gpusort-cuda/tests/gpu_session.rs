@@ -400,3 +400,105 @@ fn sessions_without_the_permutation_return_the_same_rows() {
         "only the permutation's bytes are saved"
     );
 }
+
+/// Batches built one by one, as a Parquet reader hands them out: each has data buffers of its
+/// own (several, from small blocks), so the device's views must be rebased to index them all.
+/// Columns: an i32 key with many ties, a string view (short inline and long values, nulls), a
+/// binary view, and a u64.
+fn view_batches(rng: &mut SmallRng, batches: usize) -> Vec<RecordBatch> {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int32, false),
+        Field::new("s", DataType::Utf8View, true),
+        Field::new("b", DataType::BinaryView, true),
+        Field::new("u", DataType::UInt64, false),
+    ]));
+    (0..batches)
+        .map(|i| {
+            let n = rng.random_range(0..3000);
+            let mut s = arrow::array::StringViewBuilder::new().with_fixed_block_size(256);
+            let mut b = arrow::array::BinaryViewBuilder::new().with_fixed_block_size(512);
+            for r in 0..n {
+                match rng.random_range(0..10) {
+                    0 => s.append_null(),
+                    1..=4 => s.append_value(format!("s{}", rng.random_range(0..50))),
+                    _ => s.append_value(format!(
+                        "a long value shared by many rows {:04} of {i}",
+                        rng.random_range(0..300)
+                    )),
+                }
+                match r % 7 {
+                    0 => b.append_null(),
+                    _ => b.append_value(vec![(r % 251) as u8; rng.random_range(0..40)]),
+                }
+            }
+            let k = arrow::array::Int32Array::from_iter_values((0..n).map(|_| rng.random_range(0..40)));
+            let u = arrow::array::UInt64Array::from_iter_values((0..n).map(|r| (i * 10_000 + r) as u64));
+            let cols: Vec<ArrayRef> = vec![Arc::new(k), Arc::new(s.finish()), Arc::new(b.finish()), Arc::new(u)];
+            let batch = RecordBatch::try_new(Arc::clone(&schema), cols).unwrap();
+            // Some batches come sliced.
+            match i % 5 {
+                0 if n > 10 => batch.slice(3, n - 7),
+                _ => batch,
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn view_columns_move_on_the_device_with_the_data_buffers_of_every_batch() {
+    let Some(gpu) = backend() else { return };
+    let views = gpusort_cuda::GpuOptions::from_env().unwrap().device_views;
+    assert!(
+        views,
+        "GPUSORT_DEVICE_VIEWS=0 is set: this test needs views on the device"
+    );
+    let (mut rng, seed) = rng_from_env(0x71e3_5001);
+    for case in 0..12 {
+        let batches = rng.random_range(1..60);
+        let parts = view_batches(&mut rng, batches);
+        let schema = parts[0].schema();
+        let batch = arrow::compute::concat_batches(&schema, &parts).unwrap();
+        let specs = [
+            SortSpec::new([SortKey::sql(0, false)]),
+            SortSpec::new([SortKey::new(0, true, false), SortKey::sql(3, true)]),
+            SortSpec::new([SortKey::sql(1, false), SortKey::sql(3, false)]),
+            SortSpec::new([SortKey::new(2, true, true), SortKey::sql(0, false)]),
+        ];
+        let spec = &specs[case % specs.len()];
+        let limit = (case % 3 == 2).then(|| rng.random_range(0..=batch.num_rows()));
+        let segment_rows = [64, 1000, 1 << 20][case % 3];
+        let what = format!(
+            "seed {seed} case {case}: {} rows in {} batches, {spec:?}, limit {limit:?}",
+            batch.num_rows(),
+            parts.len()
+        );
+        let out = check_session(gpu, &batch, spec, &parts, segment_rows, limit, &what);
+        if batch.num_rows() > 0 {
+            assert_eq!(
+                out.stats.host_gathered_columns, 0,
+                "{what}: every column moves on the device"
+            );
+        }
+        // The sorted views index the input's data buffers, shared, not copied.
+        let input: usize = parts
+            .iter()
+            .flat_map(|p| {
+                p.column(1)
+                    .as_any()
+                    .downcast_ref::<arrow::array::StringViewArray>()
+                    .unwrap()
+                    .data_buffers()
+            })
+            .map(|b| b.as_ptr() as usize)
+            .collect::<std::collections::HashSet<_>>()
+            .len();
+        if let Some(s) = out
+            .batch
+            .column(1)
+            .as_any()
+            .downcast_ref::<arrow::array::StringViewArray>()
+        {
+            assert!(s.data_buffers().len() <= input, "{what}");
+        }
+    }
+}

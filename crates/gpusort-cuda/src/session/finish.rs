@@ -11,7 +11,7 @@ use arrow::array::{Array, ArrayRef, RecordBatch, RecordBatchOptions, UInt32Array
 use arrow::buffer::{BooleanBuffer, NullBuffer, ScalarBuffer};
 use arrow::compute::SortColumn;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr, result};
-use gpusort::cpu::gather::{concat_column, fixed_array, gather_column};
+use gpusort::cpu::gather::{ViewBufferLists, concat_column, fixed_array, gather_column, views_array};
 use gpusort::keys::{KeyLayout, OrdinalKind, native_ordinal_kind};
 use gpusort::plan::{RecordMove, Strategy, radix_passes};
 use gpusort::ties::{TailGroups, TieBitmaps, TruncationTest};
@@ -196,7 +196,8 @@ impl GpuSortSession {
         let start = Instant::now();
         let (device_sorted, host_sorted) =
             self.download_and_gather(&host, &plan, &mut sorted, limit, &mut copies, &mut stats)?;
-        let batch = self.output_batch(host_sorted, device_sorted, limit)?;
+        let view_lists = std::mem::take(&mut self.view_lists);
+        let batch = self.output_batch(host_sorted, device_sorted, view_lists, limit)?;
         stats.gather_time = start.elapsed();
         log::debug!(target: "gpusort::timeline", "session: output batch built");
         stats.bytes_to_device += copies.to_device;
@@ -705,23 +706,31 @@ impl GpuSortSession {
     }
 
     /// The output batch of `limit` rows: the host's gathered columns and the device's
-    /// downloaded ones (pool buffers become the arrays, no copy), in schema order.
+    /// downloaded ones (pool buffers become the arrays, no copy; sorted views index the data
+    /// buffers of every batch, `view_lists`), in schema order.
     fn output_batch(
         &self,
         host_sorted: Vec<Option<ArrayRef>>,
         device_sorted: Vec<(HostBuffer, Option<HostBuffer>)>,
+        view_lists: Vec<Option<ViewBufferLists>>,
         limit: usize,
     ) -> Result<RecordBatch> {
-        let mut device_sorted = device_sorted.into_iter();
+        let mut device_sorted = device_sorted.into_iter().zip(view_lists);
         let out_columns: Vec<ArrayRef> = host_sorted
             .into_iter()
             .enumerate()
             .map(|(c, host)| match host {
                 Some(sorted) => sorted,
                 None => {
-                    let (values, bits) = device_sorted.next().expect("a device column");
+                    let ((values, bits), lists) = device_sorted.next().expect("a device column");
                     let nulls = bits.map(|b| NullBuffer::new(BooleanBuffer::new(b.into_buffer(), 0, limit)));
-                    fixed_array(self.batches[0].column(c).as_ref(), values.into_buffer(), nulls, limit)
+                    match lists {
+                        None => fixed_array(self.batches[0].column(c).as_ref(), values.into_buffer(), nulls, limit),
+                        Some(lists) => {
+                            let parts: Vec<&dyn Array> = self.batches.iter().map(|b| b.column(c).as_ref()).collect();
+                            views_array(&parts, lists, values.into_buffer(), nulls, limit)
+                        }
+                    }
                 }
             })
             .collect();

@@ -18,8 +18,13 @@
 //! So while batch `k` arrives, segment `j` is staged and segment `j - 1` crosses PCIe.
 //!
 //! Device columns are the fixed-width ones of 1 to 16 bytes ([`fixed_width`]) except
-//! dictionaries (batches may each bring their own dictionary): their values move on the
-//! device. Every other column, and the sort keys, stay on the host.
+//! dictionaries (batches may each bring their own dictionary), and string and binary views
+//! (`GpuOptions::device_views`): their values move on the device. A view is 16 bytes that
+//! hold a short value or a long value's prefix, buffer index and offset; each batch brings its
+//! own data buffers, so a long view's buffer index is raised as it is staged to where its
+//! batch's buffers come among the session's ([`ViewBufferLists`]), and the sorted views index
+//! them all, shared and never copied. Every other column, and the sort keys, stay on the
+//! host.
 //!
 //! # Finish
 //!
@@ -58,11 +63,11 @@
 
 use std::sync::{Arc, Mutex};
 
-use arrow::array::RecordBatch;
+use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::{DataType, SchemaRef};
 use cudarc::driver::CudaStream;
 use gpusort::backend::check_rows;
-use gpusort::cpu::gather::fixed_width;
+use gpusort::cpu::gather::{ViewBufferLists, fixed_width};
 use gpusort::plan::Strategy;
 use gpusort::{EncoderOptions, SortSpec};
 
@@ -92,6 +97,22 @@ const SEGMENT_ALIGN: usize = 64;
 /// Rows (of one column) per staging copy task.
 const STAGE_TASK_BYTES: usize = 1 << 20;
 
+/// Whether columns of `data_type` are string or binary views.
+fn is_view(data_type: &DataType) -> bool {
+    matches!(data_type, DataType::Utf8View | DataType::BinaryView)
+}
+
+/// Bytes per row of a column of `data_type` on the device: fixed-width values of up to 16
+/// bytes but dictionaries' keys (each batch may bring its own dictionary), and views when
+/// `views`; `None` for a column the host gathers.
+pub(crate) fn device_width(data_type: &DataType, views: bool) -> Option<usize> {
+    match data_type {
+        DataType::Dictionary(..) => None,
+        t if is_view(t) => views.then_some(16),
+        t => fixed_width(t).filter(|w| *w <= 16),
+    }
+}
+
 /// A column the device moves or gathers: its index, width, and whether it has nulls.
 #[derive(Debug, Clone, Copy)]
 struct GpuColumn {
@@ -119,6 +140,8 @@ pub struct GpuSortSession {
     sorted_runs: Vec<usize>,
     /// Device columns (index, width).
     columns: Vec<(usize, usize)>,
+    /// Each device column's data buffers of the batches pushed, for view columns.
+    view_lists: Vec<Option<ViewBufferLists>>,
     batches: Vec<RecordBatch>,
     rows: usize,
     /// The segment being filled: its parts and rows; rows handed to the uploader before it;
@@ -153,12 +176,16 @@ impl GpuSortSession {
         spec: SortSpec,
     ) -> Result<Self> {
         spec.validate(schema.fields().len())?;
-        let columns = schema
+        let views = gpu.options().device_views;
+        let columns: Vec<(usize, usize)> = schema
             .fields()
             .iter()
             .enumerate()
-            .filter(|(_, f)| !matches!(f.data_type(), DataType::Dictionary(..)))
-            .filter_map(|(i, f)| Some((i, fixed_width(f.data_type()).filter(|w| *w <= 16)?)))
+            .filter_map(|(i, f)| Some((i, device_width(f.data_type(), views)?)))
+            .collect();
+        let view_lists = columns
+            .iter()
+            .map(|&(i, _)| is_view(schema.field(i).data_type()).then(ViewBufferLists::default))
             .collect();
         Ok(Self {
             gpu,
@@ -176,6 +203,7 @@ impl GpuSortSession {
             want_permutation: true,
             sorted_runs: vec![],
             columns,
+            view_lists,
             batches: vec![],
             rows: 0,
             open: vec![],
@@ -260,6 +288,7 @@ impl GpuSortSession {
         }
         self.check_failed()?;
         check_rows(self.rows + n)?;
+        let first_buffers = self.view_first_buffers(batch)?;
         self.batches.push(batch.clone());
         self.rows += n;
         if self.columns.is_empty() {
@@ -280,6 +309,7 @@ impl GpuSortSession {
                 offset,
                 len,
                 at: self.open_rows,
+                first_buffers: Arc::clone(&first_buffers),
             });
             self.open_rows += len;
             offset += len;
@@ -288,6 +318,29 @@ impl GpuSortSession {
             }
         }
         Ok(())
+    }
+
+    /// For each device column, by how much the long views of `batch` (the next batch pushed)
+    /// rise: where its data buffers start among the session's (0 for other columns).
+    fn view_first_buffers(&mut self, batch: &RecordBatch) -> Result<Arc<[u32]>> {
+        let part = self.batches.len();
+        self.columns
+            .iter()
+            .zip(&mut self.view_lists)
+            .map(|(&(c, _), lists)| match lists {
+                None => Ok(0),
+                Some(lists) => {
+                    let column = batch.column(c);
+                    let data = match column.data_type() {
+                        DataType::BinaryView => column.as_binary_view().data_buffers(),
+                        _ => column.as_string_view().data_buffers(),
+                    };
+                    lists.first_of(part, data).ok_or_else(|| {
+                        CudaSortError::Unsupported(format!("column {c}: more than {} data buffers", u32::MAX))
+                    })
+                }
+            })
+            .collect()
     }
 
     /// Hands the open segment to the uploader (starting it first).

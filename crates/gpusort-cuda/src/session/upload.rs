@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use arrow::array::{Array, RecordBatch};
 use arrow::util::bit_mask::set_bits;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr};
-use gpusort::cpu::gather::fixed_values;
+use gpusort::cpu::gather::{fixed_values, rebase_view};
 use rayon::prelude::*;
 
 use super::{SEGMENT_ALIGN, SEGMENT_BYTES, STAGE_TASK_BYTES, STAGING_DEPTH};
@@ -20,13 +20,16 @@ use crate::memory::DeviceReservation;
 use crate::pinned::{HostBuffer, PinnedPool};
 use crate::transfer::Transfers;
 
-/// Rows `offset..offset + len` of a batch, going to row `at` of a segment.
+/// Rows `offset..offset + len` of a batch, going to row `at` of a segment; for each device
+/// column, by how much its long views' buffer indices rise (where the batch's data buffers
+/// start among the session's; 0 for other columns).
 #[derive(Debug, Clone)]
 pub(super) struct Part {
     pub(super) batch: RecordBatch,
     pub(super) offset: usize,
     pub(super) len: usize,
     pub(super) at: usize,
+    pub(super) first_buffers: Arc<[u32]>,
 }
 
 /// Where the columns of a segment lie in its staging buffer: each device column's values
@@ -130,8 +133,18 @@ fn stage(layout: &SegmentLayout, parts: &[Part], buf: &mut [u8]) -> Vec<bool> {
         let values = fixed_values(part.batch.column(c).as_ref(), w);
         let src = &values.as_slice()[(part.offset + start) * w..(part.offset + start + len) * w];
         let dst = layout.values[k] + (part.at + start) * w;
-        // SAFETY: tasks write disjoint ranges of the column's region of `buf`.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), base.at(dst), src.len()) };
+        match part.first_buffers[k] {
+            // SAFETY: tasks write disjoint ranges of the column's region of `buf`.
+            0 => unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), base.at(dst), src.len()) },
+            first => {
+                let dst = base.at(dst) as *mut u128;
+                for (i, view) in src.chunks_exact(16).enumerate() {
+                    let view = rebase_view(u128::from_le_bytes(view.try_into().unwrap()), first);
+                    // SAFETY: as above; the row's 16 bytes, which may be unaligned.
+                    unsafe { dst.add(i).write_unaligned(view) };
+                }
+            }
+        }
     });
     // Validity: one task per column (parts may share a byte).
     (0..layout.columns.len())
@@ -395,6 +408,7 @@ mod tests {
                 offset,
                 len,
                 at,
+                first_buffers: Arc::from(vec![0; 3]),
             });
             at += len;
         }
@@ -422,6 +436,50 @@ mod tests {
         }
         // Columns without nulls in the segment leave their bitmap region alone.
         assert!(buf[layout.bitmaps[1]..layout.bytes].iter().all(|&b| b == 0xEE));
+    }
+
+    #[test]
+    fn staging_raises_long_views_to_the_data_buffers_of_their_batch() {
+        use arrow::array::{AsArray, StringViewBuilder};
+        use gpusort::cpu::gather::{ViewBufferLists, concat_column};
+        let strings = |seed: usize| {
+            let mut b = StringViewBuilder::new().with_fixed_block_size(64);
+            for i in 0..50 {
+                match (i + seed) % 4 {
+                    0 => b.append_null(),
+                    1 => b.append_value("short"),
+                    _ => b.append_value(format!("a value longer than twelve bytes {i} {seed}")),
+                }
+            }
+            Arc::new(b.finish()) as arrow::array::ArrayRef
+        };
+        let batches: Vec<RecordBatch> = (0..3)
+            .map(|seed| {
+                RecordBatch::try_from_iter([("s", strings(seed))])
+                    .unwrap()
+                    .slice(seed, 40)
+            })
+            .collect();
+        let mut lists = ViewBufferLists::default();
+        let mut parts = vec![];
+        for (i, b) in batches.iter().enumerate() {
+            let first = lists.first_of(i, b.column(0).as_string_view().data_buffers()).unwrap();
+            assert_eq!(first > 0, i > 0, "each batch has buffers of its own");
+            parts.push(Part {
+                batch: b.clone(),
+                offset: 0,
+                len: 40,
+                at: 40 * i,
+                first_buffers: Arc::from(vec![first]),
+            });
+        }
+        let layout = SegmentLayout::new(vec![(0, 16)], 128);
+        let mut buf = vec![0u8; layout.bytes];
+        stage(&layout, &parts, &mut buf);
+        // The views a concatenation of the batches makes, which index the same buffers.
+        let columns: Vec<&dyn Array> = batches.iter().map(|b| b.column(0).as_ref()).collect();
+        let want = concat_column(&columns).unwrap();
+        assert_eq!(&buf[..120 * 16], fixed_values(want.as_ref(), 16).as_slice());
     }
 
     #[test]

@@ -382,7 +382,7 @@ fn concat_views<T: ByteViewType>(parts: &[&dyn Array]) -> Option<ArrayRef> {
     let arrays: Vec<&GenericByteViewArray<T>> = parts.iter().map(|p| p.as_byte_view::<T>()).collect();
     let rows: usize = arrays.iter().map(|a| a.len()).sum();
     let mut starts = Vec::with_capacity(arrays.len());
-    let mut lists = DataBufferLists::default();
+    let mut lists = ViewBufferLists::default();
     let mut row = 0usize;
     for (part, a) in arrays.iter().enumerate() {
         starts.push((row, lists.first_of(part, a.data_buffers())?));
@@ -394,29 +394,59 @@ fn concat_views<T: ByteViewType>(parts: &[&dyn Array]) -> Option<ArrayRef> {
         // SAFETY: each part writes its own rows [row, row + len) of `views`, 16 bytes each.
         let out = unsafe { std::slice::from_raw_parts_mut((base as *mut u128).add(row), a.len()) };
         for (o, &v) in out.iter_mut().zip(a.views().iter()) {
-            let mut view = ByteView::from(v);
-            if view.length > MAX_INLINE_VIEW_LEN && first_buffer > 0 {
-                view.buffer_index += first_buffer;
-                *o = view.as_u128();
-            } else {
-                *o = v;
-            }
+            *o = rebase_view(v, first_buffer);
         }
     });
-    let data = lists.into_buffers(&arrays);
     let nulls = concat_nulls(parts, rows);
-    // SAFETY: every view is a view of a valid array, its buffer index moved to where that
-    // array's buffers are in `data`.
-    Some(Arc::new(unsafe {
-        GenericByteViewArray::<T>::new_unchecked(ScalarBuffer::new(views.into(), 0, rows), data, nulls)
-    }))
+    Some(views_array(parts, lists, views.into(), nulls, rows))
+}
+
+/// `view` with its buffer index raised by `first_buffer` when it is a long view (its bytes in
+/// a data buffer): where its array's data buffers start among a concatenation's.
+#[inline]
+pub fn rebase_view(view: u128, first_buffer: u32) -> u128 {
+    if first_buffer == 0 || (view as u32) <= MAX_INLINE_VIEW_LEN {
+        return view;
+    }
+    let mut v = ByteView::from(view);
+    v.buffer_index = v.buffer_index.wrapping_add(first_buffer);
+    v.as_u128()
+}
+
+/// A view column (of the type of `parts`) of `len` rows: `views`, whose long views index the
+/// data buffers of `parts` one after another as `lists` placed them (each view rebased by
+/// [`rebase_view`] from the [`ViewBufferLists::first_of`] of its part), and `nulls`.
+pub fn views_array(
+    parts: &[&dyn Array],
+    lists: ViewBufferLists,
+    views: Buffer,
+    nulls: Option<NullBuffer>,
+    len: usize,
+) -> ArrayRef {
+    fn go<T: ByteViewType>(
+        parts: &[&dyn Array],
+        lists: ViewBufferLists,
+        views: Buffer,
+        nulls: Option<NullBuffer>,
+        len: usize,
+    ) -> ArrayRef {
+        let arrays: Vec<&GenericByteViewArray<T>> = parts.iter().map(|p| p.as_byte_view::<T>()).collect();
+        let data = lists.into_buffers(&arrays);
+        // SAFETY: every view is a view of a valid array of `parts`, its buffer index moved to
+        // where that array's buffers are in `data`.
+        Arc::new(unsafe { GenericByteViewArray::<T>::new_unchecked(ScalarBuffer::new(views, 0, len), data, nulls) })
+    }
+    match parts[0].data_type() {
+        DataType::BinaryView => go::<arrow::datatypes::BinaryViewType>(parts, lists, views, nulls, len),
+        _ => go::<arrow::datatypes::StringViewType>(parts, lists, views, nulls, len),
+    }
 }
 
 /// The data buffers of a concatenation of view arrays: each distinct list of data buffers
 /// (told apart by its address and length: slices of one array share one list) once, in order
 /// of first appearance.
-#[derive(Default)]
-struct DataBufferLists {
+#[derive(Debug, Default)]
+pub struct ViewBufferLists {
     /// Each distinct list's address and length, and where its buffers start in the result.
     first: std::collections::HashMap<(usize, usize), u32>,
     /// The distinct lists in order: the index of a part that has it.
@@ -424,9 +454,10 @@ struct DataBufferLists {
     buffers: usize,
 }
 
-impl DataBufferLists {
-    /// Where the buffers `list` of part `part` start in the result; `None` past `u32::MAX`.
-    fn first_of(&mut self, part: usize, list: &[Buffer]) -> Option<u32> {
+impl ViewBufferLists {
+    /// Where the buffers `list` of part `part` (parts numbered in the order they come) start
+    /// in the result; `None` past `u32::MAX`.
+    pub fn first_of(&mut self, part: usize, list: &[Buffer]) -> Option<u32> {
         if list.is_empty() {
             return Some(0);
         }
