@@ -242,7 +242,11 @@ def main():
                     "gpu-parquet-enc": ["--column-encoder", "parquet"],
                     # the same with the Parquet crate compressing too: the writer as it was
                     "gpu-parquet-writer": ["--column-encoder", "parquet", "--compress-on", "cpu"],
-                    "cpu-parquet-writer": ["--device", "cpu", "--column-encoder", "parquet", "--compress-on", "cpu"]}
+                    "cpu-parquet-writer": ["--device", "cpu", "--column-encoder", "parquet", "--compress-on", "cpu"],
+                    # the GPU sort with string views concatenated and gathered on the host
+                    "gpu-host-views": []}
+    # Contenders that differ by an environment variable of the GPU backend.
+    contender_env = {"gpu-host-views": {"GPUSORT_DEVICE_VIEWS": "0"}}
     rows = []
     first_gpu = True
     for li in args.lists.split(","):
@@ -267,7 +271,7 @@ def main():
                 cold = c == "gpu" and first_gpu and r == 0
                 timeline = ["--timeline"] if args.timeline and (r == runs - 1 or cold) else []
                 wall, phases, log = run_gpusort(args.gpusort, gpusort_args[c] + extra + timeline, inp, out,
-                                                order_by, env)
+                                                order_by, dict(env, **contender_env.get(c, {})))
                 if phases is None:
                     print(f"{c}: FAILED: {log}", flush=True)
                     break
