@@ -244,9 +244,12 @@ def main():
                     "gpu-parquet-writer": ["--column-encoder", "parquet", "--compress-on", "cpu"],
                     "cpu-parquet-writer": ["--device", "cpu", "--column-encoder", "parquet", "--compress-on", "cpu"],
                     # the GPU sort with string views concatenated and gathered on the host
-                    "gpu-host-views": []}
-    # Contenders that differ by an environment variable of the GPU backend.
-    contender_env = {"gpu-host-views": {"GPUSORT_DEVICE_VIEWS": "0"}}
+                    "gpu-host-views": [],
+                    # the same with mimalloc asking for transparent huge pages (2 MiB)
+                    "gpu-thp": [], "cpu-thp": ["--device", "cpu"]}
+    # Contenders that differ by an environment variable.
+    thp = {"MIMALLOC_ALLOW_LARGE_OS_PAGES": "1"}
+    contender_env = {"gpu-host-views": {"GPUSORT_DEVICE_VIEWS": "0"}, "gpu-thp": thp, "cpu-thp": thp}
     rows = []
     first_gpu = True
     for li in args.lists.split(","):
