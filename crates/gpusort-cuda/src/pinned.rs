@@ -389,34 +389,6 @@ impl std::fmt::Debug for PinnedPool {
     }
 }
 
-/// Heap buffers from this size on are backed by transparent huge pages where the kernel can.
-const HUGE_PAGES_MIN: usize = 8 << 20;
-
-/// Asks the kernel to back the untouched heap memory `ptr..ptr + len` with transparent huge
-/// pages (2 MiB), when it is at least [`HUGE_PAGES_MIN`] bytes and `GPUSORT_HEAP_HUGE_PAGES`
-/// is not `0`. A download of the sorted columns lands in such buffers, gigabytes of memory the
-/// kernel faults in and zeroes page by page as the copies first write it: in 4 KiB pages that
-/// is a fault every 4 KiB on every core at once (11 GB came down at 12.4 GB/s on the H100
-/// machine, stop 32). Only advice: where the kernel declines, the pages stay small.
-fn advise_huge_pages(ptr: *mut u8, len: usize) {
-    static ON: OnceLock<bool> = OnceLock::new();
-    if len < HUGE_PAGES_MIN || !*ON.get_or_init(|| std::env::var("GPUSORT_HEAP_HUGE_PAGES").as_deref() != Ok("0")) {
-        return;
-    }
-    #[cfg(target_os = "linux")]
-    {
-        const HUGE: usize = 2 << 20;
-        let start = (ptr as usize).next_multiple_of(HUGE);
-        let end = (ptr as usize + len) / HUGE * HUGE;
-        if end > start {
-            // SAFETY: advice on whole pages of memory this buffer owns; it changes no contents.
-            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = ptr;
-}
-
 /// `GPUSORT_PINNED_LIMIT`, else a quarter of the host's memory.
 fn default_limit() -> usize {
     if let Ok(v) = std::env::var("GPUSORT_PINNED_LIMIT")
@@ -657,7 +629,6 @@ impl HostBuffer {
     /// `len` bytes of heap memory, not initialized.
     fn heap(len: usize) -> Self {
         let mut b = gpusort::cpu::uninit(len);
-        advise_huge_pages(b.as_mut_ptr(), len);
         let ptr = NonNull::new(b.as_mut_ptr()).expect("MutableBuffer pointers are not null");
         Self {
             ptr,
