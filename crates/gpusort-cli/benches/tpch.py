@@ -247,12 +247,11 @@ def main():
                     "gpu-host-views": [],
                     # the same with mimalloc asking for transparent huge pages (2 MiB)
                     "gpu-thp": [], "cpu-thp": ["--device", "cpu"],
-                    # the GPU sort with its downloads into heap memory of small (4 KiB) pages
-                    "gpu-small-pages": []}
+                    "gpu-4g-host-views": ["--gpu-memory-limit", "4GiB"]}
     # Contenders that differ by an environment variable.
     thp = {"MIMALLOC_ALLOW_LARGE_OS_PAGES": "1"}
     contender_env = {"gpu-host-views": {"GPUSORT_DEVICE_VIEWS": "0"}, "gpu-thp": thp, "cpu-thp": thp,
-                     "gpu-small-pages": {"GPUSORT_HEAP_HUGE_PAGES": "0"}}
+                     "gpu-4g-host-views": {"GPUSORT_DEVICE_VIEWS": "0"}}
     rows = []
     first_gpu = True
     for li in args.lists.split(","):
