@@ -63,11 +63,11 @@
 
 use std::sync::{Arc, Mutex};
 
-use arrow::array::{AsArray, RecordBatch};
+use arrow::array::RecordBatch;
 use arrow::datatypes::{DataType, SchemaRef};
 use cudarc::driver::CudaStream;
 use gpusort::backend::check_rows;
-use gpusort::cpu::gather::{ViewBufferLists, fixed_width};
+use gpusort::cpu::gather::{ViewBufferLists, fixed_width, view_data_buffers};
 use gpusort::plan::Strategy;
 use gpusort::{EncoderOptions, SortSpec};
 
@@ -330,11 +330,7 @@ impl GpuSortSession {
             .map(|(&(c, _), lists)| match lists {
                 None => Ok(0),
                 Some(lists) => {
-                    let column = batch.column(c);
-                    let data = match column.data_type() {
-                        DataType::BinaryView => column.as_binary_view().data_buffers(),
-                        _ => column.as_string_view().data_buffers(),
-                    };
+                    let data = view_data_buffers(batch.column(c).as_ref());
                     lists.first_of(part, data).ok_or_else(|| {
                         CudaSortError::Unsupported(format!("column {c}: more than {} data buffers", u32::MAX))
                     })

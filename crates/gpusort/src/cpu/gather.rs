@@ -442,6 +442,14 @@ pub fn views_array(
     }
 }
 
+/// The data buffers of a `Utf8View` or `BinaryView` array.
+pub fn view_data_buffers(array: &dyn Array) -> &[Buffer] {
+    match array.data_type() {
+        DataType::BinaryView => array.as_binary_view().data_buffers(),
+        _ => array.as_string_view().data_buffers(),
+    }
+}
+
 /// The data buffers of a concatenation of view arrays: each distinct list of data buffers
 /// (told apart by its address and length: slices of one array share one list) once, in order
 /// of first appearance.
