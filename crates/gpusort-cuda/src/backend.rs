@@ -42,7 +42,7 @@ use crate::kernels::KernelCache;
 use crate::memory::{DeviceBudget, device_bytes_needed};
 use crate::options::GpuOptions;
 use crate::pinned::PinnedPool;
-use crate::session::{GpuSortSession, device_width};
+use crate::session::{GpuSortSession, device_width, views_on_device};
 
 /// Widest digit the GPU kernels take.
 pub const MAX_DIGIT_BITS: u32 = 8;
@@ -150,7 +150,7 @@ impl CudaBackend {
         // Keys encoded on the device hold every word their types can take while they encode.
         let words = (encoder.layout().num_words() + request.spec.len())
             .max(KeyLayout::native_max_words(request.spec, &request.batch.schema()).unwrap_or(0));
-        let views = self.gpu.options().device_views;
+        let views = views_on_device(self.gpu.options().device_views, memory_limit);
         let widths: Vec<usize> = request
             .batch
             .columns()

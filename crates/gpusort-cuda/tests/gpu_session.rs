@@ -500,5 +500,20 @@ fn view_columns_move_on_the_device_with_the_data_buffers_of_every_batch() {
         {
             assert!(s.data_buffers().len() <= input, "{what}");
         }
+        // Under a device memory limit the views stay on the host: the same rows.
+        let mut limited = gpu
+            .begin_sort(schema.clone(), spec.clone())
+            .unwrap()
+            .with_memory_limit(Some(1 << 30))
+            .with_expected_rows(segment_rows);
+        for p in &parts {
+            limited.push(p).unwrap();
+        }
+        let host = limited.finish(limit).unwrap();
+        assert_eq!(host.indices, out.indices, "{what}, under a memory limit");
+        assert_eq!(host.batch, out.batch, "{what}, under a memory limit");
+        if batch.num_rows() > 0 {
+            assert_eq!(host.stats.host_gathered_columns, 2, "{what}: the views on the host");
+        }
     }
 }
