@@ -406,3 +406,37 @@ impl GpuSortSession {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::datatypes::{Field, Schema};
+
+    #[test]
+    fn device_columns_take_views_only_when_allowed_and_unlimited() {
+        let schema: SchemaRef = Arc::new(Schema::new(vec![
+            Field::new("i", DataType::Int64, false),
+            Field::new("s", DataType::Utf8View, true),
+            Field::new("o", DataType::Utf8, true),
+            Field::new(
+                "d",
+                DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)),
+                true,
+            ),
+            Field::new("b", DataType::BinaryView, false),
+            Field::new("x", DataType::Decimal128(38, 2), false),
+        ]));
+        let (columns, lists) = device_columns(&schema, true);
+        assert_eq!(columns, vec![(0, 8), (1, 16), (4, 16), (5, 16)]);
+        assert_eq!(
+            lists.iter().map(Option::is_some).collect::<Vec<_>>(),
+            vec![false, true, true, false]
+        );
+        let (columns, lists) = device_columns(&schema, false);
+        assert_eq!(columns, vec![(0, 8), (5, 16)]);
+        assert!(lists.iter().all(Option::is_none));
+        assert!(views_on_device(true, None));
+        assert!(!views_on_device(true, Some(4 << 30)));
+        assert!(!views_on_device(false, None));
+    }
+}
