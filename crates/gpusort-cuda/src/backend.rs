@@ -42,7 +42,7 @@ use crate::kernels::KernelCache;
 use crate::memory::{DeviceBudget, device_bytes_needed};
 use crate::options::GpuOptions;
 use crate::pinned::PinnedPool;
-use crate::session::{GpuSortSession, device_width, views_on_device};
+use crate::session::{GpuSortSession, device_columns, views_on_device};
 
 /// Widest digit the GPU kernels take.
 pub const MAX_DIGIT_BITS: u32 = 8;
@@ -151,12 +151,8 @@ impl CudaBackend {
         let words = (encoder.layout().num_words() + request.spec.len())
             .max(KeyLayout::native_max_words(request.spec, &request.batch.schema()).unwrap_or(0));
         let views = views_on_device(self.gpu.options().device_views, memory_limit);
-        let widths: Vec<usize> = request
-            .batch
-            .columns()
-            .iter()
-            .filter_map(|c| device_width(c.data_type(), views))
-            .collect();
+        let (columns, _) = device_columns(&request.batch.schema(), views);
+        let widths: Vec<usize> = columns.iter().map(|&(_, w)| w).collect();
         let bytes = |n: usize| {
             // Without packed gathers: a sort packs its gathers only where the memory allows.
             let direct = device_bytes_needed(n, words, &widths, widths.len(), true, false);

@@ -105,7 +105,7 @@ fn is_view(data_type: &DataType) -> bool {
 /// Bytes per row of a column of `data_type` on the device: fixed-width values of up to 16
 /// bytes but dictionaries' keys (each batch may bring its own dictionary), and views when
 /// `views`; `None` for a column the host gathers.
-pub(crate) fn device_width(data_type: &DataType, views: bool) -> Option<usize> {
+fn device_width(data_type: &DataType, views: bool) -> Option<usize> {
     match data_type {
         DataType::Dictionary(..) => None,
         t if is_view(t) => views.then_some(16),
@@ -122,7 +122,7 @@ pub(crate) fn views_on_device(device_views: bool, memory_limit: Option<usize>) -
 /// The device columns of `schema` (index, width), and each one's data buffer lists when it is
 /// a view column (`views`: views move on the device).
 #[allow(clippy::type_complexity)]
-fn device_columns(schema: &SchemaRef, views: bool) -> (Vec<(usize, usize)>, Vec<Option<ViewBufferLists>>) {
+pub(crate) fn device_columns(schema: &SchemaRef, views: bool) -> (Vec<(usize, usize)>, Vec<Option<ViewBufferLists>>) {
     let columns: Vec<(usize, usize)> = schema
         .fields()
         .iter()
@@ -161,7 +161,7 @@ pub struct GpuSortSession {
     want_permutation: bool,
     /// The rows pushed are sorted runs of these many rows, in push order (empty: not known).
     sorted_runs: Vec<usize>,
-    /// Device columns (index, width).
+    /// Device columns (index, width), chosen at the first push.
     columns: Vec<(usize, usize)>,
     /// Each device column's data buffers of the batches pushed, for view columns.
     view_lists: Vec<Option<ViewBufferLists>>,
@@ -199,7 +199,6 @@ impl GpuSortSession {
         spec: SortSpec,
     ) -> Result<Self> {
         spec.validate(schema.fields().len())?;
-        let (columns, view_lists) = device_columns(&schema, gpu.options().device_views);
         Ok(Self {
             gpu,
             device_lock,
@@ -215,8 +214,8 @@ impl GpuSortSession {
             expected_rows: None,
             want_permutation: true,
             sorted_runs: vec![],
-            columns,
-            view_lists,
+            columns: vec![],
+            view_lists: vec![],
             batches: vec![],
             rows: 0,
             open: vec![],
@@ -248,12 +247,9 @@ impl GpuSortSession {
     /// Under a limit, string and binary views stay on the host: device memory is then what
     /// bounds the rows of a sort, and each view takes 16 bytes of it (under
     /// `--gpu-memory-limit 4GiB` on TPC-H lineitem, views on the device made runs smaller and
-    /// the sort 6-10% slower, stop 32). Set it before the first push.
+    /// the sort 6-10% slower, stop 32). The device columns are chosen at the first push.
     pub fn with_memory_limit(mut self, limit: Option<usize>) -> Self {
-        debug_assert!(self.batches.is_empty(), "the memory limit is set before the first push");
         self.memory_limit = limit;
-        let views = views_on_device(self.gpu.options().device_views, limit);
-        (self.columns, self.view_lists) = device_columns(&self.schema, views);
         self
     }
 
@@ -309,6 +305,10 @@ impl GpuSortSession {
         }
         self.check_failed()?;
         check_rows(self.rows + n)?;
+        if self.batches.is_empty() {
+            let views = views_on_device(self.gpu.options().device_views, self.memory_limit);
+            (self.columns, self.view_lists) = device_columns(&self.schema, views);
+        }
         let first_buffers = self.view_first_buffers(batch)?;
         self.batches.push(batch.clone());
         self.rows += n;

@@ -5,8 +5,9 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayData, ArrayRef, AsArray, BooleanArray, ByteView, GenericByteArray, GenericByteViewArray,
-    MAX_INLINE_VIEW_LEN, NullArray, RecordBatch, RecordBatchOptions, UInt32Array, make_array,
+    Array, ArrayData, ArrayRef, AsArray, BinaryViewArray, BooleanArray, ByteView, GenericByteArray,
+    GenericByteViewArray, MAX_INLINE_VIEW_LEN, NullArray, RecordBatch, RecordBatchOptions, StringViewArray,
+    UInt32Array, make_array,
 };
 use arrow::buffer::{BooleanBuffer, Buffer, NullBuffer, OffsetBuffer, ScalarBuffer};
 use arrow::datatypes::{ArrowNativeType, ByteArrayType, ByteViewType, DataType, SchemaRef};
@@ -423,22 +424,15 @@ pub fn views_array(
     nulls: Option<NullBuffer>,
     len: usize,
 ) -> ArrayRef {
-    fn go<T: ByteViewType>(
-        parts: &[&dyn Array],
-        lists: ViewBufferLists,
-        views: Buffer,
-        nulls: Option<NullBuffer>,
-        len: usize,
-    ) -> ArrayRef {
-        let arrays: Vec<&GenericByteViewArray<T>> = parts.iter().map(|p| p.as_byte_view::<T>()).collect();
-        let data = lists.into_buffers(&arrays);
-        // SAFETY: every view is a view of a valid array of `parts`, its buffer index moved to
-        // where that array's buffers are in `data`.
-        Arc::new(unsafe { GenericByteViewArray::<T>::new_unchecked(ScalarBuffer::new(views, 0, len), data, nulls) })
-    }
-    match parts[0].data_type() {
-        DataType::BinaryView => go::<arrow::datatypes::BinaryViewType>(parts, lists, views, nulls, len),
-        _ => go::<arrow::datatypes::StringViewType>(parts, lists, views, nulls, len),
+    let views = ScalarBuffer::new(views, 0, len);
+    let data = lists.into_buffers(parts);
+    // SAFETY: every view is a view of a valid array of `parts`, its buffer index moved to
+    // where that array's buffers are in `data`.
+    unsafe {
+        match parts[0].data_type() {
+            DataType::BinaryView => Arc::new(BinaryViewArray::new_unchecked(views, data, nulls)),
+            _ => Arc::new(StringViewArray::new_unchecked(views, data, nulls)),
+        }
     }
 }
 
@@ -483,13 +477,16 @@ impl ViewBufferLists {
 
     /// The result's data buffers: the one list as it is (no copy of its buffers) when every
     /// part shares it, else the distinct lists one after another.
-    fn into_buffers<T: ByteViewType>(self, arrays: &[&GenericByteViewArray<T>]) -> Arc<[Buffer]> {
+    fn into_buffers(self, parts: &[&dyn Array]) -> Arc<[Buffer]> {
         match self.order.as_slice() {
             [] => Arc::from(Vec::new()),
-            [only] => arrays[*only].clone().into_parts().1,
+            [only] => match parts[*only].data_type() {
+                DataType::BinaryView => parts[*only].as_binary_view().clone().into_parts().1,
+                _ => parts[*only].as_string_view().clone().into_parts().1,
+            },
             many => many
                 .iter()
-                .flat_map(|&p| arrays[p].data_buffers().iter().cloned())
+                .flat_map(|&p| view_data_buffers(parts[p]).iter().cloned())
                 .collect::<Vec<_>>()
                 .into(),
         }
