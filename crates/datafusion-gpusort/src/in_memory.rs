@@ -41,6 +41,7 @@ use rayon::prelude::*;
 
 use crate::config::{DeviceChoice, GpuSortConfig, StrategyChoice};
 use crate::device::{cpu_backend, gpu_backend, gpu_backends};
+use crate::device_output::{DeviceOutput, OUTPUT_RANGE_ROWS};
 use crate::error::GpuSortExecError;
 use crate::metrics::GpuSortMetrics;
 
@@ -59,6 +60,44 @@ pub(crate) enum SortPath {
     Cpu {
         reason: Option<String>,
     },
+}
+
+/// Cuts sorted rows into output batches of `batch_size` rows whose view columns keep only
+/// their own bytes when `compact_views` (`gpusort.compact_output_views`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Slicer {
+    pub(crate) batch_size: usize,
+    compact_views: bool,
+}
+
+impl Slicer {
+    /// `sorted` in batches of at most `batch_size` rows, cut on all cores when there are many.
+    pub(crate) fn slices(&self, sorted: &RecordBatch) -> Result<Vec<RecordBatch>> {
+        let n = sorted.num_rows();
+        let count = n.div_ceil(self.batch_size);
+        let slice = |i: usize| {
+            let start = i * self.batch_size;
+            let slice = sorted.slice(start, self.batch_size.min(n - start));
+            if self.compact_views {
+                compact_views(slice)
+            } else {
+                Ok(slice)
+            }
+        };
+        if count < PARALLEL_SLICES {
+            (0..count).map(slice).collect()
+        } else {
+            (0..count).into_par_iter().map(slice).collect()
+        }
+    }
+}
+
+/// The rows of an in-memory sort: one batch, or (on request, for more than
+/// [`OUTPUT_RANGE_ROWS`]) a GPU session's rows still on the device, to come down a range at a
+/// time ([`DeviceOutput`]).
+pub(crate) enum SortedOutput {
+    Batch(RecordBatch),
+    OnDevice(DeviceOutput),
 }
 
 /// Sorts rows held in memory (see the module docs).
@@ -152,23 +191,17 @@ impl InMemorySorter {
     /// the H100 machine, on the path between the sort and the first output batch), so many
     /// slices are cut on all cores.
     pub(crate) fn slices(&self, sorted: &RecordBatch) -> Result<Vec<RecordBatch>> {
-        let n = sorted.num_rows();
-        let count = n.div_ceil(self.batch_size);
-        let slice = |i: usize| {
-            let start = i * self.batch_size;
-            let slice = sorted.slice(start, self.batch_size.min(n - start));
-            if self.options.compact_output_views {
-                compact_views(slice)
-            } else {
-                Ok(slice)
-            }
-        };
-        if count < PARALLEL_SLICES {
-            (0..count).map(slice).collect()
-        } else {
-            (0..count).into_par_iter().map(slice).collect()
+        self.slicer().slices(sorted)
+    }
+
+    /// How this sorter cuts sorted rows into output batches.
+    pub(crate) fn slicer(&self) -> Slicer {
+        Slicer {
+            batch_size: self.batch_size,
+            compact_views: self.options.compact_output_views,
         }
     }
+
     /// The most rows of one run: `gpusort.max_run_rows`, and what one GPU sort of batches
     /// like `batch` can take when sorts run on a GPU.
     pub(crate) fn run_rows(&self, batch: &RecordBatch) -> Option<usize> {
@@ -255,6 +288,20 @@ impl InMemorySorter {
         batches: Vec<RecordBatch>,
         limit: Option<usize>,
     ) -> Result<RecordBatch> {
+        match self.sort_batches_out(batches, limit, false).await? {
+            SortedOutput::Batch(sorted) => Ok(sorted),
+            SortedOutput::OnDevice(rows) => rows.collect().await,
+        }
+    }
+
+    /// [`Self::sort_batches`], the sorted rows left on the device when `ranges` and a GPU
+    /// session sorted more than [`OUTPUT_RANGE_ROWS`] of them.
+    pub(crate) async fn sort_batches_out(
+        &mut self,
+        batches: Vec<RecordBatch>,
+        limit: Option<usize>,
+        ranges: bool,
+    ) -> Result<SortedOutput> {
         let rows = batches.iter().map(|b| b.num_rows()).sum();
         let mut path = self.choose_path(rows)?;
         if let Some(reason) = self.session_failed.take() {
@@ -262,7 +309,7 @@ impl InMemorySorter {
         }
         if let (SortPath::Gpu(_), Some((session, gpu))) = (&path, self.session.take()) {
             debug_assert_eq!(session.num_rows(), rows, "the session holds the buffered rows");
-            match self.finish_session(session, gpu, limit).await? {
+            match self.finish_session(session, gpu, limit, ranges).await? {
                 Ok(sorted) => {
                     // Released on another core (see GpuSortSession::finish).
                     rayon::spawn(move || drop(batches));
@@ -280,27 +327,43 @@ impl InMemorySorter {
             drop(batches);
             batch
         };
-        self.sort(input, path, limit).await
+        Ok(SortedOutput::Batch(self.sort(input, path, limit).await?))
     }
 
-    /// Sorts the rows of `session` on the GPU; `Err(reason)` when the GPU failed and the rows
+    /// Sorts the rows of `session` on the GPU and brings them down (whole, or left on the
+    /// device when `ranges` and they are many); `Err(reason)` when the GPU failed and the rows
     /// must sort on the CPU.
     async fn finish_session(
         &mut self,
         session: GpuSortSession,
         gpu: Arc<CudaBackend>,
         limit: Option<usize>,
-    ) -> Result<Result<RecordBatch, String>> {
+        ranges: bool,
+    ) -> Result<Result<SortedOutput, String>> {
         let timer = self.metrics.baseline.elapsed_compute().clone();
         let metrics = self.metrics.clone();
         let width = self.schema.fields().len();
         let out = blocking(move || {
             let _timer = timer.timer();
-            match session.finish(limit) {
-                Ok(out) => {
-                    metrics.record(&out.stats, Some(&gpusort::SortBackend::name(gpu.as_ref())));
-                    Ok(Ok(drop_extended_columns(out.batch, width)?))
+            let device = gpusort::SortBackend::name(gpu.as_ref());
+            let finished = session.finish_sorted(limit).and_then(|mut rows| {
+                if ranges && rows.num_rows() > OUTPUT_RANGE_ROWS {
+                    return Ok(Err(rows));
                 }
+                let batch = rows.next_batch(rows.num_rows())?;
+                rows.into_output(batch).map(Ok)
+            });
+            match finished {
+                Ok(Ok(out)) => {
+                    metrics.record(&out.stats, Some(&device));
+                    Ok(Ok(SortedOutput::Batch(drop_extended_columns(out.batch, width)?)))
+                }
+                Ok(Err(rows)) => Ok(Ok(SortedOutput::OnDevice(DeviceOutput::new(
+                    rows,
+                    device,
+                    width,
+                    metrics.clone(),
+                )))),
                 // The CPU would fail the same way.
                 Err(CudaSortError::Core(e)) => Err(GpuSortExecError::from(e).into()),
                 Err(e) => Ok(Err(format!("GPU failed: {e}"))),
@@ -455,8 +518,9 @@ impl InMemorySorter {
             return Ok(None);
         };
         let session = session.with_sorted_runs(sorted_runs);
-        match self.finish_session(session, gpu, limit).await? {
-            Ok(sorted) => Ok(Some(sorted)),
+        match self.finish_session(session, gpu, limit, false).await? {
+            Ok(SortedOutput::Batch(sorted)) => Ok(Some(sorted)),
+            Ok(SortedOutput::OnDevice(rows)) => Ok(Some(rows.collect().await?)),
             Err(reason) => {
                 self.session_failed = Some(reason);
                 Ok(None)
@@ -527,7 +591,7 @@ fn gpu_request<'a>(request: &SortRequest<'a>) -> SortRequest<'a> {
 
 /// `batch` without the evaluated key columns [`InMemorySorter::sort_input`] appended after the
 /// input's `width` columns.
-fn drop_extended_columns(batch: RecordBatch, width: usize) -> Result<RecordBatch> {
+pub(crate) fn drop_extended_columns(batch: RecordBatch, width: usize) -> Result<RecordBatch> {
     if batch.num_columns() > width {
         Ok(batch.project(&(0..width).collect::<Vec<_>>())?)
     } else {

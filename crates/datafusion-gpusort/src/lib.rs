@@ -17,6 +17,7 @@
 
 mod config;
 mod device;
+mod device_output;
 mod error;
 mod exec;
 mod in_memory;

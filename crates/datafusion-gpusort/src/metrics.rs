@@ -119,6 +119,9 @@ pub struct GpuSortMetrics {
     /// Columns gathered on the host through the permutation (var-width and nested columns,
     /// and everything on the CPU path).
     pub host_gathered_columns: Count,
+    /// Ranges of sorted rows brought down from the device one after another while the
+    /// consumer took the earlier ones (0 when the sorted rows came down whole).
+    pub device_ranges: Count,
     /// Times the buffered input of a `LIMIT` sort was cut down to its best rows.
     pub topk_compactions: Count,
     /// Sorted runs made by the external sort (0 when the input was sorted in one piece).
@@ -183,6 +186,7 @@ impl GpuSortMetrics {
             bytes_from_device: summary().counter("bytes_from_device", partition),
             device_columns: dev().counter("device_columns", partition),
             host_gathered_columns: dev().counter("host_gathered_columns", partition),
+            device_ranges: dev().counter("device_ranges", partition),
             topk_compactions: dev().counter("topk_compactions", partition),
             runs: summary().counter("runs", partition),
             budget_runs: dev().counter("budget_runs", partition),

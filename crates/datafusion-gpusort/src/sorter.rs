@@ -18,7 +18,8 @@
 //!    ([`RunStore`]: Arrow IPC through DataFusion's `SpillManager`, in-memory runs written in
 //!    the background when the pool runs short).
 //! 3. **Output.** Input that never needed a run sorts in one piece and streams out as slices of
-//!    the sorted batch; otherwise the last buffered rows become the last run and the runs are
+//!    the sorted batch (or, when a GPU sorted many rows, of ranges brought down one after
+//!    another while the consumer takes the earlier ones: `device_output.rs`); otherwise the last buffered rows become the last run and the runs are
 //!    merged ([`MultiLevelMerge`]).
 //!
 //! With a `fetch` (TopK: `ORDER BY ... LIMIT n`) no runs are cut: the buffered input is cut
@@ -43,7 +44,7 @@ use futures::StreamExt;
 
 use crate::config::GpuSortConfig;
 use crate::error::too_small;
-use crate::in_memory::InMemorySorter;
+use crate::in_memory::{InMemorySorter, SortedOutput};
 use crate::metrics::GpuSortMetrics;
 use crate::multi_level_merge::MultiLevelMerge;
 use crate::run::SortedRun;
@@ -194,10 +195,19 @@ impl GpuSorter {
         if self.runs.is_empty() {
             // In memory, in one piece (its working memory is reserved with the rows).
             let batches = self.take_batches();
-            let sorted = self.sorter.sort_batches(batches, self.fetch).await?;
-            self.reservation.try_resize(get_record_batch_memory_size(&sorted))?;
-            log::debug!(target: "gpusort::timeline", "GpuSortExec: sorted rows reserved");
-            return self.stream_sorted(sorted);
+            return match self.sorter.sort_batches_out(batches, self.fetch, true).await? {
+                SortedOutput::Batch(sorted) => {
+                    self.reservation.try_resize(get_record_batch_memory_size(&sorted))?;
+                    log::debug!(target: "gpusort::timeline", "GpuSortExec: sorted rows reserved");
+                    self.stream_sorted(sorted)
+                }
+                // Still on the device: streamed out a range at a time, the input's reservation
+                // held until the stream ends (the ranges index its view buffers).
+                SortedOutput::OnDevice(rows) => {
+                    let schema = Arc::clone(&self.sorter.schema);
+                    Ok(rows.into_stream(schema, self.sorter.slicer(), self.reservation))
+                }
+            };
         }
         if self.rows > 0 {
             self.make_run(false).await?;

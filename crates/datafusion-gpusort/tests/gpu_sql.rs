@@ -356,6 +356,56 @@ async fn gpu_merges_sorted_partitions() {
 /// `COPY (SELECT ... ORDER BY ...) TO 'x.parquet'`: sorted on the GPU, written by
 /// `GpuParquetSink` (zstd pages on the GPU where nvCOMP loads), read back equal to the file
 /// stock DataFusion writes.
+/// A sort of more rows than one output range comes down from the device a range at a time
+/// while the consumer takes the earlier ones: the same rows as stock DataFusion, in
+/// `batch_size` batches, and a `COPY` of them writes the same file.
+#[tokio::test(flavor = "multi_thread")]
+async fn gpu_sorts_of_many_rows_come_down_in_ranges() {
+    if !gpu_present() {
+        return;
+    }
+    let rows_n = 2_600_000;
+    let (stock, ours) = (context(false, rows_n, 1), context(true, rows_n, 1));
+    for ctx in [&stock, &ours] {
+        ctx.sql("SET datafusion.execution.batch_size = 8192").await.unwrap();
+    }
+    set(&ours, ON_GPU).await;
+    let all = |batches: Vec<arrow::array::RecordBatch>| {
+        arrow::compute::concat_batches(&batches[0].schema(), &batches).unwrap()
+    };
+    for q in [
+        "SELECT * FROM t ORDER BY a, b, c",
+        "SELECT * FROM t ORDER BY c DESC, a, b",
+    ] {
+        let text = analyze(&ours, q).await;
+        assert!(
+            text.contains("gpu_sorts=1") && text.contains("device_ranges=3"),
+            "{text}"
+        );
+        let expected = stock.sql(q).await.unwrap().collect().await.unwrap();
+        let actual = ours.sql(q).await.unwrap().collect().await.unwrap();
+        assert!(actual.iter().all(|b| b.num_rows() <= 8192), "{q}: batch_size respected");
+        assert!(all(actual) == all(expected), "{q}: differs from stock DataFusion");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = |who: &str| dir.path().join(format!("{who}.parquet")).display().to_string();
+    for (who, ctx) in [("ours", &ours), ("stock", &stock)] {
+        let copy = format!(
+            "COPY (SELECT * FROM t ORDER BY b NULLS FIRST, a DESC, c) TO '{}'",
+            path(who)
+        );
+        rows(ctx, &copy).await;
+    }
+    let read = |p: String| async move {
+        let file = SessionContext::new().read_parquet(p, Default::default()).await.unwrap();
+        all(file.collect().await.unwrap())
+    };
+    assert!(
+        read(path("ours")).await == read(path("stock")).await,
+        "COPY: the files differ"
+    );
+}
+
 #[tokio::test]
 async fn gpu_copy_to_parquet_writes_what_datafusion_writes() {
     if !gpu_present() {

@@ -113,24 +113,32 @@ impl Gpu {
         Ok(out)
     }
 
-    /// Bits `offset + perm[i]` of a bitmap for `i < rows`, as ceil(rows / 32) little-endian
-    /// words (an Arrow bitmap).
+    /// Bits `offset + perm[i]` of a bitmap for `first <= i < first + rows`, as ceil(rows / 32)
+    /// little-endian words (an Arrow bitmap).
     pub fn gather_bitmap(
         &self,
         bits: &CudaSlice<u8>,
         offset: u32,
         perm: &CudaSlice<u32>,
+        first: usize,
         rows: usize,
     ) -> Result<CudaSlice<u8>> {
+        assert!(
+            first + rows <= perm.len(),
+            "rows {first}..{} of a permutation of {}",
+            first + rows,
+            perm.len()
+        );
         let s = &self.stream;
         let out = self.alloc_bytes(rows.div_ceil(32) * 4)?;
         let (src, dst, perm_p, n32) = (
             bits.device_ptr(s).0,
             out.device_ptr(s).0,
-            perm.device_ptr(s).0,
+            perm.device_ptr(s).0 + 4 * first as u64,
             rows as u32,
         );
-        // SAFETY: `perm` holds `rows` indices of bits of `bits`; `out` holds ceil(rows / 32) words.
+        // SAFETY: `perm` holds `rows` indices of bits of `bits` from `first` on; `out` holds
+        // ceil(rows / 32) words.
         unsafe {
             s.launch_builder(&self.kernels()?.gather_bits)
                 .arg(&n32)
@@ -143,12 +151,23 @@ impl Gpu {
         Ok(out)
     }
 
-    /// Bit `bit` of `rows` u32 words, as ceil(rows / 32) little-endian words (an Arrow bitmap).
-    pub fn unpack_bits(&self, words: &CudaSlice<u8>, bit: u32, rows: usize) -> Result<CudaSlice<u8>> {
+    /// Bit `bit` of u32 words `first..first + rows`, as ceil(rows / 32) little-endian words
+    /// (an Arrow bitmap).
+    pub fn unpack_bits(&self, words: &CudaSlice<u8>, bit: u32, first: usize, rows: usize) -> Result<CudaSlice<u8>> {
+        assert!(
+            4 * (first + rows) <= words.len(),
+            "words {first}..{} of {} bytes",
+            first + rows,
+            words.len()
+        );
         let s = &self.stream;
         let out = self.alloc_bytes(rows.div_ceil(32) * 4)?;
-        let (src, dst, n32) = (words.device_ptr(s).0, out.device_ptr(s).0, rows as u32);
-        // SAFETY: `words` holds at least `rows` words; `out` holds ceil(rows / 32) words.
+        let (src, dst, n32) = (
+            words.device_ptr(s).0 + 4 * first as u64,
+            out.device_ptr(s).0,
+            rows as u32,
+        );
+        // SAFETY: `words` holds at least `first + rows` words; `out` holds ceil(rows / 32) words.
         unsafe {
             s.launch_builder(&self.kernels()?.unpack_validity)
                 .arg(&n32)

@@ -627,7 +627,7 @@ impl std::fmt::Debug for HostBuffer {
 
 impl HostBuffer {
     /// `len` bytes of heap memory, not initialized.
-    fn heap(len: usize) -> Self {
+    pub(crate) fn heap(len: usize) -> Self {
         let mut b = gpusort::cpu::uninit(len);
         let ptr = NonNull::new(b.as_mut_ptr()).expect("MutableBuffer pointers are not null");
         Self {

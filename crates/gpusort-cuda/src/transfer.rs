@@ -251,15 +251,24 @@ impl Transfers {
     /// `dst` is neither read nor dropped until the stream has passed this copy (it is
     /// complete when the call returns if `dst` is not pinned).
     pub unsafe fn download(&mut self, src: &CudaSlice<u8>, dst: &mut HostBuffer) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe { self.download_at(src, 0, dst) }
+    }
+
+    /// Starts copying the `dst.len()` bytes of `src` from byte `offset` on into `dst`.
+    ///
+    /// # Safety
+    /// As [`Self::download`].
+    pub unsafe fn download_at(&mut self, src: &CudaSlice<u8>, offset: usize, dst: &mut HostBuffer) -> Result<()> {
         assert!(
-            dst.len() <= src.len(),
-            "download of {} bytes from {}",
+            offset + dst.len() <= src.len(),
+            "download of {} bytes from byte {offset} of {}",
             dst.len(),
             src.len()
         );
-        let ptr = src.device_ptr(&self.stream).0;
+        let ptr = src.device_ptr(&self.stream).0 + offset as u64;
         let len = dst.len();
-        // SAFETY: `src` holds at least `dst.len()` bytes; the rest is the caller's contract.
+        // SAFETY: `src` holds the bytes from `offset` on; the rest is the caller's contract.
         unsafe { self.download_into(ptr, dst, len) }
     }
 

@@ -517,3 +517,139 @@ fn view_columns_move_on_the_device_with_the_data_buffers_of_every_batch() {
         }
     }
 }
+
+/// Sorts `parts` through a session and hands the rows out in ranges of the sizes `sizes` (in
+/// turn, over and over), concatenated.
+fn sorted_in_ranges(
+    gpu: &CudaBackend,
+    schema: arrow::datatypes::SchemaRef,
+    spec: &SortSpec,
+    strategy: Option<gpusort::Strategy>,
+    parts: &[RecordBatch],
+    limit: Option<usize>,
+    sizes: &[usize],
+) -> (RecordBatch, usize, gpusort::SortStats) {
+    let mut session = gpu
+        .begin_sort(Arc::clone(&schema), spec.clone())
+        .unwrap()
+        .with_strategy(strategy)
+        .with_expected_rows(4096);
+    for p in parts {
+        session.push(p).unwrap();
+    }
+    let mut rows = session.finish_sorted(limit).unwrap();
+    let mut ranges = vec![];
+    for &size in sizes.iter().cycle() {
+        let left = rows.rows_left();
+        match rows.next_batch(size).unwrap() {
+            Some(b) => {
+                assert_eq!(b.num_rows(), size.max(1).min(left), "a range of {size} rows");
+                ranges.push(b);
+            }
+            None => break,
+        }
+    }
+    assert_eq!(rows.rows_left(), 0);
+    assert!(rows.next_batch(10).unwrap().is_none(), "nothing after the last range");
+    let stats = rows.stats().clone();
+    (
+        arrow::compute::concat_batches(&schema, &ranges).unwrap(),
+        ranges.len(),
+        stats,
+    )
+}
+
+#[test]
+fn ranges_of_the_sorted_rows_are_the_whole_sort_in_pieces() {
+    let Some(gpu) = backend() else { return };
+    let (mut rng, seed) = rng_from_env(0x5a4e_6e01);
+    // Random tables of every type (nulls; strings the host or the device gathers), each
+    // strategy, with and without limits, in ranges of 1 row up to more than all rows.
+    for case in 0..24 {
+        let len = [0, 1, 63, 64, 65, 5_000, 70_001][case % 7];
+        let c = random_case(&mut rng, len);
+        let parts = split(&mut rng, &c.batch, 7000);
+        let strategy = match case % 3 {
+            0 => None,
+            _ => Some(gpusort::Strategy::ALL[rng.random_range(0..gpusort::Strategy::ALL.len())]),
+        };
+        let limit = (case % 4 == 3).then(|| rng.random_range(0..=len + 1));
+        let sizes: &[usize] = match case % 5 {
+            0 => &[1, 7, 1000],
+            1 => &[4096],
+            2 => &[33, 64, 65],
+            3 => &[usize::MAX],
+            _ => &[0, 20_000],
+        };
+        let what = format!("seed {seed} case {case}: {len} rows, {strategy:?}, limit {limit:?}, ranges {sizes:?}");
+        let (ranged, count, stats) = sorted_in_ranges(gpu, c.batch.schema(), &c.spec, strategy, &parts, limit, sizes);
+        let whole = check_session(gpu, &c.batch, &c.spec, &parts, 4096, limit, &what);
+        assert_eq!(ranged.num_rows(), whole.batch.num_rows(), "{what}");
+        for (k, (a, b)) in ranged.columns().iter().zip(whole.batch.columns()).enumerate() {
+            assert!(
+                a.to_data() == b.to_data(),
+                "{what}: column {k} ({}) differs",
+                a.data_type()
+            );
+        }
+        let largest = sizes.iter().map(|&s| s.max(1)).max().unwrap();
+        assert!(
+            count >= whole.batch.num_rows().div_ceil(largest),
+            "{what}: {count} ranges"
+        );
+        if whole.batch.num_rows() > 0 && whole.stats.host_gathered_columns < c.batch.num_columns() {
+            assert!(stats.bytes_from_device > 0, "{what}: the device's columns came down");
+        }
+    }
+    // Views the device moves: every range's views index the input's data buffers.
+    for case in 0..6 {
+        let parts = view_batches(&mut rng, 40);
+        let schema = parts[0].schema();
+        let batch = arrow::compute::concat_batches(&schema, &parts).unwrap();
+        let spec = [
+            SortSpec::new([SortKey::sql(0, false)]),
+            SortSpec::new([SortKey::sql(1, false), SortKey::sql(3, false)]),
+        ][case % 2]
+            .clone();
+        let limit = (case % 3 == 2).then(|| batch.num_rows() / 2);
+        let what = format!(
+            "seed {seed} view case {case}: {} rows, limit {limit:?}",
+            batch.num_rows()
+        );
+        let (ranged, _, stats) = sorted_in_ranges(gpu, Arc::clone(&schema), &spec, None, &parts, limit, &[999, 5000]);
+        let whole = check_session(gpu, &batch, &spec, &parts, 4096, limit, &what);
+        assert_eq!(ranged, whole.batch, "{what}");
+        if batch.num_rows() > 0 {
+            assert_eq!(
+                stats.host_gathered_columns, 0,
+                "{what}: every column moves on the device"
+            );
+        }
+    }
+}
+
+#[test]
+fn sorted_rows_dropped_part_way_release_their_device_memory() {
+    let Some(gpu) = backend() else { return };
+    let (mut rng, _) = rng_from_env(0x5a4e_6e02);
+    let batch = fixed_table(&mut rng, 300_000);
+    let spec = SortSpec::new([SortKey::sql(0, false)]);
+    let before = gpu.memory_budget().stats().reserved;
+    for _ in 0..3 {
+        let mut session = gpu.begin_sort(batch.schema(), spec.clone()).unwrap();
+        session.push(&batch).unwrap();
+        let mut rows = session.finish_sorted(None).unwrap();
+        assert!(
+            gpu.memory_budget().stats().reserved > before,
+            "the sorted rows hold device memory"
+        );
+        let first = rows.next_batch(1000).unwrap().unwrap();
+        assert_eq!(first.num_rows(), 1000);
+        drop(rows);
+        assert_eq!(
+            gpu.memory_budget().stats().reserved,
+            before,
+            "released when dropped part way"
+        );
+    }
+}

@@ -1,23 +1,24 @@
-//! [`GpuSortSession::finish`] as named steps: the host's columns and key, the uploads joined,
-//! the device plan and its memory, the device phase (assembly, the key on the device,
-//! [`Gpu::sort`]), ties ordered (on the device by their bytes past the prefix, `ties.rs`, or on the host), the downloads beside the host's gathers, the output
-//! batch. The sort itself is `sort.rs` (Bandyopadhyay & Sahni's strategies, ICPADS 2011,
-//! section IV); no kernel is launched here but through [`Gpu`].
+//! [`GpuSortSession::finish_sorted`] as named steps: the host's columns and key, the uploads
+//! joined, the device plan and its memory, the device phase (assembly, the key on the device,
+//! [`Gpu::sort`]), ties ordered (on the device by their bytes past the prefix, `ties.rs`, or
+//! on the host), the device columns put in order. The sorted rows then come down a range at a
+//! time ([`SortedRows`], `sorted_rows.rs`). The sort itself is `sort.rs` (Bandyopadhyay &
+//! Sahni's strategies, ICPADS 2011, section IV); no kernel is launched here but through [`Gpu`].
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use arrow::array::{Array, ArrayRef, RecordBatch, RecordBatchOptions, UInt32Array};
-use arrow::buffer::{BooleanBuffer, NullBuffer, ScalarBuffer};
+use arrow::array::{Array, ArrayRef, RecordBatch, RecordBatchOptions};
 use arrow::compute::SortColumn;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr, result};
-use gpusort::cpu::gather::{ViewBufferLists, concat_column, fixed_array, gather_column, views_array};
+use gpusort::cpu::gather::concat_column;
 use gpusort::keys::{KeyLayout, OrdinalKind, native_ordinal_kind};
 use gpusort::plan::{RecordMove, Strategy, radix_passes};
 use gpusort::ties::{TailGroups, TieBitmaps, TruncationTest};
 use gpusort::{KeyEncoder, SortKey, SortOutput, SortSpec, SortStats};
 use rayon::prelude::*;
 
+use super::sorted_rows::SortedRows;
 use super::upload::{DeviceSegment, Uploaded};
 use super::{GpuColumn, GpuSortSession};
 use crate::encode::{DeviceKeyColumn, KEY_MAX_WORDS};
@@ -53,7 +54,7 @@ enum KeySource {
 
 /// The host's side of a sort: the columns it concatenated (the keys unless the device encodes
 /// them, and every column the device does not move) and where the key is encoded.
-struct HostSide {
+pub(super) struct HostSide {
     /// Indices of the concatenated columns, sorted.
     on_host: Vec<usize>,
     concatenated: Vec<ArrayRef>,
@@ -61,25 +62,28 @@ struct HostSide {
 }
 
 impl HostSide {
-    /// Column `c`, concatenated.
-    fn column(&self, c: usize) -> &ArrayRef {
-        &self.concatenated[self.on_host.binary_search(&c).expect("a host column")]
+    /// The concatenated columns the host gathers (those of `on_device` left out: key columns
+    /// concatenated only to encode the key), each with its index; the key is dropped.
+    pub(super) fn into_gathered(self, on_device: impl Fn(usize) -> bool) -> Vec<(usize, ArrayRef)> {
+        (self.on_host.into_iter().zip(self.concatenated))
+            .filter(|(c, _)| !on_device(*c))
+            .collect()
     }
 }
 
 /// How the device sorts: the record move (indirect when tied string prefixes are ordered on
 /// the host), its columns, which of them have nulls, whether gathers are packed, and the
 /// device memory it holds of the budget.
-struct DevicePlan {
-    reservation: DeviceReservation,
-    strategy: Strategy,
-    direct: bool,
+pub(super) struct DevicePlan {
+    pub(super) reservation: DeviceReservation,
+    pub(super) strategy: Strategy,
+    pub(super) direct: bool,
     /// Whether the key is inexact (truncated string prefixes): tie groups are found on the host (and ordered there or on the device).
-    inexact: bool,
-    columns: Vec<GpuColumn>,
+    pub(super) inexact: bool,
+    pub(super) columns: Vec<GpuColumn>,
     /// Indices into `columns` of the columns with nulls.
-    nullable: Vec<usize>,
-    pack_gathers: bool,
+    pub(super) nullable: Vec<usize>,
+    pub(super) pack_gathers: bool,
 }
 
 /// The device's columns assembled from their segments, values and validity bits.
@@ -133,22 +137,31 @@ impl Marks {
 
 /// The sorted rows on their way to the host: what the device sorted, the permutation on the
 /// device and (once downloaded) on the host.
-struct Sorted {
-    table: DeviceTable,
-    values: Vec<DeviceColumn>,
-    bitmaps: Vec<Option<CudaSlice<u8>>>,
-    perm_dev: CudaSlice<u32>,
-    perm: HostBuffer,
+pub(super) struct Sorted {
+    pub(super) table: DeviceTable,
+    pub(super) values: Vec<DeviceColumn>,
+    pub(super) bitmaps: Vec<Option<CudaSlice<u8>>>,
+    pub(super) perm_dev: CudaSlice<u32>,
+    pub(super) perm: HostBuffer,
     /// Whether `perm` came down before the columns (the host needs it to order ties or to
     /// gather columns of its own).
-    perm_first: bool,
-    device_ms: f32,
+    pub(super) perm_first: bool,
+    pub(super) device_ms: f32,
 }
 
 impl GpuSortSession {
     /// Sorts every row pushed and returns the first `limit` (all with `None`), as one batch,
     /// with the permutation and what the sort did.
-    pub fn finish(mut self, limit: Option<usize>) -> Result<SortOutput> {
+    pub fn finish(self, limit: Option<usize>) -> Result<SortOutput> {
+        let mut sorted = self.finish_sorted(limit)?;
+        let batch = sorted.next_batch(sorted.num_rows())?;
+        sorted.into_output(batch)
+    }
+
+    /// Sorts every row pushed and keeps the first `limit` (all with `None`) sorted on the
+    /// device, for [`SortedRows::next_batch`] to hand out a range of rows at a time: a caller
+    /// that writes the rows (a Parquet writer) encodes one range while the next comes down.
+    pub fn finish_sorted(mut self, limit: Option<usize>) -> Result<SortedRows> {
         let n = self.rows;
         let limit = limit.unwrap_or(n).min(n);
         self.check_failed()?;
@@ -167,11 +180,7 @@ impl GpuSortSession {
             .planned_strategy(self.strategy, self.schema.fields().len(), self.spec.len());
         if n == 0 {
             stats.strategy = Some(strategy);
-            return Ok(SortOutput {
-                batch: RecordBatch::new_empty(Arc::clone(&self.schema)),
-                indices: UInt32Array::from(Vec::<u32>::new()),
-                stats,
-            });
+            return Ok(SortedRows::empty(Arc::clone(&self.schema), stats));
         }
         let host = self.host_side(&mut stats)?;
         let start = Instant::now();
@@ -185,43 +194,39 @@ impl GpuSortSession {
 
         // The device phase: one sort at a time on the sort stream.
         let waiting = Instant::now();
-        let _device = self.device_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let device = self.device_lock.lock().unwrap_or_else(|p| p.into_inner());
         stats.device_wait += waiting.elapsed();
         let mut copies = Transfers::new(self.gpu.stream());
         let mut sorted = self.sort_on_device(&host.keys, uploaded.segments, &plan, &mut copies, &mut stats)?;
         self.order_ties(&host.keys, &mut sorted, &mut plan.reservation, &mut copies, &mut stats)?;
         sorted.table.keys.clear();
+        self.put_in_order(&plan, &mut sorted, limit, &mut copies)?;
+        drop(device);
         stats.sort_time = start.elapsed();
+        log::debug!(target: "gpusort::timeline", "session: sorted rows on the device");
+        Ok(SortedRows::new(self, host, plan, sorted, copies, limit, stats))
+    }
 
-        let start = Instant::now();
-        let (device_sorted, host_sorted) =
-            self.download_and_gather(&host, &plan, &mut sorted, limit, &mut copies, &mut stats)?;
-        let view_lists = std::mem::take(&mut self.view_lists);
-        let batch = self.output_batch(host_sorted, device_sorted, view_lists, limit)?;
-        stats.gather_time = start.elapsed();
-        log::debug!(target: "gpusort::timeline", "session: output batch built");
-        stats.bytes_to_device += copies.to_device;
-        stats.bytes_from_device = copies.from_device;
-        let kept = if self.want_permutation { limit } else { 0 };
-        let Sorted {
-            mut perm,
-            table,
-            values,
-            bitmaps,
-            perm_dev,
-            ..
-        } = sorted;
-        perm.truncate(4 * kept);
-        let indices = UInt32Array::new(ScalarBuffer::new(perm.into_buffer(), 0, kept), None);
-        // The device memory is freed (in stream order) before its reservation is released.
-        drop((table, values, bitmaps, perm_dev, copies, _device));
-        drop(plan);
-        // The input's batches (and their concatenated columns) are released on another core:
-        // thousands of arrays whose reference counts other threads last touched.
-        let input = (std::mem::take(&mut self.batches), host.concatenated);
-        rayon::spawn(move || drop(input));
-        log::debug!(target: "gpusort::timeline", "session: input released");
-        Ok(SortOutput { batch, indices, stats })
+    /// The sorted rows' device columns in order (gathered through the permutation unless the
+    /// sort moved them), and the permutation on the host when the caller wants it and it is
+    /// not there yet.
+    fn put_in_order(&self, plan: &DevicePlan, sorted: &mut Sorted, limit: usize, copies: &mut Transfers) -> Result<()> {
+        let (gpu, n) = (&self.gpu, self.rows);
+        if !plan.direct {
+            let (start, end) = (gpu.event()?, gpu.event()?);
+            start.record(gpu.stream())?;
+            gpu.gather_columns(&mut sorted.values, n, &sorted.perm_dev, limit, plan.pack_gathers)?;
+            end.record(gpu.stream())?;
+            end.synchronize()?;
+            sorted.device_ms += start.elapsed_ms(&end)?;
+        }
+        if !sorted.perm_first && self.want_permutation {
+            // SAFETY: read once the stream synchronizes.
+            unsafe { copies.download_words(&sorted.perm_dev, &mut sorted.perm) }?;
+            gpu.stream().synchronize()?;
+            sorted.perm_first = true;
+        }
+        Ok(())
     }
 
     /// The host's columns concatenated, and the key: encoded on the device from the columns it
@@ -605,143 +610,6 @@ impl GpuSortSession {
     /// The device's columns come down into pool buffers (indirect: gathered first, only the
     /// first `limit` rows) while the host gathers the others through the permutation; returns
     /// both.
-    #[allow(clippy::type_complexity)]
-    fn download_and_gather(
-        &self,
-        host: &HostSide,
-        plan: &DevicePlan,
-        sorted: &mut Sorted,
-        limit: usize,
-        copies: &mut Transfers,
-        stats: &mut SortStats,
-    ) -> Result<(Vec<(HostBuffer, Option<HostBuffer>)>, Vec<Option<ArrayRef>>)> {
-        let gpu = &self.gpu;
-        let stream = gpu.stream();
-        let downloads_start = gpu.event()?;
-        downloads_start.record(stream)?;
-        let device_sorted = self.download_columns(plan, sorted, limit, copies)?;
-        if !sorted.perm_first && self.want_permutation {
-            // SAFETY: read only after the stream synchronizes below.
-            unsafe { copies.download_words(&sorted.perm_dev, &mut sorted.perm) }?;
-        }
-        let downloads_end = gpu.event()?;
-        downloads_end.record(stream)?;
-        // Only read when the host gathers columns, and then it came down first.
-        let head: &[u32] = if sorted.perm_first {
-            &sorted.perm.as_words()[..limit]
-        } else {
-            &[]
-        };
-        let host_sorted = (0..self.schema.fields().len())
-            .into_par_iter()
-            .map(|c| match plan.columns.iter().any(|g| g.index == c) {
-                true => Ok(None),
-                false => gather_column(host.column(c), head).map(Some),
-            })
-            .collect::<gpusort::Result<Vec<Option<ArrayRef>>>>()?;
-        downloads_end.synchronize()?;
-        log::debug!(target: "gpusort::timeline", "session: downloads done");
-        let download_ms = downloads_start.elapsed_ms(&downloads_end)?;
-        stats.download_time = Duration::from_secs_f64(download_ms as f64 / 1e3);
-        let mut device_ms = sorted.device_ms;
-        if !plan.direct {
-            // Gathers and downloads interleave; the device time counts both.
-            device_ms += download_ms;
-        }
-        stats.device_time = Some(Duration::from_secs_f64(device_ms as f64 / 1e3));
-        sorted.table = DeviceTable {
-            num_rows: 0,
-            keys: vec![],
-            columns: vec![],
-            records: None,
-        };
-        sorted.values.clear();
-        sorted.bitmaps.clear();
-        Ok((device_sorted, host_sorted))
-    }
-
-    /// Starts the download of each device column's first `limit` sorted rows and validity
-    /// bits (indirect: the columns gathered together first, packed into rows where that reads
-    /// fewer sectors and fits, see [`Gpu::gather_columns`]).
-    fn download_columns(
-        &self,
-        plan: &DevicePlan,
-        sorted: &mut Sorted,
-        limit: usize,
-        copies: &mut Transfers,
-    ) -> Result<Vec<(HostBuffer, Option<HostBuffer>)>> {
-        let (gpu, n, pool) = (&self.gpu, self.rows, PinnedPool::global());
-        if !plan.direct {
-            gpu.gather_columns(&mut sorted.values, n, &sorted.perm_dev, limit, plan.pack_gathers)?;
-        }
-        let mut out = vec![];
-        for (k, c) in plan.columns.iter().enumerate() {
-            let dev = if plan.direct {
-                &sorted.table.columns[k].data
-            } else {
-                &sorted.values[k].data
-            };
-            let mut values = pool.transfer_buffer(limit * c.width);
-            // SAFETY: read only after the stream synchronizes.
-            unsafe { copies.download(dev, &mut values) }?;
-            let bits = match &sorted.bitmaps[k] {
-                None => None,
-                Some(bits) => {
-                    let dev_bits = if plan.direct {
-                        let j = plan.nullable.iter().position(|&x| x == k).unwrap();
-                        let lane = &sorted.table.columns[plan.columns.len() + j / 32].data;
-                        gpu.unpack_bits(lane, (j % 32) as u32, limit)?
-                    } else {
-                        gpu.gather_bitmap(bits, 0, &sorted.perm_dev, limit)?
-                    };
-                    let mut host = pool.alloc(limit.div_ceil(32) * 4);
-                    // SAFETY: as above.
-                    unsafe { copies.download(&dev_bits, &mut host) }?;
-                    Some(host)
-                }
-            };
-            out.push((values, bits));
-        }
-        Ok(out)
-    }
-
-    /// The output batch of `limit` rows: the host's gathered columns and the device's
-    /// downloaded ones (pool buffers become the arrays, no copy; sorted views index the data
-    /// buffers of every batch, `view_lists`), in schema order.
-    fn output_batch(
-        &self,
-        host_sorted: Vec<Option<ArrayRef>>,
-        device_sorted: Vec<(HostBuffer, Option<HostBuffer>)>,
-        view_lists: Vec<Option<ViewBufferLists>>,
-        limit: usize,
-    ) -> Result<RecordBatch> {
-        let mut device_sorted = device_sorted.into_iter().zip(view_lists);
-        let out_columns: Vec<ArrayRef> = host_sorted
-            .into_iter()
-            .enumerate()
-            .map(|(c, host)| match host {
-                Some(sorted) => sorted,
-                None => {
-                    let ((values, bits), lists) = device_sorted.next().expect("a device column");
-                    let nulls = bits.map(|b| NullBuffer::new(BooleanBuffer::new(b.into_buffer(), 0, limit)));
-                    match lists {
-                        None => fixed_array(self.batches[0].column(c).as_ref(), values.into_buffer(), nulls, limit),
-                        Some(lists) => {
-                            let parts: Vec<&dyn Array> = self.batches.iter().map(|b| b.column(c).as_ref()).collect();
-                            views_array(&parts, lists, values.into_buffer(), nulls, limit)
-                        }
-                    }
-                }
-            })
-            .collect();
-        Ok(RecordBatch::try_new_with_options(
-            Arc::clone(&self.schema),
-            out_columns,
-            &RecordBatchOptions::new().with_row_count(Some(limit)),
-        )
-        .map_err(gpusort::GpusortError::from)?)
-    }
-
     /// The key's columns on the device, when the device encodes the key itself; `None` when
     /// the host encodes it: some sort column is not native or not on the device, the key
     /// could be longer than [`KEY_MAX_WORDS`], or `GPUSORT_DEVICE_KEYS=0`.

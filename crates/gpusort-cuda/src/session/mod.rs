@@ -28,7 +28,8 @@
 //!
 //! # Finish
 //!
-//! [`GpuSortSession::finish`] sends the last, partial segment and waits for the uploads. Then:
+//! [`GpuSortSession::finish_sorted`] (and [`GpuSortSession::finish`], which takes every row
+//! at once) sends the last, partial segment and waits for the uploads. Then:
 //!
 //! 1. when a sort column is not a native integer or float on the device (strings, booleans,
 //!    dictionaries, 16-byte decimals...), the **key columns** alone are concatenated on the
@@ -43,9 +44,11 @@
 //! 3. [`Gpu::sort`] runs the planned strategy (the rule calibrated on the H100, or the one asked for);
 //!    truncated string keys that tie are found on the host and ordered there or, for groups of
 //!    many rows, on the device (`ties.rs`, `GPUSORT_DEVICE_TIES`);
-//! 4. the sorted device columns come down straight into pinned pool buffers that become the
-//!    output arrays (no host copy after the download), while the host concatenates and
-//!    gathers the other columns through the permutation ([`gather_column`]).
+//! 4. the device columns are put in order (gathered through the permutation on the device
+//!    unless the sort moved them); then [`SortedRows::next_batch`] hands out a range of rows
+//!    at a time: the range's device columns come down into pool buffers that become the
+//!    output arrays (no host copy after the download), while the host gathers the other
+//!    columns through the range's part of the permutation ([`gather_column`](gpusort::cpu::gather::gather_column)).
 //!
 //! The result is the same stable order as the CPU backend's. A session that is dropped
 //! instead (the caller sorts elsewhere) frees its device and pinned memory.
@@ -76,7 +79,10 @@ use crate::gpu::Gpu;
 use crate::memory::DeviceBudget;
 
 mod finish;
+mod sorted_rows;
 mod upload;
+
+pub use self::sorted_rows::SortedRows;
 
 use self::upload::{Part, SegmentJob, SegmentLayout, Uploader};
 

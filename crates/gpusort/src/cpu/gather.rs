@@ -399,7 +399,13 @@ fn concat_views<T: ByteViewType>(parts: &[&dyn Array]) -> Option<ArrayRef> {
         }
     });
     let nulls = concat_nulls(parts, rows);
-    Some(views_array(parts, lists, views.into(), nulls, rows))
+    Some(views_array(
+        parts[0].data_type(),
+        lists.into_buffers(parts),
+        views.into(),
+        nulls,
+        rows,
+    ))
 }
 
 /// `view` with its buffer index raised by `first_buffer` when it is a long view (its bytes in
@@ -414,22 +420,23 @@ pub fn rebase_view(view: u128, first_buffer: u32) -> u128 {
     v.as_u128()
 }
 
-/// A view column (of the type of `parts`) of `len` rows: `views`, whose long views index the
-/// data buffers of `parts` one after another as `lists` placed them (each view rebased by
-/// [`rebase_view`] from the [`ViewBufferLists::first_of`] of its part), and `nulls`.
+/// A view column of `data_type` (`Utf8View` or `BinaryView`) of `len` rows: `views`, whose
+/// long views index `data` (the data buffers of a concatenation's parts one after another, as
+/// [`ViewBufferLists::into_buffers`] lists them, each view rebased by [`rebase_view`] from
+/// the [`ViewBufferLists::first_of`] of its part), and `nulls`. Slices of one sorted table
+/// made this way share one `data`.
 pub fn views_array(
-    parts: &[&dyn Array],
-    lists: ViewBufferLists,
+    data_type: &DataType,
+    data: Arc<[Buffer]>,
     views: Buffer,
     nulls: Option<NullBuffer>,
     len: usize,
 ) -> ArrayRef {
     let views = ScalarBuffer::new(views, 0, len);
-    let data = lists.into_buffers(parts);
-    // SAFETY: every view is a view of a valid array of `parts`, its buffer index moved to
+    // SAFETY: every view is a view of a valid array of the parts, its buffer index moved to
     // where that array's buffers are in `data`.
     unsafe {
-        match parts[0].data_type() {
+        match data_type {
             DataType::BinaryView => Arc::new(BinaryViewArray::new_unchecked(views, data, nulls)),
             _ => Arc::new(StringViewArray::new_unchecked(views, data, nulls)),
         }
@@ -477,7 +484,7 @@ impl ViewBufferLists {
 
     /// The result's data buffers: the one list as it is (no copy of its buffers) when every
     /// part shares it, else the distinct lists one after another.
-    fn into_buffers(self, parts: &[&dyn Array]) -> Arc<[Buffer]> {
+    pub fn into_buffers(self, parts: &[&dyn Array]) -> Arc<[Buffer]> {
         match self.order.as_slice() {
             [] => Arc::from(Vec::new()),
             [only] => match parts[*only].data_type() {

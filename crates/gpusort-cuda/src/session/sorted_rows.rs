@@ -1,0 +1,338 @@
+//! [`SortedRows`]: a finished session's sorted rows, held on the device and handed out a range
+//! at a time ([`SortedRows::next_batch`]): each range's device columns come down (with their
+//! validity bits, gathered or unpacked for the range alone) while the host gathers its own
+//! columns through the range's part of the permutation.
+//!
+//! Why ranges: a Parquet writer that gets the first million sorted rows encodes them while the
+//! next million cross PCIe, where one batch of every row made it wait for the whole download
+//! (0.7-0.9 s of TPC-H lineitem SF10's 5 s, stop 32). [`GpuSortSession::finish`] takes the
+//! whole range at once and is the same sort.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arrow::array::{Array, ArrayRef, RecordBatch, RecordBatchOptions, UInt32Array};
+use arrow::buffer::{BooleanBuffer, Buffer, NullBuffer, ScalarBuffer};
+use arrow::datatypes::SchemaRef;
+use gpusort::cpu::gather::{ViewBufferLists, fixed_array, gather_column, views_array};
+use gpusort::{SortOutput, SortStats};
+use rayon::prelude::*;
+
+use super::GpuSortSession;
+use super::finish::{DevicePlan, HostSide, Sorted};
+use crate::error::Result;
+use crate::gpu::Gpu;
+use crate::pinned::{HostBuffer, PinnedPool};
+use crate::transfer::Transfers;
+use cudarc::driver::CudaEvent;
+
+/// What stays on the device until the last range came down. Fields drop in order: the device
+/// buffers, then the copies' ring, then the plan (whose reservation is released last).
+struct OnDevice {
+    sorted: Sorted,
+    copies: Transfers,
+    plan: DevicePlan,
+    gpu: Arc<Gpu>,
+    device_lock: Arc<Mutex<()>>,
+}
+
+/// A column of the output that comes from the device: bytes per row, an array of its type (for
+/// the output's data type and children), and the data buffers its sorted views index when it
+/// is a view column.
+struct OutputColumn {
+    width: usize,
+    like: ArrayRef,
+    view_data: Option<Arc<[Buffer]>>,
+}
+
+/// The sorted rows of a [`GpuSortSession`], handed out in order a range at a time (see the
+/// module docs). Made by [`GpuSortSession::finish_sorted`]. The device memory and its
+/// reservation are released when the last row has come down, or when this is dropped.
+pub struct SortedRows {
+    device: Option<OnDevice>,
+    schema: SchemaRef,
+    /// The device's columns, in the order of the plan's.
+    device_columns: Vec<OutputColumn>,
+    /// The host's concatenated columns (index, column; gathered through the permutation a
+    /// range at a time) and the input batches; `None` for an empty sort.
+    host: Option<(Vec<(usize, ArrayRef)>, Vec<RecordBatch>)>,
+    /// The permutation on the host, when the host needs it (its own columns, tied prefixes)
+    /// or the caller asked for it; else empty.
+    perm: HostBuffer,
+    want_permutation: bool,
+    rows: usize,
+    next: usize,
+    stats: SortStats,
+    download_ms: f64,
+}
+
+impl std::fmt::Debug for SortedRows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SortedRows")
+            .field("rows", &self.rows)
+            .field("next", &self.next)
+            .finish()
+    }
+}
+
+impl SortedRows {
+    /// No rows.
+    pub(super) fn empty(schema: SchemaRef, stats: SortStats) -> Self {
+        Self {
+            device: None,
+            schema,
+            device_columns: vec![],
+            host: None,
+            perm: HostBuffer::heap(0),
+            want_permutation: false,
+            rows: 0,
+            next: 0,
+            stats,
+            download_ms: 0.0,
+        }
+    }
+
+    /// The first `rows` rows of `sorted` (put in order on the device) to hand out.
+    pub(super) fn new(
+        mut session: GpuSortSession,
+        host: HostSide,
+        plan: DevicePlan,
+        mut sorted: Sorted,
+        copies: Transfers,
+        rows: usize,
+        mut stats: SortStats,
+    ) -> Self {
+        stats.bytes_to_device += copies.to_device;
+        stats.bytes_from_device = copies.from_device;
+        let batches = std::mem::take(&mut session.batches);
+        let view_lists = std::mem::take(&mut session.view_lists);
+        let device_columns = (plan.columns.iter().zip(view_lists))
+            .map(|(c, lists)| {
+                let parts: Vec<&dyn Array> = batches.iter().map(|b| b.column(c.index).as_ref()).collect();
+                OutputColumn {
+                    width: c.width,
+                    like: batches[0].column(c.index).slice(0, 0),
+                    view_data: lists.map(|l: ViewBufferLists| l.into_buffers(&parts)),
+                }
+            })
+            .collect();
+        let on_device = |c: usize| plan.columns.iter().any(|d| d.index == c);
+        let gathered = host.into_gathered(on_device);
+        let perm = std::mem::replace(&mut sorted.perm, HostBuffer::heap(0));
+        let perm = if sorted.perm_first { perm } else { HostBuffer::heap(0) };
+        Self {
+            device: Some(OnDevice {
+                sorted,
+                copies,
+                plan,
+                gpu: Arc::clone(&session.gpu),
+                device_lock: Arc::clone(&session.device_lock),
+            }),
+            schema: Arc::clone(&session.schema),
+            device_columns,
+            host: Some((gathered, batches)),
+            perm,
+            want_permutation: session.want_permutation,
+            rows,
+            next: 0,
+            stats,
+            download_ms: 0.0,
+        }
+    }
+
+    /// Rows in all (the sort's limit).
+    pub fn num_rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Rows not handed out yet.
+    pub fn rows_left(&self) -> usize {
+        self.rows - self.next
+    }
+
+    /// What the sort did; its download and gather times count the ranges handed out so far.
+    pub fn stats(&self) -> &SortStats {
+        &self.stats
+    }
+
+    /// The next (at most) `max_rows` sorted rows as a batch of the session's schema, `None`
+    /// once every row was handed out. Views index the input's data buffers (every range
+    /// shares them); other columns are buffers of their own.
+    pub fn next_batch(&mut self, max_rows: usize) -> Result<Option<RecordBatch>> {
+        if self.next >= self.rows {
+            self.release();
+            return Ok(None);
+        }
+        let (first, rows) = (self.next, max_rows.max(1).min(self.rows - self.next));
+        let start = Instant::now();
+        let (device_sorted, downloads) = self.start_downloads(first, rows)?;
+        let host_sorted = self.gather_on_host(first, rows)?;
+        self.finish_downloads(downloads)?;
+        let batch = self.output_batch(host_sorted, device_sorted, rows)?;
+        self.stats.gather_time += start.elapsed();
+        self.next += rows;
+        log::debug!(
+            target: "gpusort::timeline",
+            "session: rows {first}..{} handed out",
+            first + rows
+        );
+        if self.next == self.rows {
+            self.release();
+        }
+        Ok(Some(batch))
+    }
+
+    /// The whole output as [`GpuSortSession::finish`] returns it: `batch` (the rows handed out
+    /// last, all of them when none were before), the permutation when asked for, the stats.
+    pub fn into_output(mut self, batch: Option<RecordBatch>) -> Result<SortOutput> {
+        self.release();
+        let batch = batch.unwrap_or_else(|| RecordBatch::new_empty(Arc::clone(&self.schema)));
+        let kept = if self.want_permutation { self.rows } else { 0 };
+        let mut perm = std::mem::replace(&mut self.perm, HostBuffer::heap(0));
+        perm.truncate(4 * kept);
+        let indices = UInt32Array::new(ScalarBuffer::new(perm.into_buffer(), 0, kept), None);
+        Ok(SortOutput {
+            batch,
+            indices,
+            stats: self.stats.clone(),
+        })
+    }
+
+    /// Starts downloading rows `first..first + rows` of each device column (and its validity
+    /// bits): the buffers, and the events around the copies (`None` without device columns).
+    /// Pinned buffers (a range's columns are pool blocks that come back when the batch is
+    /// dropped) are read only after [`Self::finish_downloads`].
+    #[allow(clippy::type_complexity)]
+    fn start_downloads(
+        &mut self,
+        first: usize,
+        rows: usize,
+    ) -> Result<(Vec<(HostBuffer, Option<HostBuffer>)>, Option<[CudaEvent; 2]>)> {
+        let Some(d) = self.device.as_mut() else {
+            return Ok((vec![], None));
+        };
+        let pool = PinnedPool::global();
+        let _device = d.device_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let (gpu, plan, sorted) = (&d.gpu, &d.plan, &d.sorted);
+        let events = [gpu.event()?, gpu.event()?];
+        events[0].record(gpu.stream())?;
+        let before = d.copies.from_device;
+        let mut out = vec![];
+        for (k, c) in self.device_columns.iter().enumerate() {
+            let dev = match plan.direct {
+                true => &sorted.table.columns[k].data,
+                false => &sorted.values[k].data,
+            };
+            let mut values = pool.transfer_buffer(rows * c.width);
+            // SAFETY: read only after the stream passed the copy (finish_downloads).
+            unsafe { d.copies.download_at(dev, first * c.width, &mut values) }?;
+            let bits = match &sorted.bitmaps[k] {
+                None => None,
+                Some(bits) => {
+                    let dev_bits = if plan.direct {
+                        let j = plan.nullable.iter().position(|&x| x == k).expect("a nullable column");
+                        let lane = &sorted.table.columns[plan.columns.len() + j / 32].data;
+                        gpu.unpack_bits(lane, (j % 32) as u32, first, rows)?
+                    } else {
+                        gpu.gather_bitmap(bits, 0, &sorted.perm_dev, first, rows)?
+                    };
+                    let mut host = pool.alloc(rows.div_ceil(32) * 4);
+                    // SAFETY: as above; `dev_bits` is freed in stream order, after the copy.
+                    unsafe { d.copies.download(&dev_bits, &mut host) }?;
+                    Some(host)
+                }
+            };
+            out.push((values, bits));
+        }
+        events[1].record(gpu.stream())?;
+        self.stats.bytes_from_device += d.copies.from_device - before;
+        Ok((out, Some(events)))
+    }
+
+    /// Waits for the downloads [`Self::start_downloads`] started, and counts their time.
+    fn finish_downloads(&mut self, events: Option<[CudaEvent; 2]>) -> Result<()> {
+        if let Some([start, end]) = events {
+            end.synchronize()?;
+            self.download_ms += start.elapsed_ms(&end)? as f64;
+            self.stats.download_time = Duration::from_secs_f64(self.download_ms / 1e3);
+        }
+        Ok(())
+    }
+
+    /// Rows `first..first + rows` of each host column, gathered through the permutation;
+    /// `None` for the device's columns.
+    fn gather_on_host(&self, first: usize, rows: usize) -> Result<Vec<Option<ArrayRef>>> {
+        let Some((gathered, _)) = &self.host else {
+            return Ok(vec![]);
+        };
+        let head: &[u32] = match self.perm.is_empty() {
+            true => &[],
+            false => &self.perm.as_words()[first..first + rows],
+        };
+        Ok((0..self.schema.fields().len())
+            .into_par_iter()
+            .map(|c| match gathered.iter().find(|(i, _)| *i == c) {
+                Some((_, column)) => gather_column(column, head).map(Some),
+                None => Ok(None),
+            })
+            .collect::<gpusort::Result<Vec<Option<ArrayRef>>>>()?)
+    }
+
+    /// The batch of `rows` rows: the host's gathered columns and the device's downloaded ones
+    /// (pool buffers become the arrays, no copy; views index the shared data buffers), in
+    /// schema order.
+    fn output_batch(
+        &self,
+        host_sorted: Vec<Option<ArrayRef>>,
+        device_sorted: Vec<(HostBuffer, Option<HostBuffer>)>,
+        rows: usize,
+    ) -> Result<RecordBatch> {
+        let mut device_sorted = self.device_columns.iter().zip(device_sorted);
+        let columns: Vec<ArrayRef> = host_sorted
+            .into_iter()
+            .map(|host| match host {
+                Some(sorted) => sorted,
+                None => {
+                    let (c, (values, bits)) = device_sorted.next().expect("a device column");
+                    let nulls = bits.map(|b| NullBuffer::new(BooleanBuffer::new(b.into_buffer(), 0, rows)));
+                    match &c.view_data {
+                        None => fixed_array(c.like.as_ref(), values.into_buffer(), nulls, rows),
+                        Some(data) => {
+                            views_array(c.like.data_type(), Arc::clone(data), values.into_buffer(), nulls, rows)
+                        }
+                    }
+                }
+            })
+            .collect();
+        Ok(RecordBatch::try_new_with_options(
+            Arc::clone(&self.schema),
+            columns,
+            &RecordBatchOptions::new().with_row_count(Some(rows)),
+        )
+        .map_err(gpusort::GpusortError::from)?)
+    }
+
+    /// Frees the device memory (in stream order, before its reservation is released) and
+    /// releases the input on another core, once no row is left to hand out.
+    fn release(&mut self) {
+        if let Some(d) = self.device.take() {
+            let mut device_ms = d.sorted.device_ms as f64;
+            if !d.plan.direct {
+                device_ms += self.download_ms;
+            }
+            self.stats.device_time = Some(Duration::from_secs_f64(device_ms / 1e3));
+            drop(d);
+            log::debug!(target: "gpusort::timeline", "session: device memory released");
+        }
+        if let Some(input) = self.host.take() {
+            // Thousands of arrays whose reference counts other threads last touched.
+            rayon::spawn(move || drop(input));
+        }
+    }
+}
+
+impl Drop for SortedRows {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
