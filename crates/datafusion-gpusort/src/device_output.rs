@@ -70,17 +70,19 @@ impl DeviceOutput {
 
     /// The rows as a stream of `slicer`'s batches of `schema`, made on a blocking task up to
     /// [`RANGES_AHEAD`] ranges ahead of the consumer; `reservation` (the rows' memory) is held
-    /// until the stream is dropped.
+    /// until the stream is dropped. The output batches count their share of `bytes` (the
+    /// input's: what the sorted rows hold, their views sharing its data buffers).
     pub(crate) fn into_stream(
         mut self,
         schema: SchemaRef,
         slicer: Slicer,
         reservation: MemoryReservation,
+        bytes: usize,
     ) -> SendableRecordBatchStream {
         let slices_per_range = OUTPUT_RANGE_ROWS.div_ceil(slicer.batch_size).max(1);
         let mut builder = RecordBatchReceiverStream::builder(Arc::clone(&schema), RANGES_AHEAD * slices_per_range);
         let tx = builder.tx();
-        let (total, bytes) = (self.rows.num_rows(), reservation.size());
+        let total = self.rows.num_rows();
         let metrics = self.metrics.clone();
         builder.spawn_blocking(move || {
             while let Some(range) = self.rows.next_batch(OUTPUT_RANGE_ROWS).map_err(sort_error)? {

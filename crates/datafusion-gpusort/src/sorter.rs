@@ -194,6 +194,7 @@ impl GpuSorter {
         }
         if self.runs.is_empty() {
             // In memory, in one piece (its working memory is reserved with the rows).
+            let input_bytes = self.input_bytes;
             let batches = self.take_batches();
             return match self.sorter.sort_batches_out(batches, self.fetch, true).await? {
                 SortedOutput::Batch(sorted) => {
@@ -205,7 +206,7 @@ impl GpuSorter {
                 // held until the stream ends (the ranges index its view buffers).
                 SortedOutput::OnDevice(rows) => {
                     let schema = Arc::clone(&self.sorter.schema);
-                    Ok(rows.into_stream(schema, self.sorter.slicer(), self.reservation))
+                    Ok(rows.into_stream(schema, self.sorter.slicer(), self.reservation, input_bytes))
                 }
             };
         }

@@ -369,7 +369,7 @@ async fn gpu_sorts_of_many_rows_come_down_in_ranges() {
     for ctx in [&stock, &ours] {
         ctx.sql("SET datafusion.execution.batch_size = 8192").await.unwrap();
     }
-    set(&ours, ON_GPU).await;
+    set(&ours, &[("min_rows", "0"), ("device", "0")]).await;
     let all = |batches: Vec<arrow::array::RecordBatch>| {
         arrow::compute::concat_batches(&batches[0].schema(), &batches).unwrap()
     };
