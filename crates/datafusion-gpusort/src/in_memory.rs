@@ -133,6 +133,21 @@ impl InMemorySorter {
         }
     }
 
+    /// A sorter of the same configuration that takes over the GPU session of the buffered rows
+    /// (and why there is none): it sorts them on a task of its own while this one takes the
+    /// next rows into a new session.
+    pub(crate) fn detach(&mut self) -> Self {
+        Self {
+            schema: Arc::clone(&self.schema),
+            expr: self.expr.clone(),
+            options: self.options.clone(),
+            batch_size: self.batch_size,
+            metrics: self.metrics.clone(),
+            session: self.session.take(),
+            session_failed: self.session_failed.take(),
+        }
+    }
+
     /// Pushes `batch` into the GPU session of the buffered rows, starting one with the first
     /// batch when sorts run on a GPU. A failed push drops the session: the rows sort on the
     /// CPU, with the reason.
