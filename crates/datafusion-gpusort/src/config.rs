@@ -240,6 +240,11 @@ extensions_options! {
         /// are, for a consumer that encodes each batch and drops it, e.g. a Parquet writer:
         /// no copy, and the sorted buffers are freed with the last batch.
         pub compact_output_views: bool, default = true
+        /// A GPU sort of more rows than this streams its output out of the device this many
+        /// rows at a time, two ranges ahead of the consumer, which takes one range while the
+        /// next crosses PCIe; the device memory is held until the last range came down. 0
+        /// brings the rows down whole, freeing the device memory at once.
+        pub output_range_rows: usize, default = 1 << 20
         /// Where a sorted output is written to Parquet files through DataFusion's
         /// `ParquetSink` (`COPY (SELECT ... ORDER BY ...) TO 'out.parquet'`), write them with
         /// gpusort's writer instead (`GpuParquetSink`): the same writer properties, row groups
@@ -290,6 +295,10 @@ mod tests {
                 .to_string()
                 .contains("srts-direct")
         );
+        assert_eq!(c.output_range_rows, 1 << 20);
+        c.set("output_range_rows", "0").unwrap();
+        assert_eq!(c.output_range_rows, 0);
+        assert!(c.set("output_range_rows", "-1").is_err());
         c.set("gpu_memory_limit", "1.5G").unwrap();
         assert_eq!(c.gpu_memory_limit.0, 3 << 29);
         c.set("gpu_memory_limit", "64mib").unwrap();

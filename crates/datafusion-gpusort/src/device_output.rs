@@ -1,5 +1,8 @@
 //! [`DeviceOutput`]: the sorted rows of a GPU session that are still on the device, streamed
-//! out a range of [`OUTPUT_RANGE_ROWS`] rows at a time.
+//! out a range of `gpusort.output_range_rows` rows at a time (1M by default: about 130 MB of
+//! TPC-H lineitem's device columns, ~11 ms over PCIe, a row group of the tool's writer, and
+//! few enough ranges that their fixed costs, a synchronization and the host's gathers
+//! started, stay small).
 //!
 //! # Algorithm
 //!
@@ -27,12 +30,6 @@ use crate::error::GpuSortExecError;
 use crate::in_memory::{Slicer, blocking, drop_extended_columns};
 use crate::metrics::GpuSortMetrics;
 
-/// Rows of one range brought down from the device at a time: a million rows (about 130 MB of
-/// TPC-H lineitem's device columns, ~11 ms over PCIe) are a row group of the tool's writer,
-/// and few enough ranges that their fixed costs (a synchronization, the host's gathers
-/// started) stay small.
-pub(crate) const OUTPUT_RANGE_ROWS: usize = 1 << 20;
-
 /// Ranges the channel holds ahead of the consumer.
 const RANGES_AHEAD: usize = 2;
 
@@ -43,15 +40,24 @@ pub(crate) struct DeviceOutput {
     rows: SortedRows,
     device: String,
     width: usize,
+    range_rows: usize,
     metrics: GpuSortMetrics,
 }
 
 impl DeviceOutput {
-    pub(crate) fn new(rows: SortedRows, device: String, width: usize, metrics: GpuSortMetrics) -> Self {
+    /// `rows` to come down `range_rows` at a time.
+    pub(crate) fn new(
+        rows: SortedRows,
+        device: String,
+        width: usize,
+        range_rows: usize,
+        metrics: GpuSortMetrics,
+    ) -> Self {
         Self {
             rows,
             device,
             width,
+            range_rows: range_rows.max(1),
             metrics,
         }
     }
@@ -79,13 +85,13 @@ impl DeviceOutput {
         reservation: MemoryReservation,
         bytes: usize,
     ) -> SendableRecordBatchStream {
-        let slices_per_range = OUTPUT_RANGE_ROWS.div_ceil(slicer.batch_size).max(1);
+        let slices_per_range = self.range_rows.div_ceil(slicer.batch_size).max(1);
         let mut builder = RecordBatchReceiverStream::builder(Arc::clone(&schema), RANGES_AHEAD * slices_per_range);
         let tx = builder.tx();
         let total = self.rows.num_rows();
         let metrics = self.metrics.clone();
         builder.spawn_blocking(move || {
-            while let Some(range) = self.rows.next_batch(OUTPUT_RANGE_ROWS).map_err(sort_error)? {
+            while let Some(range) = self.rows.next_batch(self.range_rows).map_err(sort_error)? {
                 self.metrics.device_ranges.add(1);
                 let range = drop_extended_columns(range, self.width)?;
                 for slice in slicer.slices(&range)? {

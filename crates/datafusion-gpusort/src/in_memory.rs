@@ -41,7 +41,7 @@ use rayon::prelude::*;
 
 use crate::config::{DeviceChoice, GpuSortConfig, StrategyChoice};
 use crate::device::{cpu_backend, gpu_backend, gpu_backends};
-use crate::device_output::{DeviceOutput, OUTPUT_RANGE_ROWS};
+use crate::device_output::DeviceOutput;
 use crate::error::GpuSortExecError;
 use crate::metrics::GpuSortMetrics;
 
@@ -93,8 +93,8 @@ impl Slicer {
 }
 
 /// The rows of an in-memory sort: one batch, or (on request, for more than
-/// [`OUTPUT_RANGE_ROWS`]) a GPU session's rows still on the device, to come down a range at a
-/// time ([`DeviceOutput`]).
+/// `gpusort.output_range_rows`) a GPU session's rows still on the device, to come down a range
+/// at a time ([`DeviceOutput`]).
 pub(crate) enum SortedOutput {
     Batch(RecordBatch),
     OnDevice(DeviceOutput),
@@ -310,7 +310,7 @@ impl InMemorySorter {
     }
 
     /// [`Self::sort_batches`], the sorted rows left on the device when `ranges` and a GPU
-    /// session sorted more than [`OUTPUT_RANGE_ROWS`] of them.
+    /// session sorted more than `gpusort.output_range_rows` of them.
     pub(crate) async fn sort_batches_out(
         &mut self,
         batches: Vec<RecordBatch>,
@@ -358,11 +358,12 @@ impl InMemorySorter {
         let timer = self.metrics.baseline.elapsed_compute().clone();
         let metrics = self.metrics.clone();
         let width = self.schema.fields().len();
+        let range_rows = if ranges { self.options.output_range_rows } else { 0 };
         let out = blocking(move || {
             let _timer = timer.timer();
             let device = gpusort::SortBackend::name(gpu.as_ref());
             let finished = session.finish_sorted(limit).and_then(|mut rows| {
-                if ranges && rows.num_rows() > OUTPUT_RANGE_ROWS {
+                if range_rows > 0 && rows.num_rows() > range_rows {
                     return Ok(Err(rows));
                 }
                 let batch = rows.next_batch(rows.num_rows())?;
@@ -377,6 +378,7 @@ impl InMemorySorter {
                     rows,
                     device,
                     width,
+                    range_rows,
                     metrics.clone(),
                 )))),
                 // The CPU would fail the same way.

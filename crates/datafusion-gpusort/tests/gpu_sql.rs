@@ -387,6 +387,23 @@ async fn gpu_sorts_of_many_rows_come_down_in_ranges() {
         assert!(actual.iter().all(|b| b.num_rows() <= 8192), "{q}: batch_size respected");
         assert!(all(actual) == all(expected), "{q}: differs from stock DataFusion");
     }
+    // The range size is an option; 0 brings the rows down whole.
+    let q = "SELECT * FROM t ORDER BY c DESC, a, b";
+    let expected = all(stock.sql(q).await.unwrap().collect().await.unwrap());
+    for (range_rows, ranges) in [("500000", "device_ranges=6"), ("0", "device_ranges=0")] {
+        set(&ours, &[("output_range_rows", range_rows)]).await;
+        let text = analyze(&ours, q).await;
+        assert!(
+            text.contains("gpu_sorts=1") && text.contains(ranges),
+            "{range_rows}: {text}"
+        );
+        let actual = ours.sql(q).await.unwrap().collect().await.unwrap();
+        assert!(
+            all(actual) == expected,
+            "{q}, ranges of {range_rows}: differs from stock DataFusion"
+        );
+    }
+    set(&ours, &[("output_range_rows", "1048576")]).await;
     let dir = tempfile::tempdir().unwrap();
     let path = |who: &str| dir.path().join(format!("{who}.parquet")).display().to_string();
     for (who, ctx) in [("ours", &ours), ("stock", &stock)] {

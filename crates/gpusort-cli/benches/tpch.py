@@ -11,7 +11,9 @@ external sort, runs within 4 GiB of device memory, merged), `gpu-cpu-zstd` (the 
 its pages compressed on the CPU, `--compress-on cpu`: what nvCOMP saves), `gpu-parquet-enc` (every
 column encoded by the Parquet crate, `--column-encoder parquet`: what gpusort's encoder saves),
 `gpu-parquet-writer` and `cpu-parquet-writer` (both, the Parquet crate's writer alone, on the GPU
-and CPU sorts), `datafusion` (`gpusort sort
+and CPU sorts), `gpu-host-views` (`GPUSORT_DEVICE_VIEWS=0`), `gpu-thp` and `cpu-thp` (mimalloc's
+large OS pages), `gpu-keep-freed` (`MIMALLOC_PURGE_DELAY=-1`: freed memory kept, not returned to
+the OS and faulted in again), `datafusion` (`gpusort sort
 --no-gpusort`: DataFusion's SortExec into gpusort's writer), `duckdb`, and with `--sql-bench` (the
 `sql_parquet` bench binary) SQL through a DataFusion `SessionContext`: `sql-copy` (`COPY (SELECT
 * FROM 'file' ORDER BY ...) TO 'out.parquet'` with gpusort), `df-copy` (the same on stock
@@ -247,10 +249,13 @@ def main():
                     "gpu-host-views": [],
                     # the same with mimalloc asking for transparent huge pages (2 MiB)
                     "gpu-thp": [], "cpu-thp": ["--device", "cpu"],
+                    # the same with mimalloc keeping freed memory instead of returning it to the OS
+                    "gpu-keep-freed": [],
                     "gpu-4g-host-views": ["--gpu-memory-limit", "4GiB"]}
     # Contenders that differ by an environment variable.
     thp = {"MIMALLOC_ALLOW_LARGE_OS_PAGES": "1"}
     contender_env = {"gpu-host-views": {"GPUSORT_DEVICE_VIEWS": "0"}, "gpu-thp": thp, "cpu-thp": thp,
+                     "gpu-keep-freed": {"MIMALLOC_PURGE_DELAY": "-1"},
                      "gpu-4g-host-views": {"GPUSORT_DEVICE_VIEWS": "0"}}
     rows = []
     first_gpu = True

@@ -155,8 +155,8 @@ impl SortedRows {
         &self.stats
     }
 
-    /// The next (at most) `max_rows` sorted rows as a batch of the session's schema, `None`
-    /// once every row was handed out. Views index the input's data buffers (every range
+    /// The next `max_rows` sorted rows (at least one; fewer at the end) as a batch of the
+    /// session's schema, `None` once every row was handed out. Views index the input's data buffers (every range
     /// shares them); other columns are buffers of their own.
     pub fn next_batch(&mut self, max_rows: usize) -> Result<Option<RecordBatch>> {
         if self.next >= self.rows {
