@@ -97,7 +97,7 @@ impl Slicer {
 /// at a time ([`DeviceOutput`]).
 pub(crate) enum SortedOutput {
     Batch(RecordBatch),
-    OnDevice(DeviceOutput),
+    OnDevice(Box<DeviceOutput>),
 }
 
 /// Sorts rows held in memory (see the module docs).
@@ -374,13 +374,13 @@ impl InMemorySorter {
                     metrics.record(&out.stats, Some(&device));
                     Ok(Ok(SortedOutput::Batch(drop_extended_columns(out.batch, width)?)))
                 }
-                Ok(Err(rows)) => Ok(Ok(SortedOutput::OnDevice(DeviceOutput::new(
+                Ok(Err(rows)) => Ok(Ok(SortedOutput::OnDevice(Box::new(DeviceOutput::new(
                     rows,
                     device,
                     width,
                     range_rows,
                     metrics.clone(),
-                )))),
+                ))))),
                 // The CPU would fail the same way.
                 Err(CudaSortError::Core(e)) => Err(GpuSortExecError::from(e).into()),
                 Err(e) => Ok(Err(format!("GPU failed: {e}"))),

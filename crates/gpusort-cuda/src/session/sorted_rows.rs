@@ -53,9 +53,9 @@ pub struct SortedRows {
     schema: SchemaRef,
     /// The device's columns, in the order of the plan's.
     device_columns: Vec<OutputColumn>,
-    /// The host's concatenated columns (index, column; gathered through the permutation a
-    /// range at a time) and the input batches; `None` for an empty sort.
-    host: Option<(Vec<(usize, ArrayRef)>, Vec<RecordBatch>)>,
+    /// The host's concatenated columns (index, column), gathered through the permutation a
+    /// range at a time; `None` for an empty sort.
+    host: Option<Vec<(usize, ArrayRef)>>,
     /// The permutation on the host, when the host needs it (its own columns, tied prefixes)
     /// or the caller asked for it; else empty.
     perm: HostBuffer,
@@ -118,6 +118,10 @@ impl SortedRows {
             .collect();
         let on_device = |c: usize| plan.columns.iter().any(|d| d.index == c);
         let gathered = host.into_gathered(on_device);
+        // The input batches are of no further use (the views' data buffers are shared above,
+        // the host's columns concatenated): released now, on another core (thousands of arrays
+        // whose reference counts other threads last touched).
+        rayon::spawn(move || drop(batches));
         let perm = std::mem::replace(&mut sorted.perm, HostBuffer::heap(0));
         let perm = if sorted.perm_first { perm } else { HostBuffer::heap(0) };
         Self {
@@ -130,7 +134,7 @@ impl SortedRows {
             }),
             schema: Arc::clone(&session.schema),
             device_columns,
-            host: Some((gathered, batches)),
+            host: Some(gathered),
             perm,
             want_permutation: session.want_permutation,
             rows,
@@ -262,7 +266,7 @@ impl SortedRows {
     /// Rows `first..first + rows` of each host column, gathered through the permutation;
     /// `None` for the device's columns.
     fn gather_on_host(&self, first: usize, rows: usize) -> Result<Vec<Option<ArrayRef>>> {
-        let Some((gathered, _)) = &self.host else {
+        let Some(gathered) = &self.host else {
             return Ok(vec![]);
         };
         let head: &[u32] = match self.perm.is_empty() {
@@ -313,7 +317,7 @@ impl SortedRows {
     }
 
     /// Frees the device memory (in stream order, before its reservation is released) and
-    /// releases the input on another core, once no row is left to hand out.
+    /// releases the host's columns on another core, once no row is left to hand out.
     fn release(&mut self) {
         if let Some(d) = self.device.take() {
             let mut device_ms = d.sorted.device_ms as f64;
@@ -324,9 +328,8 @@ impl SortedRows {
             drop(d);
             log::debug!(target: "gpusort::timeline", "session: device memory released");
         }
-        if let Some(input) = self.host.take() {
-            // Thousands of arrays whose reference counts other threads last touched.
-            rayon::spawn(move || drop(input));
+        if let Some(columns) = self.host.take() {
+            rayon::spawn(move || drop(columns));
         }
     }
 }
