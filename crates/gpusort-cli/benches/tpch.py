@@ -13,8 +13,7 @@ column encoded by the Parquet crate, `--column-encoder parquet`: what gpusort's 
 `gpu-parquet-writer` and `cpu-parquet-writer` (both, the Parquet crate's writer alone, on the GPU
 and CPU sorts), `gpu-host-views` (`GPUSORT_DEVICE_VIEWS=0`), `gpu-thp` and `cpu-thp` (mimalloc's
 large OS pages), `gpu-keep-freed` (`MIMALLOC_PURGE_DELAY=-1`: freed memory kept, not returned to
-the OS and faulted in again), `gpu-nice0` and `gpu-4g-nice0` (`GPUSORT_WRITER_NICE=0`: the writer's
-threads at the sort's priority), `datafusion` (`gpusort sort
+the OS and faulted in again), `datafusion` (`gpusort sort
 --no-gpusort`: DataFusion's SortExec into gpusort's writer), `duckdb`, and with `--sql-bench` (the
 `sql_parquet` bench binary) SQL through a DataFusion `SessionContext`: `sql-copy` (`COPY (SELECT
 * FROM 'file' ORDER BY ...) TO 'out.parquet'` with gpusort), `df-copy` (the same on stock
@@ -252,14 +251,11 @@ def main():
                     "gpu-thp": [], "cpu-thp": ["--device", "cpu"],
                     # the same with mimalloc keeping freed memory instead of returning it to the OS
                     "gpu-keep-freed": [],
-                    # the writer's encoding threads at the sort's priority (GPUSORT_WRITER_NICE=0)
-                    "gpu-nice0": [], "gpu-4g-nice0": ["--gpu-memory-limit", "4GiB"],
                     "gpu-4g-host-views": ["--gpu-memory-limit", "4GiB"]}
     # Contenders that differ by an environment variable.
     thp = {"MIMALLOC_ALLOW_LARGE_OS_PAGES": "1"}
     contender_env = {"gpu-host-views": {"GPUSORT_DEVICE_VIEWS": "0"}, "gpu-thp": thp, "cpu-thp": thp,
                      "gpu-keep-freed": {"MIMALLOC_PURGE_DELAY": "-1"},
-                     "gpu-nice0": {"GPUSORT_WRITER_NICE": "0"}, "gpu-4g-nice0": {"GPUSORT_WRITER_NICE": "0"},
                      "gpu-4g-host-views": {"GPUSORT_DEVICE_VIEWS": "0"}}
     rows = []
     first_gpu = True

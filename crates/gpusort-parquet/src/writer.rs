@@ -49,34 +49,6 @@ pub const DEFAULT_ROW_GROUP_SIZE: usize = 1024 * 1024;
 /// fewer left most cores idle (two row groups of 16 columns on 16 cores: the writer ran at the
 /// speed of two cores on TPC-H lineitem). A row group in flight holds its encoded pages; its
 /// rows are slices of the sorted output, not copies.
-/// The nice value the writer's encoding threads take (`GPUSORT_WRITER_NICE`, default 5; 0
-/// leaves them as they are): where the writer and the sort share the cores, the sort's threads
-/// (a merge step's staging, the next rows' downloads) come first and the writer takes what is
-/// left. Under `--gpu-memory-limit 4GiB` on TPC-H lineitem SF10 the merge steps, not the
-/// writer, bound the sort, and their staging ran 10-15x slower beside the writer's 16 threads
-/// (stop 33).
-fn encoder_nice() -> i32 {
-    std::env::var("GPUSORT_WRITER_NICE")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(5)
-}
-
-/// Raises this thread's nice value by `nice` (Linux; elsewhere, and on failure, nothing).
-fn lower_this_thread(nice: i32) {
-    #[cfg(target_os = "linux")]
-    if nice != 0 {
-        // SAFETY: plain system calls on this thread's own id.
-        unsafe {
-            let tid = libc::gettid() as libc::id_t;
-            let now = libc::getpriority(libc::PRIO_PROCESS, tid);
-            libc::setpriority(libc::PRIO_PROCESS, tid, now.saturating_add(nice).min(19));
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = nice;
-}
-
 fn row_groups_in_flight() -> usize {
     rayon::current_num_threads().clamp(2, 16)
 }
@@ -384,13 +356,10 @@ impl SortedParquetWriter {
             units: Arc::default(),
             columns: schema.fields().len().max(1) as u64,
         };
-        // As many threads as rayon's global pool, which the sort keeps (see crate::row_group),
-        // each at a lower priority than the sort's threads (see `encoder_nice`).
-        let nice = encoder_nice();
+        // As many threads as rayon's global pool, which the sort keeps (see crate::row_group).
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(rayon::current_num_threads())
             .thread_name(|i| format!("gpusort-encode-{i}"))
-            .start_handler(move |_| lower_this_thread(nice))
             .build()
             .map_err(|e| ParquetError::External(Box::new(e)))?;
         let encoder = Encoder::new(
