@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use arrow::array::{Array, ArrayRef, RecordBatch, RecordBatchOptions, UInt32Array};
 use arrow::buffer::{BooleanBuffer, Buffer, NullBuffer, ScalarBuffer};
 use arrow::datatypes::SchemaRef;
+use cudarc::driver::CudaEvent;
 use gpusort::cpu::gather::{ViewBufferLists, fixed_array, gather_column, views_array};
 use gpusort::{SortOutput, SortStats};
 use rayon::prelude::*;
@@ -24,7 +25,6 @@ use crate::error::Result;
 use crate::gpu::Gpu;
 use crate::pinned::{HostBuffer, PinnedPool};
 use crate::transfer::Transfers;
-use cudarc::driver::CudaEvent;
 
 /// What stays on the device until the last range came down. Fields drop in order: the device
 /// buffers, then the copies' ring, then the plan (whose reservation is released last).
