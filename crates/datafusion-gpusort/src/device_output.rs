@@ -17,9 +17,7 @@
 
 use std::sync::Arc;
 
-use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
-use datafusion::error::Result;
 use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::physical_plan::SendableRecordBatchStream;
 use datafusion::physical_plan::stream::{RecordBatchReceiverStream, RecordBatchStreamAdapter};
@@ -27,7 +25,7 @@ use futures::StreamExt;
 use gpusort_cuda::SortedRows;
 
 use crate::error::GpuSortExecError;
-use crate::in_memory::{Slicer, blocking, drop_extended_columns};
+use crate::in_memory::{Slicer, drop_extended_columns};
 use crate::metrics::GpuSortMetrics;
 
 /// Ranges the channel holds ahead of the consumer.
@@ -60,18 +58,6 @@ impl DeviceOutput {
             range_rows: range_rows.max(1),
             metrics,
         }
-    }
-
-    /// Every row in one batch.
-    pub(crate) async fn collect(mut self) -> Result<RecordBatch> {
-        blocking(move || {
-            let all = self.rows.num_rows();
-            let batch = self.rows.next_batch(all).map_err(sort_error)?;
-            let out = self.rows.into_output(batch).map_err(sort_error)?;
-            self.metrics.record(&out.stats, Some(&self.device));
-            drop_extended_columns(out.batch, self.width)
-        })
-        .await
     }
 
     /// The rows as a stream of `slicer`'s batches of `schema`, made on a blocking task up to

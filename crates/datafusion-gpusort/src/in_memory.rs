@@ -305,7 +305,7 @@ impl InMemorySorter {
     ) -> Result<RecordBatch> {
         match self.sort_batches_out(batches, limit, false).await? {
             SortedOutput::Batch(sorted) => Ok(sorted),
-            SortedOutput::OnDevice(rows) => rows.collect().await,
+            SortedOutput::OnDevice(_) => unreachable!("rows stay on the device only when ranges are asked for"),
         }
     }
 
@@ -537,7 +537,7 @@ impl InMemorySorter {
         let session = session.with_sorted_runs(sorted_runs);
         match self.finish_session(session, gpu, limit, false).await? {
             Ok(SortedOutput::Batch(sorted)) => Ok(Some(sorted)),
-            Ok(SortedOutput::OnDevice(rows)) => Ok(Some(rows.collect().await?)),
+            Ok(SortedOutput::OnDevice(_)) => unreachable!("rows stay on the device only when ranges are asked for"),
             Err(reason) => {
                 self.session_failed = Some(reason);
                 Ok(None)

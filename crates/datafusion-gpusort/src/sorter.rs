@@ -299,13 +299,19 @@ impl GpuSorter {
     /// Sorts the buffered rows into a run: spilled when `spill` is set (or when the pool
     /// cannot hold it), else kept in memory.
     async fn make_run(&mut self, spill: bool) -> Result<()> {
+        let (batches, held) = self.cut_run().await?;
+        let sorted = self.sorter.sort_batches(batches, self.fetch).await?;
+        self.store_run(sorted, held, spill).await
+    }
+
+    /// The buffered rows as the next run (after the run being sorted is stored), and the bytes
+    /// they hold of the reservation.
+    async fn cut_run(&mut self) -> Result<(Vec<RecordBatch>, usize)> {
         self.finish_pending_run().await?;
         let held = self.held();
         log::debug!(target: "gpusort::timeline", "run {}: sorting {} rows", self.runs.len(), self.rows);
-        let batches = self.take_batches();
         self.metrics.runs.add(1);
-        let sorted = self.sorter.sort_batches(batches, self.fetch).await?;
-        self.store_run(sorted, held, spill).await
+        Ok((self.take_batches(), held))
     }
 
     /// Starts sorting the buffered rows into a run on a task of its own (the GPU session of
@@ -314,11 +320,7 @@ impl GpuSorter {
     /// a time: under `--gpu-memory-limit 4GiB` on TPC-H lineitem SF10, reading stopped for each
     /// of four runs' sorts and downloads (~0.2-0.35 s each, stop 33).
     async fn start_run(&mut self) -> Result<()> {
-        self.finish_pending_run().await?;
-        let held = self.held();
-        log::debug!(target: "gpusort::timeline", "run {}: sorting {} rows", self.runs.len(), self.rows);
-        let batches = self.take_batches();
-        self.metrics.runs.add(1);
+        let (batches, held) = self.cut_run().await?;
         let mut sorter = self.sorter.detach();
         let fetch = self.fetch;
         let task = SpawnedTask::spawn(async move { sorter.sort_batches(batches, fetch).await });

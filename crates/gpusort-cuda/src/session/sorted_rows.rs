@@ -63,7 +63,6 @@ pub struct SortedRows {
     rows: usize,
     next: usize,
     stats: SortStats,
-    download_ms: f64,
 }
 
 impl std::fmt::Debug for SortedRows {
@@ -88,7 +87,6 @@ impl SortedRows {
             rows: 0,
             next: 0,
             stats,
-            download_ms: 0.0,
         }
     }
 
@@ -140,7 +138,6 @@ impl SortedRows {
             rows,
             next: 0,
             stats,
-            download_ms: 0.0,
         }
     }
 
@@ -257,8 +254,7 @@ impl SortedRows {
     fn finish_downloads(&mut self, events: Option<[CudaEvent; 2]>) -> Result<()> {
         if let Some([start, end]) = events {
             end.synchronize()?;
-            self.download_ms += start.elapsed_ms(&end)? as f64;
-            self.stats.download_time = Duration::from_secs_f64(self.download_ms / 1e3);
+            self.stats.download_time += Duration::from_secs_f64(start.elapsed_ms(&end)? as f64 / 1e3);
         }
         Ok(())
     }
@@ -320,11 +316,11 @@ impl SortedRows {
     /// releases the host's columns on another core, once no row is left to hand out.
     fn release(&mut self) {
         if let Some(d) = self.device.take() {
-            let mut device_ms = d.sorted.device_ms as f64;
+            let mut device_time = Duration::from_secs_f64(d.sorted.device_ms as f64 / 1e3);
             if !d.plan.direct {
-                device_ms += self.download_ms;
+                device_time += self.stats.download_time;
             }
-            self.stats.device_time = Some(Duration::from_secs_f64(device_ms / 1e3));
+            self.stats.device_time = Some(device_time);
             drop(d);
             log::debug!(target: "gpusort::timeline", "session: device memory released");
         }
