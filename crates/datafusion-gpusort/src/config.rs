@@ -209,8 +209,8 @@ extensions_options! {
         /// fewer than twice this runs on one GPU.
         pub split_min_rows: usize, default = 1 << 20
         /// `auto` (the planner's rule, calibrated on the H100), one of `gpusort::Strategy::ALL`
-        /// (grs-direct, grs-indirect, srts-direct, srts-indirect, msd-direct, msd-indirect; a
-        /// test checks this list), or `cpu`.
+        /// (grs-direct, grs-indirect, srts-direct, srts-indirect, msd-direct, msd-indirect,
+        /// samplesort-direct, samplesort-indirect; a test checks this list), or `cpu`.
         pub strategy: StrategyChoice, default = StrategyChoice::Auto
         /// Device memory one sort may use, e.g. `2G` or `2GiB`; 0 (or `none`) means the process's device memory budget
         /// (`GPUSORT_DEVICE_BUDGET`, default the GPU's free memory at open less a sixteenth), which all sorts running at

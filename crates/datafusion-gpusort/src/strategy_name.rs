@@ -7,7 +7,7 @@
 use arrow::datatypes::{DataType, Schema};
 use gpusort::Strategy;
 use gpusort::keys::{may_encode_inexactly, native_ordinal_kind};
-use gpusort::plan::{Algorithm, RecordMove};
+use gpusort::plan::RecordMove;
 use gpusort_cuda::GPU_STRING_PREFIX_BYTES;
 use gpusort_cuda::shapes::KernelShapes;
 
@@ -55,10 +55,10 @@ pub(crate) fn on_device(planned: Strategy, ordinal: usize, schema: &Schema, key_
 
 /// The name of what a sort planned as `planned` runs on GPU `ordinal`, with the shapes of the
 /// process's backend of that GPU (opened here when no query has yet: the sort would open it):
-/// only the MSD hybrid depends on the device; without a usable GPU the planned name stays (the
-/// sort then runs on the CPU and its metrics say so).
+/// only the MSD hybrid and sample sort depend on the device; without a usable GPU the planned
+/// name stays (the sort then runs on the CPU and its metrics say so).
 fn device_name(planned: Strategy, ordinal: usize, schema: &Schema, key_types: &[DataType]) -> String {
-    if planned.algorithm != Algorithm::Msd {
+    if !planned.algorithm.sorts_in_blocks() {
         return planned.to_string();
     }
     let Ok(backend) = gpu_backend(ordinal) else {

@@ -363,6 +363,7 @@ fn label(s: Strategy) -> String {
         Algorithm::Grs => "GRS",
         Algorithm::Srts => "SRTS",
         Algorithm::Msd => "MSD",
+        Algorithm::Sample => "SampleSort",
     };
     let m = match s.record_move {
         RecordMove::Direct => "direct",
@@ -416,7 +417,9 @@ fn svg(results: &[(String, u32, String, usize, f64)], fields: &[usize]) -> Strin
         2.0 * w,
         h + 30.0
     );
-    let colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"];
+    let colors = [
+        "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+    ];
     for (panel, layout) in ["ByField", "Hybrid"].iter().enumerate() {
         let x0 = panel as f64 * w;
         let rows: Vec<_> = results.iter().filter(|r| r.2 == *layout && r.1 == bits).collect();
@@ -531,9 +534,10 @@ fn main() {
     };
     println!("\nrecords: {n} rows, u32 key + m u32 fields; minimum (median) ms");
     println!(
-        "| layout | m | bits | GRS-direct | GRS-indirect | SRTS-direct | SRTS-indirect | MSD-direct | MSD-indirect | best | CUB argsort+gather | CUB / best |"
+        "| layout | m | bits | {} | best | CUB argsort+gather | CUB / best |",
+        Strategy::ALL.map(label).join(" | ")
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|");
+    println!("|---|---:|---:|{}---|---:|---:|", "---:|".repeat(Strategy::ALL.len()));
     for &m in &fields_list {
         for layout in ["ByField", "Hybrid"] {
             let pristine = DeviceTable {
@@ -598,13 +602,8 @@ fn main() {
                 let cub_ms = cub.as_ref().and_then(|c| c.0.get(&(layout.to_string(), m)).copied());
                 let times: Vec<String> = cells.iter().map(|c| format!("{:.3} ({:.3})", c.0, c.1)).collect();
                 println!(
-                    "| {layout} | {m} | {bits} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                    times[0],
-                    times[1],
-                    times[2],
-                    times[3],
-                    times[4],
-                    times[5],
+                    "| {layout} | {m} | {bits} | {} | {} | {} | {} |",
+                    times.join(" | "),
                     b.2,
                     cub_ms.map_or("-".into(), |c| format!("{c:.3}")),
                     cub_ms.map_or("-".into(), |c| format!("{:.2}x", c / b.0)),
@@ -616,8 +615,8 @@ fn main() {
 
     // Keys only.
     println!("\nkeys only: minimum (median) ms");
-    println!("| keys | n | bits | GRS | SRTS | MSD | CUB sort | CUB / best |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| keys | n | bits | GRS | SRTS | MSD | SampleSort | CUB sort | CUB / best |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     let key_rows = if matches!(a.only.as_deref(), Some("records" | "dist" | "merge")) {
         vec![]
     } else {
@@ -639,7 +638,12 @@ fn main() {
             for &bits in &a.bits {
                 let passes = radix_passes(&varying, bits);
                 let mut cells = vec![];
-                for strategy in [Strategy::GRS_DIRECT, Strategy::SRTS_DIRECT, Strategy::MSD_DIRECT] {
+                for strategy in [
+                    Strategy::GRS_DIRECT,
+                    Strategy::SRTS_DIRECT,
+                    Strategy::MSD_DIRECT,
+                    Strategy::SAMPLE_DIRECT,
+                ] {
                     let plan = GpuSortPlan {
                         strategy,
                         passes: passes.clone(),
@@ -655,14 +659,10 @@ fn main() {
                 }
                 let b = cells.iter().map(|c| c.0).fold(f64::MAX, f64::min);
                 let cub_ms = cub.as_ref().and_then(|c| c.1.get(&(kn, ty.to_string())).copied());
+                let times: Vec<String> = cells.iter().map(|c| format!("{:.3} ({:.3})", c.0, c.1)).collect();
                 println!(
-                    "| {ty} | {kn} | {bits} | {:.3} ({:.3}) | {:.3} ({:.3}) | {:.3} ({:.3}) | {} | {} |",
-                    cells[0].0,
-                    cells[0].1,
-                    cells[1].0,
-                    cells[1].1,
-                    cells[2].0,
-                    cells[2].1,
+                    "| {ty} | {kn} | {bits} | {} | {} | {} |",
+                    times.join(" | "),
                     cub_ms.map_or("-".into(), |c| format!("{c:.3}")),
                     cub_ms.map_or("-".into(), |c| format!("{:.2}x", c / b)),
                 );
@@ -709,6 +709,17 @@ fn main() {
                 .filter(|&m| msd_best(m) < lsd_best(m))
                 .collect::<Vec<_>>(),
             cross("MSD-indirect", "MSD-direct"),
+        );
+        let sample_best = |m: usize| at("SampleSort-direct", m).min(at("SampleSort-indirect", m));
+        println!(
+            "  {layout}: sample sort (best move) against the best radix sort (GRS, SRTS, MSD): {}; \
+             SampleSort-indirect beats SampleSort-direct from m = {:?}",
+            a.fields
+                .iter()
+                .map(|&m| format!("m = {m}: {:.2}x", sample_best(m) / lsd_best(m).min(msd_best(m))))
+                .collect::<Vec<_>>()
+                .join(", "),
+            cross("SampleSort-indirect", "SampleSort-direct"),
         );
     }
     println!("\nbest strategy per m:");

@@ -30,6 +30,7 @@ pub const FAMILIES: &[(&str, &str)] = &[
     ("presorted.cu", include_str!("../kernels/presorted.cu")),
     ("ties.cu", include_str!("../kernels/ties.cu")),
     ("merge.cu", include_str!("../kernels/merge.cu")),
+    ("sample.cu", include_str!("../kernels/sample.cu")),
 ];
 
 /// The family (source file of [`FAMILIES`]) that defines kernel `name`.
@@ -43,6 +44,7 @@ pub fn family_of(name: &str) -> &'static str {
         "order_scan" | "reverse_rows" | "reverse_iota" => "presorted.cu",
         n if n.starts_with("ties_") => "ties.cu",
         n if n.starts_with("merge_") => "merge.cu",
+        n if n.starts_with("sample_") => "sample.cu",
         _ => "gather.cu",
     }
 }
@@ -155,7 +157,20 @@ pub const SHARED_CONSTANTS: &[(&str, u64, bool)] = &[
     ("MERGE_BLOCK", MERGE_BLOCK as u64, false),
     ("MERGE_IPT", MERGE_IPT as u64, false),
     ("MERGE_MAX_WORDS", MERGE_MAX_WORDS as u64, false),
+    ("SAMPLE_SPLITTERS", SAMPLE_SPLITTERS as u64, false),
+    ("SAMPLE_OVERSAMPLE", SAMPLE_OVERSAMPLE as u64, false),
+    ("SAMPLE_SIZE", SAMPLE_SIZE as u64, false),
 ];
+
+/// Splitters a segment of a sample sort is split by (`SAMPLE_SPLITTERS` in kernels/sample.cu):
+/// with the buckets of keys equal to a splitter, `2 * 127 + 1 = 255` buckets, which the 256-bin
+/// MSD partition scatter moves.
+pub const SAMPLE_SPLITTERS: usize = 127;
+/// Sample keys drawn for each splitter (`SAMPLE_OVERSAMPLE`): the paper's oversampling, which
+/// evens out the buckets.
+pub const SAMPLE_OVERSAMPLE: usize = 16;
+/// Keys sampled from a segment (`SAMPLE_SIZE`), sorted in one block's shared memory.
+pub const SAMPLE_SIZE: usize = (SAMPLE_SPLITTERS + 1) * SAMPLE_OVERSAMPLE;
 
 /// Threads of a `merge_tiles` block (`MERGE_BLOCK`).
 pub const MERGE_BLOCK: u32 = 128;
@@ -714,6 +729,10 @@ pub struct Kernels {
     pub ties_marks: CudaFunction,
     /// Where each tile of a round of merges of sorted runs starts in its pair's first run.
     pub merge_partition: CudaFunction,
+    /// Sample sort: the splitters of each segment, from a sorted sample of its keys.
+    pub sample_splitters: CudaFunction,
+    /// Sample sort: each row's bucket by the splitters, and each chunk's bucket counts.
+    pub sample_classify: CudaFunction,
     /// A tile of a round of merges of sorted runs.
     pub merge_tiles: CudaFunction,
     /// The dynamic shared memory the scatters, the one-sweep pass and the MSD kernels may use
@@ -839,6 +858,8 @@ impl Kernels {
             ties_marks: f("ties_marks")?,
             merge_partition: f("merge_partition")?,
             merge_tiles: f("merge_tiles")?,
+            sample_splitters: f("sample_splitters")?,
+            sample_classify: f("sample_classify")?,
             modules: modules.clone(),
             smem: DynSmem::default(),
         };
@@ -975,6 +996,8 @@ mod tests {
             ("ONESWEEP_MAX_DIGITS", ONESWEEP_MAX_DIGITS.to_string()),
             ("ONESWEEP_HIST_IPT", ONESWEEP_HIST_IPT.to_string()),
             ("ONESWEEP_VALUE", format!("{ONESWEEP_MAX_ROWS}u")),
+            ("SAMPLE_SPLITTERS", SAMPLE_SPLITTERS.to_string()),
+            ("SAMPLE_SIZE", SAMPLE_SIZE.to_string()),
         ] {
             assert!(
                 has(name, value.clone()),
@@ -983,7 +1006,7 @@ mod tests {
         }
         assert_eq!(ONESWEEP_MAX_ROWS, 0x3fff_ffff, "the look-back words' 30 value bits");
         let sources = std::iter::once(&COMMON).chain(FAMILIES);
-        let mut checked = 0;
+        let mut checked = std::collections::BTreeSet::new();
         for (file, text) in sources {
             let mut lines = text.lines().peekable();
             while let Some(line) = lines.next() {
@@ -999,7 +1022,7 @@ mod tests {
                             defines.contains(&format!("#define {name} ")),
                             "{file} expects {name} from the host"
                         );
-                        checked += 1;
+                        checked.insert(name.to_string());
                     }
                 }
                 if let Some(rest) = line.trim_start().strip_prefix("#define ") {
@@ -1012,7 +1035,7 @@ mod tests {
             }
         }
         // Every shared constant and tile size is checked for by a source.
-        assert_eq!(checked, SHARED_CONSTANTS.len() + 3);
+        assert_eq!(checked.len(), SHARED_CONSTANTS.len() + 3);
     }
 
     #[test]

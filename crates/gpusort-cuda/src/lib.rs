@@ -2,7 +2,7 @@
 //! compilation of the kernels in the crate's `kernels/` with an on-disk cache ([`kernels`]),
 //! the process's pool of pinned host memory ([`pinned`]) and copies through it ([`transfer`]),
 //! the GRS and SRTS record sorts of Bandyopadhyay & Sahni, direct and indirect, ByField and
-//! Hybrid, and gpusort's MSD hybrid ([`Gpu::sort`]), sort keys encoded on the device
+//! Hybrid, the paper's sample sort, and gpusort's MSD hybrid ([`Gpu::sort`]), sort keys encoded on the device
 //! ([`encode`]), [`CudaBackend`], which implements [`gpusort::SortBackend`] with them, its
 //! streaming sort, [`GpuSortSession`], and [`MultiGpuBackend`], one sort over several GPUs.
 //! No DataFusion code lives here.
@@ -18,6 +18,7 @@
 //! | `srts` | `srts.cu` | SRTS's three-kernel passes |
 //! | [`onesweep`] | `onesweep.cu` | SRTS's pass as one sweep |
 //! | [`msd`] | `msd.cu` | the MSD hybrid: its schedule and its passes |
+//! | [`sample`] | `sample.cu` | sample sort: splitters, buckets, levels; its moves are the MSD hybrid's |
 //! | [`gather`] | `gather.cu` | the indirect strategy's gathers, validity bits, device copies |
 //! | [`encode`] | `keys.cu` | sort keys encoded on the device |
 //! | `presorted` | `presorted.cu` | input already in order or reversed, found in one read of the key |
@@ -30,7 +31,7 @@
 //! | [`tune`] | — | `gpusort tune`: the empirical search over the kernels' settings, the tuning profile |
 //! | [`nvcomp`] | — | zstd on the GPU through nvCOMP, loaded at run time: the tool's Parquet pages |
 //!
-//! Dependencies point one way: `backend` -> `session` -> `sort` -> `lsd`/`msd`/`gather` ->
+//! Dependencies point one way: `backend` -> `session` -> `sort` -> `lsd`/`sample`/`msd`/`gather` ->
 //! the families -> `lanes` -> `gpu` -> `kernels`/`device`.
 //!
 //! Everything builds and links without CUDA: the driver and NVRTC are loaded at run time, and
@@ -57,6 +58,7 @@ pub mod pinned;
 pub mod prebuilt;
 mod presorted;
 mod profile;
+pub mod sample;
 mod session;
 pub mod shapes;
 mod sort;

@@ -86,7 +86,7 @@ impl Gpu {
         }
         match plan.strategy.algorithm {
             Algorithm::Grs => self.grs(&inputs)?,
-            Algorithm::Srts | Algorithm::Msd => {
+            Algorithm::Srts | Algorithm::Msd | Algorithm::Sample => {
                 let onesweep = plan.switches.onesweep && self.onesweep_fits(stage_width)?;
                 self.srts(&inputs, onesweep)?
             }

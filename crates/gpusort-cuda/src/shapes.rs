@@ -270,12 +270,12 @@ impl KernelShapes {
 
     /// The strategy a sort planned as `planned` runs with these shapes, for a key whose passes
     /// read `key_words` words and lanes staged `stage_width` bytes wide (the widest moved lane,
-    /// 4 to 8): the MSD hybrid where its kernels hold that key ([`Self::msd_key_words`]), else
-    /// SRTS with the same record move; GRS and SRTS as planned. The one place this is decided:
+    /// 4 to 8): the MSD hybrid or sample sort where the MSD kernels they end in hold that key
+    /// ([`Self::msd_key_words`]), else SRTS with the same record move; GRS and SRTS as planned. The one place this is decided:
     /// [`Gpu::sort`](crate::Gpu::sort) runs it and reports it, and the plan (`GpuSortExec`'s
     /// EXPLAIN) names it.
     pub fn runnable(&self, planned: Strategy, key_words: usize, stage_width: usize) -> Strategy {
-        if planned.algorithm == Algorithm::Msd && key_words > self.msd_key_words(stage_width) {
+        if planned.algorithm.sorts_in_blocks() && key_words > self.msd_key_words(stage_width) {
             Strategy::new(Algorithm::Srts, planned.record_move)
         } else {
             planned
@@ -457,7 +457,7 @@ mod tests {
         );
     }
 
-    /// A planned MSD sort runs MSD only where the block-local sort holds the key at the lanes'
+    /// A planned MSD (or sample) sort runs as planned only where the block-local sort holds the key at the lanes'
     /// staging (the shapes' `msd_local_words`: 4 / 4 words on the H100, 3 / 3 at 163 KiB, 1 / 0
     /// at 99 KiB, none at 64 KiB), else SRTS with the same record move; GRS and SRTS run as
     /// planned.
@@ -471,7 +471,9 @@ mod tests {
                     for planned in Strategy::ALL {
                         let runs = sh.runnable(planned, words, stage);
                         let want = match planned.algorithm {
-                            Algorithm::Msd if words > held => Strategy::new(Algorithm::Srts, planned.record_move),
+                            Algorithm::Msd | Algorithm::Sample if words > held => {
+                                Strategy::new(Algorithm::Srts, planned.record_move)
+                            }
                             _ => planned,
                         };
                         assert_eq!(runs, want, "{kib} KiB, stage {stage}, {words} words, {planned}");

@@ -1,7 +1,7 @@
 //! [`Gpu::sort`]: one record sort of a [`DeviceTable`] following a [`GpuSortPlan`] — the
-//! strategies of Bandyopadhyay & Sahni (ICPADS 2011, section IV: GRS or SRTS, direct or
-//! indirect) and gpusort's MSD hybrid. It decides what moves, runs the passes (`lsd.rs` for GRS
-//! and SRTS, `msd` for the MSD hybrid) and then the gathers of the indirect strategy
+//! strategies of Bandyopadhyay & Sahni (ICPADS 2011, section IV: GRS, SRTS or sample sort,
+//! direct or indirect) and gpusort's MSD hybrid. It decides what moves, runs the passes (`lsd.rs`
+//! for GRS and SRTS, `sample.rs` for sample sort, `msd` for the MSD hybrid) and then the gathers of the indirect strategy
 //! (`gather.rs`, `kernels/gather.cu`); it launches no kernel of its own. Before the passes, one
 //! read of the key (`presorted.rs`) finds input already in order (nothing moves) or strictly
 //! reversed (everything is reversed in place) or a few ascending runs; the sort waits for it
@@ -163,7 +163,7 @@ impl Gpu {
         let words = plan.key_words().len();
         let stage = msd_stage_width(table, plan.strategy.record_move == RecordMove::Direct);
         let run = self.shapes.runnable(plan.strategy, words, stage);
-        if run.algorithm == Algorithm::Msd && !self.msd_loaded_fits(words, stage)? {
+        if run.algorithm.sorts_in_blocks() && !self.msd_loaded_fits(words, stage)? {
             return Ok(Strategy::new(Algorithm::Srts, run.record_move));
         }
         Ok(run)
@@ -180,12 +180,13 @@ impl Gpu {
         order: &mut OrderScan<'_>,
     ) -> Result<Passes> {
         let direct = plan.strategy.record_move == RecordMove::Direct;
-        let msd = strategy.algorithm == Algorithm::Msd;
-        // The MSD sort moves ByField columns directly but gathers Hybrid records once.
-        let gathers_records = !direct || (msd && table.records.is_some());
+        // The MSD and sample sorts move ByField columns directly but gather Hybrid records once.
+        let gathers_records = !direct || (strategy.algorithm.sorts_in_blocks() && table.records.is_some());
         let needs_index = plan.want_perm || !direct || gathers_records;
-        let passes = if msd {
+        let passes = if strategy.algorithm == Algorithm::Msd {
             self.run_msd(table, plan, direct, needs_index, order)?
+        } else if strategy.algorithm == Algorithm::Sample {
+            self.run_sample(table, plan, direct, needs_index, order)?
         } else {
             let plan = GpuSortPlan {
                 strategy,

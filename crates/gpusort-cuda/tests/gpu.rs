@@ -679,6 +679,45 @@ fn engine_msd_partition_depths() {
     }
 }
 
+/// Sample sort's levels: buckets split again by splitters of their own (small blocks force
+/// several levels), buckets of keys equal to a splitter ended early (equal, two-valued,
+/// duplicated and zipf keys), keys of one to four words, ByField and Hybrid, direct and
+/// indirect; the rows and the permutation against the stable reference.
+#[test]
+fn engine_sample_sort_levels() {
+    let Some(b) = backend() else { return };
+    let gpu = b.gpu();
+    let mut rng = SmallRng::seed_from_u64(17);
+    for local in [1, 40, 700, 8192] {
+        let switches = SortSwitches {
+            msd_local_rows: local,
+            ..gpu.sort_switches()
+        };
+        for kind in ["random", "equal", "two", "low", "top", "dups", "skew"] {
+            for &n in &[2usize, 100, 5_000, 60_000, 300_001] {
+                if local == 1 && n > 5_000 {
+                    continue;
+                }
+                let words = 1 + n % 4;
+                let c = case(&mut rng, n, words, kind, n == 5_000);
+                for strategy in [Strategy::SAMPLE_DIRECT, Strategy::SAMPLE_INDIRECT] {
+                    let what = format!("local {local}: {kind} n {n} words {words} {strategy}");
+                    check_engine_with(gpu, &c, strategy, 8, switches, &what);
+                }
+            }
+        }
+    }
+    let keys: Vec<u64> = gpusort_testing::KeyDistribution::Zipf.keys(400_000, 3);
+    let words = vec![
+        keys.iter().map(|k| (k >> 32) as u32).collect::<Vec<u32>>(),
+        keys.iter().map(|&k| k as u32).collect(),
+    ];
+    let c = case_with_columns(&mut rng, words, &[1, 2, 4, 8, 16]);
+    for strategy in [Strategy::SAMPLE_DIRECT, Strategy::SAMPLE_INDIRECT] {
+        check_engine(gpu, &c, strategy, 8, &format!("zipf 400000 {strategy}"));
+    }
+}
+
 /// The kernels' shapes fit the device (or `GPUSORT_SMEM_CAP`): the static shared memory the
 /// shape function estimates covers each loaded kernel's, and every strategy the shapes promise
 /// gets the dynamic shared memory it needs at 8-byte staging (so it is really used), none more
@@ -913,6 +952,7 @@ fn engine_100m_rows() {
     check_engine(gpu, &c, Strategy::GRS_INDIRECT, 8, "100M rows grs-indirect");
     check_engine(gpu, &c, Strategy::MSD_DIRECT, 8, "100M rows msd-direct");
     check_engine(gpu, &c, Strategy::MSD_INDIRECT, 8, "100M rows msd-indirect");
+    check_engine(gpu, &c, Strategy::SAMPLE_DIRECT, 8, "100M rows samplesort-direct");
 }
 
 #[test]
@@ -1191,6 +1231,13 @@ fn sanitize_every_kernel() {
     let c = case(&mut rng, 3000, 2, "dups", false);
     for strategy in [Strategy::MSD_DIRECT, Strategy::MSD_INDIRECT] {
         check_engine_with(gpu, &c, strategy, 8, deep, &format!("sanitize {strategy} deep"));
+    }
+    // Sample sort over two levels, with buckets of equal keys, and a key of four words.
+    let c = case(&mut rng, 20_000, 2, "dups", false);
+    let c4 = case(&mut rng, 20_000, 4, "random", true);
+    for strategy in [Strategy::SAMPLE_DIRECT, Strategy::SAMPLE_INDIRECT] {
+        check_engine_with(gpu, &c, strategy, 8, deep, &format!("sanitize {strategy} two levels"));
+        check_engine_with(gpu, &c4, strategy, 8, deep, &format!("sanitize {strategy} four words"));
     }
     // Validity packing and unpacking, bitmap gathers: through the backend.
     let n = 5000;

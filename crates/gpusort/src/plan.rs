@@ -12,10 +12,12 @@
 //! | ByField | GRS-direct with >= 12 payload fields, else SRTS-direct |
 //! | Hybrid  | SRTS-indirect                                      |
 //!
-//! [`Strategy::paper_default`] is that rule. Beside the paper's two LSD families there is a
-//! third, [`Algorithm::Msd`]: most-significant-digit partitioning into segments that one GPU
-//! block sorts in shared memory, which moves the payload about twice whatever the key's length
-//! (see `kernels/msd.cu`). [`radix_passes`] splits a key into the digits of an LSD radix sort,
+//! [`Strategy::paper_default`] is that rule. The paper's third family, **sample sort**
+//! (section IV), is [`Algorithm::Sample`]: rows split into buckets by splitters drawn from a
+//! sample, then each bucket sorted in shared memory (see `kernels/sample.cu`). Beside them there
+//! is gpusort's own [`Algorithm::Msd`]: most-significant-digit partitioning into segments that
+//! one GPU block sorts in shared memory, which moves the payload about twice whatever the key's
+//! length (see `kernels/msd.cu`). [`radix_passes`] splits a key into the digits of an LSD radix sort,
 //! skipping bits that are equal in every row.
 
 use std::fmt;
@@ -47,6 +49,20 @@ pub enum Algorithm {
     /// every segment fits one block's shared memory, then a block-local sort of each segment
     /// on its remaining digits. Not in the paper; on the CPU backend it is the same radix sort.
     Msd,
+    /// Sample sort (the paper's section IV, after Leischner, Osipov & Sanders): splitters from a
+    /// sample of the keys, every row put in the bucket between two splitters (or the bucket of
+    /// keys equal to one), recursively until each bucket fits one block, then each bucket sorted
+    /// in shared memory. The paper's comparison sort; on the CPU backend it is the same radix sort.
+    Sample,
+}
+
+impl Algorithm {
+    /// Whether the family ends in block-local sorts of segments ([`Self::Msd`] and
+    /// [`Self::Sample`]): on the GPU these hold the key in shared memory, so they take only keys
+    /// of a few words.
+    pub fn sorts_in_blocks(self) -> bool {
+        matches!(self, Self::Msd | Self::Sample)
+    }
 }
 
 /// The order a sort found its input in, when that let it skip the radix passes (see
@@ -105,6 +121,10 @@ impl Strategy {
     pub const MSD_DIRECT: Self = Self::new(Algorithm::Msd, RecordMove::Direct);
     /// MSD hybrid, indirect.
     pub const MSD_INDIRECT: Self = Self::new(Algorithm::Msd, RecordMove::Indirect);
+    /// Sample sort, direct.
+    pub const SAMPLE_DIRECT: Self = Self::new(Algorithm::Sample, RecordMove::Direct);
+    /// Sample sort, indirect.
+    pub const SAMPLE_INDIRECT: Self = Self::new(Algorithm::Sample, RecordMove::Indirect);
     /// The paper's four.
     pub const PAPER: [Self; 4] = [
         Self::GRS_DIRECT,
@@ -112,14 +132,16 @@ impl Strategy {
         Self::SRTS_DIRECT,
         Self::SRTS_INDIRECT,
     ];
-    /// All six.
-    pub const ALL: [Self; 6] = [
+    /// All eight.
+    pub const ALL: [Self; 8] = [
         Self::GRS_DIRECT,
         Self::GRS_INDIRECT,
         Self::SRTS_DIRECT,
         Self::SRTS_INDIRECT,
         Self::MSD_DIRECT,
         Self::MSD_INDIRECT,
+        Self::SAMPLE_DIRECT,
+        Self::SAMPLE_INDIRECT,
     ];
 
     /// The names of [`Self::ALL`], comma-separated (`grs-direct, grs-indirect, ...`): for
@@ -178,6 +200,7 @@ impl fmt::Display for Strategy {
             Algorithm::Grs => "grs",
             Algorithm::Srts => "srts",
             Algorithm::Msd => "msd",
+            Algorithm::Sample => "samplesort",
         };
         let m = match self.record_move {
             RecordMove::Direct => "direct",
@@ -305,7 +328,8 @@ mod tests {
         assert!(err.contains("quick") && err.contains("srts-indirect"), "{err}");
         assert_eq!(
             Strategy::names(),
-            "grs-direct, grs-indirect, srts-direct, srts-indirect, msd-direct, msd-indirect"
+            "grs-direct, grs-indirect, srts-direct, srts-indirect, msd-direct, msd-indirect, \
+             samplesort-direct, samplesort-indirect"
         );
     }
 

@@ -929,6 +929,8 @@ impl FuzzSetup {
                 "srts-indirect",
                 "msd-direct",
                 "msd-indirect",
+                "samplesort-direct",
+                "samplesort-indirect",
                 "cpu",
             ]
             .choose(rng)

@@ -50,25 +50,47 @@ fn words<const N: usize>(rows: impl IntoIterator<Item = [u32; N]>) -> Vec<u32> {
 
 /// One MSD sort under way: the lanes it moves (key words the passes read, the row index,
 /// the columns when direct), what the launches read (kept until the sort is done) and the
-/// profile.
-struct MsdRun<'a> {
-    gpu: &'a Gpu,
-    set: LaneSet,
+/// profile. The sample sort (`sample.rs`) runs its partition scatters and block-local sorts
+/// through it too.
+pub(crate) struct MsdRun<'a> {
+    pub(crate) gpu: &'a Gpu,
+    pub(crate) set: LaneSet,
     /// Bytes a staged value takes in the scatters' shared memory.
     stage_width: usize,
     /// Device tables the launches read, freed once the sort has synchronized.
-    keep: Vec<CudaSlice<u32>>,
-    prof: Profile,
+    pub(crate) keep: Vec<CudaSlice<u32>>,
+    pub(crate) prof: Profile,
 }
 
-/// A partition pass's digit counts and their scan: per chunk and digit, where its rows go.
-struct PartitionCounts {
+/// A partition pass's counts and their scan: per chunk and digit (or bucket), where its rows
+/// go.
+pub(crate) struct PartitionCounts {
     /// Digit bins of the pass's kernels (256 or 2048): index into [`MSD_BINS`].
     wide: usize,
-    chunks: usize,
-    chunk_table: u64,
+    pub(crate) chunks: usize,
+    pub(crate) chunk_table: u64,
     seg_table: u64,
+    /// The counts, `hist_len` words, which the kernels write.
+    pub(crate) hist: u64,
+    hist_len: usize,
+    /// Their exclusive scan ([`MsdRun::scan_counts`]).
     offsets: u64,
+}
+
+/// What a partition pass splits by: a word of `bits`-bit values at `src` (each row's value is
+/// `(word >> shift) & mask`), and the key word lane it is, if it is one (staged once with the
+/// digits).
+pub(crate) struct PartitionDigit {
+    pub(crate) src: u64,
+    pub(crate) shift: u32,
+    pub(crate) bits: u32,
+    pub(crate) key_word: Option<usize>,
+}
+
+impl PartitionDigit {
+    fn mask(&self) -> u32 {
+        (1u32 << self.bits) - 1
+    }
 }
 
 impl Gpu {
@@ -115,7 +137,7 @@ impl Gpu {
 impl<'a> MsdRun<'a> {
     /// Takes the lanes out of `table`, each with its second buffer when there are partition
     /// passes (`partitions`), and the row index with its first.
-    fn start(
+    pub(crate) fn start(
         gpu: &'a Gpu,
         table: &mut DeviceTable,
         plan: &GpuSortPlan,
@@ -148,76 +170,93 @@ impl<'a> MsdRun<'a> {
     /// scatter of every lane to the other buffer, and where each new segment starts (the only
     /// download).
     fn partition(&mut self, level: &PartitionLevel) -> Result<Vec<u32>> {
-        let counts = self.count_digits(level)?;
-        self.scatter(level, &counts)?;
-        self.segment_starts(level, &counts)
-    }
-
-    /// The key word lane of the pass's digit, in the buffer the pass reads.
-    fn digit_src(&self, level: &PartitionLevel) -> u64 {
         let lane = self.set.key_word(level.digit.word).expect("the digit's word is a lane");
-        lane.ptr(level.depth % 2, self.gpu.stream())
+        let digit = PartitionDigit {
+            src: lane.ptr(level.depth % 2, self.gpu.stream()),
+            shift: level.digit.shift,
+            bits: level.digit.bits,
+            key_word: Some(level.digit.word),
+        };
+        let counts = self.count_digits(&level.segments, &digit)?;
+        self.scatter(level.depth, &digit, &counts)?;
+        self.segment_starts(&level.segments, digit.bits, &counts)
     }
 
     /// `msd_count_*` over the chunks of the pass's segments, then the scan of the histogram.
-    fn count_digits(&mut self, level: &PartitionLevel) -> Result<PartitionCounts> {
+    fn count_digits(&mut self, segments: &[Segment], digit: &PartitionDigit) -> Result<PartitionCounts> {
         let (gpu, s) = (self.gpu, self.gpu.stream());
-        let tile = gpu.tile();
-        let wide = (level.digit.bits > 8) as usize;
-        let rows: usize = level.segments.iter().map(|s| s.len as usize).sum();
+        let counts = self.partition_tables(segments, (digit.bits > 8) as usize)?;
+        // SAFETY: every chunk lies within the n rows of the digit word; the histogram holds
+        // bins counts per chunk.
+        unsafe {
+            s.launch_builder(&gpu.kernels()?.msd_count[counts.wide])
+                .arg(&counts.chunk_table)
+                .arg(&digit.src)
+                .arg(&digit.shift)
+                .arg(&digit.mask())
+                .arg(&counts.hist)
+                .launch(chunk_grid(counts.chunks, 0))?;
+        }
+        self.prof.mark(gpu, "msd_count")?;
+        self.scan_counts(&counts)?;
+        Ok(counts)
+    }
+
+    /// The chunks of a partition pass over `segments` with `MSD_BINS[wide]` bins a chunk
+    /// (`struct MsdChunk` in msd.cu: the chunk's segment at `pad0`), the segments' table and the
+    /// histogram, uploaded or allocated and kept until the sort is done.
+    pub(crate) fn partition_tables(&mut self, segments: &[Segment], wide: usize) -> Result<PartitionCounts> {
+        let (gpu, s) = (self.gpu, self.gpu.stream());
+        let rows: usize = segments.iter().map(|s| s.len as usize).sum();
         let sms = gpu.info().multiprocessors as usize;
-        let (chunks, segs, hist_len) = chunks(&level.segments, MSD_BINS[wide], chunk_rows(rows, sms, tile));
+        let (chunks, segs, hist_len) = chunks(segments, MSD_BINS[wide], chunk_rows(rows, sms, gpu.tile()));
         let chunk_table = s.clone_htod(&words(
             chunks
                 .iter()
-                .map(|c| [c.start, c.len, c.hist, c.stride, c.bias, 0, 0, 0]),
+                .map(|c| [c.start, c.len, c.hist, c.stride, c.bias, c.seg, 0, 0]),
         ))?;
         let seg_table = s.clone_htod(&words(segs.iter().map(|x| [x[0], x[1], x[2], 0])))?;
         let hist = gpu.alloc_words(hist_len)?;
         let offsets = gpu.alloc_words(hist_len)?;
-        let sums = gpu.alloc_words(hist_len.div_ceil(tile))?;
-        let (digit_src, mask) = (self.digit_src(level), (1u32 << level.digit.bits) - 1);
-        let table_p = chunk_table.device_ptr(s).0;
-        let (hist_p, offsets_p, sums_p) = (hist.device_ptr(s).0, offsets.device_ptr(s).0, sums.device_ptr(s).0);
-        // SAFETY: every chunk lies within the n rows of the digit word; the histogram holds
-        // bins counts per chunk.
-        unsafe {
-            s.launch_builder(&gpu.kernels()?.msd_count[wide])
-                .arg(&table_p)
-                .arg(&digit_src)
-                .arg(&level.digit.shift)
-                .arg(&mask)
-                .arg(&hist_p)
-                .launch(chunk_grid(chunks.len(), 0))?;
-        }
-        self.prof.mark(gpu, "msd_count")?;
-        gpu.exclusive_scan(hist_p, offsets_p, sums_p, hist_len)?;
-        self.prof.mark(gpu, "msd_scan")?;
+        let ptr = |b: &CudaSlice<u32>| b.device_ptr(s).0;
         let counts = PartitionCounts {
             wide,
             chunks: chunks.len(),
-            chunk_table: table_p,
-            seg_table: seg_table.device_ptr(s).0,
-            offsets: offsets_p,
+            chunk_table: ptr(&chunk_table),
+            seg_table: ptr(&seg_table),
+            hist: ptr(&hist),
+            hist_len,
+            offsets: ptr(&offsets),
         };
-        self.keep.extend([chunk_table, seg_table, hist, offsets, sums]);
+        self.keep.extend([chunk_table, seg_table, hist, offsets]);
         Ok(counts)
     }
 
-    /// `msd_scatter_*`: every lane of every chunk to the other buffer, by the scanned counts.
-    fn scatter(&mut self, level: &PartitionLevel, counts: &PartitionCounts) -> Result<()> {
+    /// The exclusive scan of the counts the kernels wrote.
+    pub(crate) fn scan_counts(&mut self, counts: &PartitionCounts) -> Result<()> {
         let (gpu, s) = (self.gpu, self.gpu.stream());
-        let p = level.depth % 2;
+        let sums = gpu.alloc_words(counts.hist_len.div_ceil(gpu.tile()))?;
+        gpu.exclusive_scan(counts.hist, counts.offsets, sums.device_ptr(s).0, counts.hist_len)?;
+        self.prof.mark(gpu, "msd_scan")?;
+        self.keep.push(sums);
+        Ok(())
+    }
+
+    /// `msd_scatter_*`: every lane of every chunk to the other buffer, by the scanned counts of
+    /// `digit`, the rows in buffer `depth % 2`.
+    pub(crate) fn scatter(&mut self, depth: usize, digit: &PartitionDigit, counts: &PartitionCounts) -> Result<()> {
+        let (gpu, s) = (self.gpu, self.gpu.stream());
+        let p = depth % 2;
         let lane_table: Vec<Lane> = self
             .set
             .lanes
             .iter()
             .map(|l| {
                 let mut flags = 0;
-                if l.role == Role::Index && level.depth == 0 {
+                if l.role == Role::Index && depth == 0 {
                     flags |= LANE_IOTA;
                 }
-                if l.role == Role::KeyWord(level.digit.word) {
+                if digit.key_word.is_some_and(|w| l.role == Role::KeyWord(w)) {
                     flags |= LANE_DIGIT;
                 }
                 Lane {
@@ -230,7 +269,6 @@ impl<'a> MsdRun<'a> {
             .collect();
         let lane_dev = s.clone_htod(&words(lane_table.iter().map(|l| l.as_words())))?;
         let (lanes_p, num_lanes) = (lane_dev.device_ptr(s).0, lane_table.len() as u32);
-        let (digit_src, mask) = (self.digit_src(level), (1u32 << level.digit.bits) - 1);
         let tile = gpu.tile();
         let dyn_smem = msd_scatter_smem(counts.wide == 1, tile, self.stage_width) as u32;
         // SAFETY: the lane table lists buffers of n rows; the offsets come from the scan of
@@ -238,9 +276,9 @@ impl<'a> MsdRun<'a> {
         unsafe {
             s.launch_builder(&gpu.kernels()?.msd_scatter[counts.wide])
                 .arg(&counts.chunk_table)
-                .arg(&digit_src)
-                .arg(&level.digit.shift)
-                .arg(&mask)
+                .arg(&digit.src)
+                .arg(&digit.shift)
+                .arg(&digit.mask())
                 .arg(&counts.offsets)
                 .arg(&lanes_p)
                 .arg(&num_lanes)
@@ -251,12 +289,17 @@ impl<'a> MsdRun<'a> {
         Ok(())
     }
 
-    /// `msd_subsegments`: the first row of each digit value of each segment, downloaded for
-    /// the schedule.
-    fn segment_starts(&mut self, level: &PartitionLevel, counts: &PartitionCounts) -> Result<Vec<u32>> {
+    /// `msd_subsegments`: the first row of each of the `2^bits` digit values of each segment,
+    /// downloaded for the schedule.
+    pub(crate) fn segment_starts(
+        &mut self,
+        segments: &[Segment],
+        bits: u32,
+        counts: &PartitionCounts,
+    ) -> Result<Vec<u32>> {
         let (gpu, s) = (self.gpu, self.gpu.stream());
-        let values = 1u32 << level.digit.bits;
-        let num_segs = level.segments.len() as u32;
+        let values = 1u32 << bits;
+        let num_segs = segments.len() as u32;
         let starts = gpu.alloc_words(num_segs as usize * values as usize)?;
         let starts_p = starts.device_ptr(s).0;
         // SAFETY: `starts` holds num_segs * values words; the offsets come from the scan.
@@ -277,7 +320,7 @@ impl<'a> MsdRun<'a> {
 
     /// `msd_local`: every batch of final segments sorted by one block on its remaining digits
     /// and written to the final buffer (key words only with `keep_keys`).
-    fn local_sorts(&mut self, sched: &MsdSchedule, local_rows: usize, keep_keys: bool) -> Result<()> {
+    pub(crate) fn local_sorts(&mut self, sched: &MsdSchedule, local_rows: usize, keep_keys: bool) -> Result<()> {
         let (batch_list, seg_starts) = batches(sched, local_rows);
         if batch_list.is_empty() {
             return Ok(());
@@ -384,7 +427,7 @@ impl<'a> MsdRun<'a> {
 
     /// The final buffers back into the table, once the kernels that read the tables are done;
     /// returns the permutation when the index moved.
-    fn finish(self, table: &mut DeviceTable, final_buf: usize) -> Result<Option<CudaSlice<u32>>> {
+    pub(crate) fn finish(self, table: &mut DeviceTable, final_buf: usize) -> Result<Option<CudaSlice<u32>>> {
         let perm = self.set.restore(table, |_| Some(final_buf));
         // The tables must outlive the kernels that read them.
         self.gpu.stream().synchronize()?;

@@ -151,13 +151,16 @@ pub struct PartitionLevel {
 }
 
 /// A segment whose partitioning is over, and the depth at which it ended: its rows are in
-/// buffer `depth % 2`, still to be sorted on the digits of `plans[depth]`.
+/// buffer `depth % 2`, still to be sorted on the digits of `plans[plan]` (the MSD sort's plan
+/// of that depth; the sample sort's whole key, or none for keys equal to a splitter).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FinalSegment {
     /// The rows.
     pub seg: Segment,
     /// Partition passes it went through.
     pub depth: usize,
+    /// Its block-local plan: an index into [`MsdSchedule::plans`].
+    pub plan: usize,
 }
 
 /// What the partition passes made.
@@ -167,7 +170,8 @@ pub struct MsdSchedule {
     pub levels: usize,
     /// Final segments, in row order, covering every row.
     pub finals: Vec<FinalSegment>,
-    /// The block-local digits of each depth `0..=levels`.
+    /// The block-local digits the final segments name (the MSD sort: one for each depth
+    /// `0..=levels`).
     pub plans: Vec<LocalDigits>,
 }
 
@@ -196,7 +200,7 @@ pub fn schedule(
         let (big, small): (Vec<Segment>, Vec<Segment>) = current
             .into_iter()
             .partition(|s| !exhausted && s.len as usize > local_rows);
-        finals.extend(small.into_iter().map(|seg| FinalSegment { seg, depth }));
+        finals.extend(small.into_iter().map(|seg| FinalSegment { seg, depth, plan: depth }));
         let Some(max_len) = big.iter().map(|s| s.len as usize).max() else {
             break;
         };
@@ -212,6 +216,11 @@ pub fn schedule(
         cursor = next;
         depth += 1;
     }
+    covered(finals, n, depth, plans)
+}
+
+/// The schedule of `finals`, in row order, once they are checked to cover the `n` rows once.
+pub fn covered(mut finals: Vec<FinalSegment>, n: usize, levels: usize, plans: Vec<LocalDigits>) -> Result<MsdSchedule> {
     finals.sort_by_key(|f| f.seg.start);
     let mut at = 0u32;
     for f in &finals {
@@ -228,16 +237,20 @@ pub fn schedule(
             "MSD schedule: segments cover {at} of {n} rows"
         )));
     }
-    Ok(MsdSchedule {
-        levels: depth,
-        finals,
-        plans,
-    })
+    Ok(MsdSchedule { levels, finals, plans })
 }
 
 /// The non-empty segments that splitting `segments` made, from the first row of each digit
 /// value (`values` per segment), checked for consistency.
 pub fn subsegments(segments: &[Segment], starts: &[u32], values: usize) -> Result<Vec<Segment>> {
+    Ok(split_segments(segments, starts, values)?
+        .into_iter()
+        .map(|(s, _)| s)
+        .collect())
+}
+
+/// [`subsegments`], each with its digit value (the sample sort's bucket).
+pub fn split_segments(segments: &[Segment], starts: &[u32], values: usize) -> Result<Vec<(Segment, usize)>> {
     if starts.len() != segments.len() * values {
         return Err(CudaSortError::Unsupported(format!(
             "MSD partition returned {} segment starts for {} segments of {values} values",
@@ -258,10 +271,13 @@ pub fn subsegments(segments: &[Segment], starts: &[u32], values: usize) -> Resul
                 )));
             }
             if end > start {
-                out.push(Segment {
-                    start,
-                    len: end - start,
-                });
+                out.push((
+                    Segment {
+                        start,
+                        len: end - start,
+                    },
+                    d,
+                ));
             }
         }
     }
@@ -282,6 +298,8 @@ pub struct Chunk {
     pub stride: u32,
     /// Its segment's first row minus the rows of the partitioned segments before it.
     pub bias: u32,
+    /// Its segment: an index into the pass's segments.
+    pub seg: u32,
 }
 
 /// The chunks of a partition pass over `segments` with `bins` counters per chunk, chunks of
@@ -293,7 +311,7 @@ pub fn chunks(segments: &[Segment], bins: usize, chunk_rows: usize) -> (Vec<Chun
     let mut segs = vec![];
     let mut hist = 0usize;
     let mut before = 0u32;
-    for s in segments {
+    for (k, s) in segments.iter().enumerate() {
         let c = (s.len as usize).div_ceil(chunk_rows).max(1);
         let bias = s.start - before;
         for i in 0..c {
@@ -304,6 +322,7 @@ pub fn chunks(segments: &[Segment], bins: usize, chunk_rows: usize) -> (Vec<Chun
                 hist: (hist + i) as u32,
                 stride: c as u32,
                 bias,
+                seg: k as u32,
             });
         }
         segs.push([hist as u32, c as u32, bias]);
@@ -350,7 +369,7 @@ pub fn batches(s: &MsdSchedule, local_rows: usize) -> (Vec<Batch>, Vec<u32>) {
         }
     };
     for f in &s.finals {
-        let plan = &s.plans[f.depth];
+        let plan = &s.plans[f.plan];
         let sorts = !plan.digits.is_empty() && f.seg.len > 1;
         let moves = f.depth % 2 != final_buf;
         if !sorts && !moves {
@@ -368,7 +387,7 @@ pub fn batches(s: &MsdSchedule, local_rows: usize) -> (Vec<Batch>, Vec<u32>) {
                     len,
                     segs: 1,
                     seg_first: 0,
-                    plan: f.depth as u32,
+                    plan: f.plan as u32,
                     src: (f.depth % 2) as u32,
                 });
                 at += len;
@@ -376,7 +395,8 @@ pub fn batches(s: &MsdSchedule, local_rows: usize) -> (Vec<Batch>, Vec<u32>) {
             continue;
         }
         let fits = open.as_ref().is_some_and(|(b, seg)| {
-            b.plan as usize == f.depth
+            b.plan as usize == f.plan
+                && b.src as usize == f.depth % 2
                 && b.start + b.len == f.seg.start
                 && (b.len + f.seg.len) as usize <= local_rows
                 && seg.len() < MSD_LOCAL_MAX_SEGS
@@ -397,7 +417,7 @@ pub fn batches(s: &MsdSchedule, local_rows: usize) -> (Vec<Batch>, Vec<u32>) {
                     len: f.seg.len,
                     segs: 1,
                     seg_first: 0,
-                    plan: f.depth as u32,
+                    plan: f.plan as u32,
                     src: (f.depth % 2) as u32,
                 },
                 vec![0],
@@ -461,7 +481,8 @@ mod tests {
                 len: 10,
                 hist: 0,
                 stride: 3,
-                bias: 10
+                bias: 10,
+                seg: 0
             }
         );
         assert_eq!((c[2].start, c[2].len, c[2].hist), (30, 5, 2));
@@ -472,7 +493,8 @@ mod tests {
                 len: 5,
                 hist: 12,
                 stride: 1,
-                bias: 15
+                bias: 15,
+                seg: 1
             }
         );
         assert_eq!(s, vec![[0, 3, 10], [12, 1, 15]]);
