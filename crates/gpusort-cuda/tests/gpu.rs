@@ -212,9 +212,9 @@ fn reference_order(keys: &[Vec<u32>], n: usize) -> Vec<u32> {
     let word = |w: usize, i: usize| keys.get(w).map_or(0, |k| k[i]) as u64;
     let mut rows: Vec<(u64, u64, u32)> = (0..n)
         .into_par_iter()
-        .map(|i| ((word(0, i) << 32) | word(1, i), word(2, i), i as u32))
+        .map(|i| ((word(0, i) << 32) | word(1, i), (word(2, i) << 32) | word(3, i), i as u32))
         .collect();
-    assert!(keys.len() <= 3);
+    assert!(keys.len() <= 4);
     rows.par_sort_unstable();
     rows.into_iter().map(|r| r.2).collect()
 }
@@ -694,7 +694,7 @@ fn engine_sample_sort_levels() {
             ..gpu.sort_switches()
         };
         for kind in ["random", "equal", "two", "low", "top", "dups", "skew"] {
-            for &n in &[2usize, 100, 5_000, 60_000, 300_001] {
+            for &n in &[2usize, 100, 5_000, 60_003, 300_001] {
                 if local == 1 && n > 5_000 {
                     continue;
                 }
