@@ -297,6 +297,24 @@ mod tests {
         }
     }
 
+    /// Two levels of random keys: the second level's small buckets, with a bucket of one key
+    /// equal to a splitter between every two, share blocks (about as many batches as a block's
+    /// worth of rows: one each cut the local sort's blocks twentyfold, the first H100 run).
+    #[test]
+    fn small_buckets_share_blocks() {
+        let mut rng = SmallRng::seed_from_u64(1);
+        let (n, local) = (1_500_000, 8192);
+        let mut keys: Vec<u64> = (0..n).map(|_| rng.random::<u32>() as u64).collect();
+        let passes = radix_passes(&[u32::MAX], 8);
+        let key = MsdKey::new(&passes);
+        let whole = key.local_digits(key.start(), &passes);
+        let sched = sample_schedule(n, local, whole, |_, segs| Ok(simulate_level(&mut keys, segs, &mut rng))).unwrap();
+        assert_eq!(sched.levels, 2);
+        assert!(sched.finals.len() > 20_000, "{}", sched.finals.len());
+        let (batch_list, _) = batches(&sched, local);
+        assert!(batch_list.len() <= 2 * n.div_ceil(local), "{} batches", batch_list.len());
+    }
+
     /// A segment that never shrinks (a `split` that keeps every row in bucket 0) fails after
     /// [`SAMPLE_MAX_LEVELS`] levels instead of looping.
     #[test]

@@ -350,9 +350,12 @@ pub struct Batch {
 }
 
 /// The blocks of the block-local sort, and the segment starts (relative to each batch's first
-/// row) of batches of several segments. Segments already sorted and in the final buffer are
-/// left out; segments too large for a block (only when the key is used up: their rows are all
-/// equal) are copied to the final buffer in pieces.
+/// row) of batches of several segments. Segments already sorted and in the final buffer (of one
+/// row, or with no digits left) are left out, unless the batch before them takes them as they
+/// are (sorting or copying them in place changes nothing): leaving out a row between two small
+/// segments would cut their batch in two, and the sample sort's buckets of one key equal to a
+/// splitter sit between every two of its buckets. Segments too large for a block (only when the
+/// key is used up: their rows are all equal) are copied to the final buffer in pieces.
 pub fn batches(s: &MsdSchedule, local_rows: usize) -> (Vec<Batch>, Vec<u32>) {
     let final_buf = s.levels % 2;
     let mut out: Vec<Batch> = vec![];
@@ -372,7 +375,14 @@ pub fn batches(s: &MsdSchedule, local_rows: usize) -> (Vec<Batch>, Vec<u32>) {
         let plan = &s.plans[f.plan];
         let sorts = !plan.digits.is_empty() && f.seg.len > 1;
         let moves = f.depth % 2 != final_buf;
-        if !sorts && !moves {
+        let fits = open.as_ref().is_some_and(|(b, seg)| {
+            b.plan as usize == f.plan
+                && b.src as usize == f.depth % 2
+                && b.start + b.len == f.seg.start
+                && (b.len + f.seg.len) as usize <= local_rows
+                && seg.len() < MSD_LOCAL_MAX_SEGS
+        });
+        if !sorts && !moves && !fits {
             close(&mut open, &mut out, &mut starts);
             continue;
         }
@@ -394,13 +404,6 @@ pub fn batches(s: &MsdSchedule, local_rows: usize) -> (Vec<Batch>, Vec<u32>) {
             }
             continue;
         }
-        let fits = open.as_ref().is_some_and(|(b, seg)| {
-            b.plan as usize == f.plan
-                && b.src as usize == f.depth % 2
-                && b.start + b.len == f.seg.start
-                && (b.len + f.seg.len) as usize <= local_rows
-                && seg.len() < MSD_LOCAL_MAX_SEGS
-        });
         if fits {
             let (b, seg) = open.as_mut().unwrap();
             seg.push(b.len);
