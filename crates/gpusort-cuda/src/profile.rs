@@ -9,6 +9,7 @@ use crate::gpu::Gpu;
 /// kernel name at the end of a sort and printed to stderr.
 pub(crate) struct Profile {
     marks: Option<std::cell::RefCell<Vec<(&'static str, CudaEvent)>>>,
+    notes: std::cell::RefCell<Vec<String>>,
 }
 
 impl Profile {
@@ -21,7 +22,10 @@ impl Profile {
         } else {
             None
         };
-        Ok(Self { marks })
+        Ok(Self {
+            marks,
+            notes: Default::default(),
+        })
     }
 
     pub(crate) fn mark(&self, gpu: &Gpu, name: &'static str) -> Result<()> {
@@ -31,6 +35,13 @@ impl Profile {
             m.borrow_mut().push((name, e));
         }
         Ok(())
+    }
+
+    /// A line printed with the report, made only when profiling.
+    pub(crate) fn note(&self, line: impl FnOnce() -> String) {
+        if self.marks.is_some() {
+            self.notes.borrow_mut().push(line());
+        }
     }
 
     pub(crate) fn report(&self) -> Result<()> {
@@ -51,7 +62,13 @@ impl Profile {
                 }
             }
             let line: Vec<String> = sums.iter().map(|(n, t, c)| format!("{n} {t:.3} ms/{c}")).collect();
-            eprintln!("profile: {}", line.join(", "));
+            let notes = self.notes.borrow();
+            let notes = if notes.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", notes.join("; "))
+            };
+            eprintln!("profile: {}{notes}", line.join(", "));
         }
         Ok(())
     }

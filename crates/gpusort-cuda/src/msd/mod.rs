@@ -340,6 +340,8 @@ impl<'a> MsdRun<'a> {
         let digit_dev = s.clone_htod(&words(digit_table.iter().map(|&d| [d])))?;
         let seg_dev = s.clone_htod(&words(seg_starts.iter().map(|&x| [x])))?;
         let lane_dev = s.clone_htod(&words(lane_table.iter().map(|l| l.as_words())))?;
+        self.prof.mark(gpu, "msd_local_tables")?;
+        self.prof.note(|| format!("{} final segments in {} batches", sched.finals.len(), batch_list.len()));
         let (num_lanes, key_area32) = (self.set.lanes.len() as u32, key_area as u32);
         let ptr = |b: &CudaSlice<u32>| b.device_ptr(s).0;
         let (b_p, p_p, d_p, s_p, l_p) = (
