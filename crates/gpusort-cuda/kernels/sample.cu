@@ -138,10 +138,13 @@ extern "C" __global__ void __launch_bounds__(BLOCK)
 }
 
 // Phase 2: the bucket of every row of each chunk (written at the row, for the scatter) and the
-// chunk's bucket counts, laid out as msd_count's: hist[c.hist + b * c.stride].
+// chunk's bucket counts, laid out as msd_count's: hist[c.hist + b * c.stride]. A segment's
+// `depth[seg]` (1 to 7) is how far down the search tree its rows go: 2^depth - 1 of its
+// splitters, evenly spaced, split it, so a segment a little larger than a block is cut into a
+// few buckets, not 255.
 extern "C" __global__ void __launch_bounds__(BLOCK)
-    sample_classify(const SampleChunk* chunks, SampleKey key, u32 words, const u32* splitters, u32* bucket,
-                    u32* hist) {
+    sample_classify(const SampleChunk* chunks, SampleKey key, u32 words, const u32* splitters, const u32* depth,
+                    u32* bucket, u32* hist) {
     constexpr u32 BINS = 256;
     __shared__ u32 h[WARPS][BINS];
     __shared__ u32 sp[LOCAL_MAX_WORDS][SAMPLE_SPLITTERS];
@@ -151,15 +154,18 @@ extern "C" __global__ void __launch_bounds__(BLOCK)
     for (u32 i = threadIdx.x; i < words * SAMPLE_SPLITTERS; i += BLOCK) (&sp[0][0])[i] = mine_sp[i];
     __syncthreads();
     u32* mine = h[threadIdx.x / 32];
+    // The subset's spacing: its splitters are sp[k * gap - 1], k = 1 .. 2^depth - 1.
+    const u32 gap = (SAMPLE_SPLITTERS + 1) >> depth[c.seg];
     for (u32 i = threadIdx.x; i < c.len; i += BLOCK) {
         const size_t r = (size_t)c.start + i;
         u32 w[LOCAL_MAX_WORDS];
 #pragma unroll
         for (u32 k = 0; k < LOCAL_MAX_WORDS; k++) w[k] = k < words ? key_word(key, k, r) : 0;
-        // pos: the splitters below the key (the implicit tree, root at the middle).
+        // pos: gap x the subset's splitters below the key (the implicit tree, root at the middle).
         u32 pos = 0;
 #pragma unroll
         for (u32 step = (SAMPLE_SPLITTERS + 1) / 2; step > 0; step >>= 1) {
+            if (step < gap) break;
             const u32 j = pos + step - 1;
             bool below = false;  // splitter j < key
 #pragma unroll
@@ -173,13 +179,15 @@ extern "C" __global__ void __launch_bounds__(BLOCK)
             }
             if (below) pos += step;
         }
-        bool equal = pos < SAMPLE_SPLITTERS;
+        // The next splitter of the subset, which the key may equal.
+        const u32 next = pos + gap - 1;
+        bool equal = next < SAMPLE_SPLITTERS;
 #pragma unroll
         for (u32 k = 0; k < LOCAL_MAX_WORDS; k++) {
             if (k >= words) break;
-            if (equal) equal = sp[k][pos < SAMPLE_SPLITTERS ? pos : 0] == w[k];
+            if (equal) equal = sp[k][next < SAMPLE_SPLITTERS ? next : 0] == w[k];
         }
-        const u32 b = 2 * pos + (equal ? 1 : 0);
+        const u32 b = 2 * (pos / gap) + (equal ? 1 : 0);
         bucket[r] = b;
         atomicAdd(&mine[b], 1u);
     }

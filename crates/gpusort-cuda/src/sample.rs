@@ -32,6 +32,16 @@ const BUCKETS: usize = 256;
 /// at the level that draws them, so no input of fewer than 2^32 rows needs half as many.
 pub const SAMPLE_MAX_LEVELS: usize = 8;
 
+/// How far down the splitters' search tree a segment of `len` rows is split (`depth[seg]` of
+/// `sample_classify`): `2^depth` buckets between splitters, enough that they hold half a block
+/// (`local_rows / 2`) on average, at most all 128 of [`SAMPLE_SPLITTERS`]. The half leaves room
+/// for the buckets' spread, so that few of them need a level more.
+pub fn search_depth(len: usize, local_rows: usize) -> u32 {
+    let buckets = len.div_ceil((local_rows / 2).max(1)).max(2);
+    let most = (SAMPLE_SPLITTERS + 1).trailing_zeros();
+    (usize::BITS - (buckets - 1).leading_zeros()).clamp(1, most)
+}
+
 /// The device addresses of a level's key words (`struct SampleKey` in sample.cu), by value.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -72,10 +82,20 @@ impl Gpu {
             bucket: self.alloc_words(if n > local_rows { n } else { 1 })?,
             run,
             words,
+            local_rows,
         };
         let whole = key.local_digits(key.start(), &plan.passes);
-        let sched = sample_schedule(n, local_rows, whole, |depth, segs| level.split(depth, segs))?;
+        // The host's part of the schedule, between levels (for the profile).
+        let (mut host, mut last) = (std::time::Duration::ZERO, std::time::Instant::now());
+        let sched = sample_schedule(n, local_rows, whole, |depth, segs| {
+            host += last.elapsed();
+            let starts = level.split(depth, segs);
+            last = std::time::Instant::now();
+            starts
+        })?;
+        host += last.elapsed();
         let SampleLevels { mut run, bucket, .. } = level;
+        run.prof.note(|| format!("{} levels, schedule on the host {:.3} ms", sched.levels, host.as_secs_f64() * 1e3));
         run.local_sorts(&sched, local_rows, plan.keep_keys)?;
         run.keep.push(bucket);
         run.finish(table, sched.levels % 2).map(Passes::Ran)
@@ -88,6 +108,7 @@ struct SampleLevels<'a> {
     run: MsdRun<'a>,
     bucket: CudaSlice<u32>,
     words: Vec<usize>,
+    local_rows: usize,
 }
 
 impl SampleLevels<'_> {
@@ -99,8 +120,11 @@ impl SampleLevels<'_> {
         let key = self.key_at(depth);
         let num_words = self.words.len() as u32;
         let splitters = self.splitters(segments, key, num_words)?;
+        let depths: Vec<u32> = segments.iter().map(|g| search_depth(g.len as usize, self.local_rows)).collect();
+        let depth_dev = s.clone_htod(&depths)?;
         let counts = self.run.partition_tables(segments, 0)?;
         let (sp_p, bucket_p) = (splitters.device_ptr(s).0, self.bucket.device_ptr(s).0);
+        let depth_p = depth_dev.device_ptr(s).0;
         // SAFETY: every chunk lies within the n rows of the key words and of `bucket`; the
         // splitter table holds SAMPLE_SPLITTERS x words words of each chunk's segment; the
         // counts hold 256 bins a chunk.
@@ -110,6 +134,7 @@ impl SampleLevels<'_> {
                 .arg(&key)
                 .arg(&num_words)
                 .arg(&sp_p)
+                .arg(&depth_p)
                 .arg(&bucket_p)
                 .arg(&counts.hist)
                 .launch(LaunchConfig {
@@ -119,7 +144,7 @@ impl SampleLevels<'_> {
                 })?;
         }
         self.run.prof.mark(gpu, "sample_classify")?;
-        self.run.keep.push(splitters);
+        self.run.keep.extend([splitters, depth_dev]);
         self.run.scan_counts(&counts)?;
         let digit = PartitionDigit {
             src: bucket_p,
@@ -257,13 +282,15 @@ mod tests {
 
     /// What the kernels do, on the host: splitters from a sorted sample (every 16th of 2048
     /// keys drawn at random), each row's bucket, the stable scatter, the buckets' starts.
-    fn simulate_level(keys: &mut [u64], segments: &[Segment], rng: &mut SmallRng) -> Vec<u32> {
+    fn simulate_level(keys: &mut [u64], segments: &[Segment], local: usize, rng: &mut SmallRng) -> Vec<u32> {
         let mut starts = vec![];
         for seg in segments {
             let rows = &mut keys[seg.start as usize..(seg.start + seg.len) as usize];
             let mut sample: Vec<u64> = (0..SAMPLE_SIZE).map(|_| rows[rng.random_range(0..rows.len())]).collect();
             sample.sort();
-            let sp: Vec<u64> = (0..SAMPLE_SPLITTERS).map(|j| sample[(j + 1) * 16 - 1]).collect();
+            let all: Vec<u64> = (0..SAMPLE_SPLITTERS).map(|j| sample[(j + 1) * 16 - 1]).collect();
+            let gap = (SAMPLE_SPLITTERS + 1) >> search_depth(rows.len(), local);
+            let sp: Vec<u64> = all.iter().skip(gap - 1).step_by(gap).copied().collect();
             let bucket = |k: u64| {
                 let pos = sp.partition_point(|&x| x < k);
                 2 * pos + (pos < sp.len() && sp[pos] == k) as usize
@@ -305,7 +332,7 @@ mod tests {
             let sched = sample_schedule(n, local, whole, |depth, segs| {
                 assert_eq!(depth, levels, "{name}");
                 levels += 1;
-                Ok(simulate_level(&mut keys, segs, &mut rng))
+                Ok(simulate_level(&mut keys, segs, local, &mut rng))
             })
             .unwrap();
             assert!(sched.levels <= 3, "{name}: {} levels", sched.levels);
@@ -327,9 +354,9 @@ mod tests {
         }
     }
 
-    /// Two levels of random keys: the second level's small buckets, with a bucket of one key
-    /// equal to a splitter between every two, are joined into final segments of about a
-    /// block's worth of rows, each a batch of its own.
+    /// Two levels of random keys: the second level splits its segments only as far as they
+    /// need, and its buckets, with a bucket of one key equal to a splitter between every two,
+    /// are joined into final segments of about a block's worth of rows, each a batch of its own.
     #[test]
     fn small_buckets_share_blocks() {
         let mut rng = SmallRng::seed_from_u64(1);
@@ -340,13 +367,14 @@ mod tests {
         let whole = key.local_digits(key.start(), &passes);
         let mut buckets = 0;
         let sched = sample_schedule(n, local, whole, |_, segs| {
-            let starts = simulate_level(&mut keys, segs, &mut rng);
+            let starts = simulate_level(&mut keys, segs, local, &mut rng);
             buckets += split_segments(segs, &starts, BUCKETS).unwrap().len();
             Ok(starts)
         })
         .unwrap();
         assert_eq!(sched.levels, 2);
-        assert!(buckets > 20_000, "{buckets}");
+        // 255 buckets of the first level; the second splits each of its ~12K rows into 4.
+        assert!(buckets < 8 * n.div_ceil(local), "{buckets}");
         assert!(sched.finals.len() <= 2 * n.div_ceil(local), "{} finals", sched.finals.len());
         let (batch_list, _) = batches(&sched, local);
         assert_eq!(batch_list.len(), sched.finals.len());
@@ -356,6 +384,21 @@ mod tests {
             keys[b.start as usize..(b.start + b.len) as usize].sort();
         }
         assert_eq!(keys, want);
+    }
+
+    /// A segment is split into buckets of about half a block: all 128 for the whole input, a
+    /// few for one a little larger than a block.
+    #[test]
+    fn segments_are_split_as_far_as_they_need() {
+        assert_eq!(search_depth(100_000_000, 8192), 7);
+        assert_eq!(search_depth(128 * 4096, 8192), 7);
+        assert_eq!(search_depth(128 * 4096 - 4096, 8192), 7);
+        assert_eq!(search_depth(64 * 4096, 8192), 6);
+        assert_eq!(search_depth(12_000, 8192), 2);
+        assert_eq!(search_depth(8193, 8192), 2);
+        assert_eq!(search_depth(8192, 8192), 1);
+        assert_eq!(search_depth(41, 40), 2);
+        assert_eq!(search_depth(2, 1), 1);
     }
 
     /// A segment that never shrinks (a `split` that keeps every row in bucket 0) fails after

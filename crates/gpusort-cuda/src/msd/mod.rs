@@ -321,6 +321,7 @@ impl<'a> MsdRun<'a> {
     /// `msd_local`: every batch of final segments sorted by one block on its remaining digits
     /// and written to the final buffer (key words only with `keep_keys`).
     pub(crate) fn local_sorts(&mut self, sched: &MsdSchedule, local_rows: usize, keep_keys: bool) -> Result<()> {
+        let started = std::time::Instant::now();
         let (batch_list, seg_starts) = batches(sched, local_rows);
         if batch_list.is_empty() {
             return Ok(());
@@ -341,7 +342,14 @@ impl<'a> MsdRun<'a> {
         let seg_dev = s.clone_htod(&words(seg_starts.iter().map(|&x| [x])))?;
         let lane_dev = s.clone_htod(&words(lane_table.iter().map(|l| l.as_words())))?;
         self.prof.mark(gpu, "msd_local_tables")?;
-        self.prof.note(|| format!("{} final segments in {} batches", sched.finals.len(), batch_list.len()));
+        self.prof.note(|| {
+            format!(
+                "{} final segments in {} batches, tables on the host {:.3} ms",
+                sched.finals.len(),
+                batch_list.len(),
+                started.elapsed().as_secs_f64() * 1e3
+            )
+        });
         let (num_lanes, key_area32) = (self.set.lanes.len() as u32, key_area as u32);
         let ptr = |b: &CudaSlice<u32>| b.device_ptr(s).0;
         let (b_p, p_p, d_p, s_p, l_p) = (
