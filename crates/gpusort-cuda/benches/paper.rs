@@ -676,8 +676,10 @@ fn main() {
         merges(&gpu, &a, cub.as_ref(), &mut csv);
     }
     // Crossovers: the smallest m from which one family or move beats the other.
-    println!("\ncrossovers (minimum times, all digit widths measured):");
-    for layout in ["ByField", "Hybrid"] {
+    if !fig.is_empty() {
+        println!("\ncrossovers (minimum times, all digit widths measured):");
+    }
+    for layout in ["ByField", "Hybrid"].into_iter().filter(|_| !fig.is_empty()) {
         let at = |lab: &str, m: usize| {
             fig.iter()
                 .filter(|r| r.0 == lab && r.2 == layout && r.3 == m)

@@ -65,23 +65,15 @@ impl Gpu {
     ) -> Result<Passes> {
         let n = table.num_rows;
         let key = MsdKey::new(&plan.passes);
-        let words = plan.key_words();
-        if words.len() > MSD_LOCAL_MAX_WORDS {
-            return Err(CudaSortError::Unsupported(format!(
-                "a sample sort of a key of {} words (at most {MSD_LOCAL_MAX_WORDS})",
-                words.len()
-            )));
-        }
         let local_rows = plan.switches.msd_local_rows;
-        let run = MsdRun::start(self, table, plan, direct, needs_index, n > local_rows)?;
-        if let Some(found) = order.settle()? {
-            run.set.restore_input(table);
-            return Ok(Passes::Skipped(found));
-        }
+        let run = match MsdRun::open(self, table, plan, (direct, needs_index), order, "a sample sort")? {
+            Ok(run) => run,
+            Err(skipped) => return Ok(skipped),
+        };
         let mut level = SampleLevels {
             bucket: self.alloc_words(if n > local_rows { n } else { 1 })?,
             run,
-            words,
+            words: plan.key_words(),
             local_rows,
         };
         let whole = key.local_digits(key.start(), &plan.passes);
@@ -95,7 +87,13 @@ impl Gpu {
         })?;
         host += last.elapsed();
         let SampleLevels { mut run, bucket, .. } = level;
-        run.prof.note(|| format!("{} levels, schedule on the host {:.3} ms", sched.levels, host.as_secs_f64() * 1e3));
+        run.prof.note(|| {
+            format!(
+                "{} levels, schedule on the host {:.3} ms",
+                sched.levels,
+                host.as_secs_f64() * 1e3
+            )
+        });
         run.local_sorts(&sched, local_rows, plan.keep_keys)?;
         run.keep.push(bucket);
         run.finish(table, sched.levels % 2).map(Passes::Ran)
@@ -120,7 +118,10 @@ impl SampleLevels<'_> {
         let key = self.key_at(depth);
         let num_words = self.words.len() as u32;
         let splitters = self.splitters(segments, key, num_words)?;
-        let depths: Vec<u32> = segments.iter().map(|g| search_depth(g.len as usize, self.local_rows)).collect();
+        let depths: Vec<u32> = segments
+            .iter()
+            .map(|g| search_depth(g.len as usize, self.local_rows))
+            .collect();
         let depth_dev = s.clone_htod(&depths)?;
         let counts = self.run.partition_tables(segments, 0)?;
         let (sp_p, bucket_p) = (splitters.device_ptr(s).0, self.bucket.device_ptr(s).0);
@@ -219,7 +220,13 @@ pub fn sample_schedule(
     let mut finals = vec![];
     let mut depth = 0;
     loop {
-        let big = final_buckets(current, local_rows, |seg| finals.push(FinalSegment { seg, depth, plan: depth }));
+        let big = final_buckets(current, local_rows, |seg| {
+            finals.push(FinalSegment {
+                seg,
+                depth,
+                plan: depth,
+            })
+        });
         if big.is_empty() {
             break;
         }
@@ -286,7 +293,9 @@ mod tests {
         let mut starts = vec![];
         for seg in segments {
             let rows = &mut keys[seg.start as usize..(seg.start + seg.len) as usize];
-            let mut sample: Vec<u64> = (0..SAMPLE_SIZE).map(|_| rows[rng.random_range(0..rows.len())]).collect();
+            let mut sample: Vec<u64> = (0..SAMPLE_SIZE)
+                .map(|_| rows[rng.random_range(0..rows.len())])
+                .collect();
             sample.sort();
             let all: Vec<u64> = (0..SAMPLE_SPLITTERS).map(|j| sample[(j + 1) * 16 - 1]).collect();
             let gap = (SAMPLE_SPLITTERS + 1) >> search_depth(rows.len(), local);
@@ -315,14 +324,17 @@ mod tests {
         let mut rng = SmallRng::seed_from_u64(7);
         let n = 300_000;
         let local = 8192;
-        let shapes: [(&str, Box<dyn Fn(&mut SmallRng, usize) -> u64>); 4] = [
-            ("distinct", Box::new(|r, _| r.random())),
-            ("16 values", Box::new(|r, _| r.random_range(0..16))),
-            ("one value", Box::new(|_, _| 42)),
-            ("half one value", Box::new(|r, i| if i % 2 == 0 { 5 } else { r.random() })),
-        ];
-        for (name, make) in shapes {
-            let mut keys: Vec<u64> = (0..n).map(|i| make(&mut rng, i)).collect();
+        let key_of = |shape: &str, r: &mut SmallRng, i: usize| -> u64 {
+            match shape {
+                "distinct" => r.random(),
+                "16 values" => r.random_range(0..16),
+                "one value" => 42,
+                _ if i.is_multiple_of(2) => 5,
+                _ => r.random(),
+            }
+        };
+        for name in ["distinct", "16 values", "one value", "half one value"] {
+            let mut keys: Vec<u64> = (0..n).map(|i| key_of(name, &mut rng, i)).collect();
             let mut want = keys.clone();
             want.sort();
             let passes = radix_passes(&[u32::MAX, u32::MAX], 8);
@@ -339,7 +351,10 @@ mod tests {
             for f in &sched.finals {
                 let rows = &keys[f.seg.start as usize..(f.seg.start + f.seg.len) as usize];
                 if f.seg.len as usize > local {
-                    assert!(rows.iter().all(|&k| k == rows[0]), "{name}: a large bucket of equal keys");
+                    assert!(
+                        rows.iter().all(|&k| k == rows[0]),
+                        "{name}: a large bucket of equal keys"
+                    );
                 }
                 assert_eq!(f.plan, f.depth);
             }
@@ -350,7 +365,11 @@ mod tests {
                 keys[b.start as usize..(b.start + b.len) as usize].sort();
             }
             assert_eq!(keys, want, "{name}");
-            assert!(batch_list.len() <= 4 * n.div_ceil(local), "{name}: {} batches", batch_list.len());
+            assert!(
+                batch_list.len() <= 4 * n.div_ceil(local),
+                "{name}: {} batches",
+                batch_list.len()
+            );
         }
     }
 
@@ -375,7 +394,11 @@ mod tests {
         assert_eq!(sched.levels, 2);
         // 255 buckets of the first level; the second splits each of its ~12K rows into 4.
         assert!(buckets < 8 * n.div_ceil(local), "{buckets}");
-        assert!(sched.finals.len() <= 2 * n.div_ceil(local), "{} finals", sched.finals.len());
+        assert!(
+            sched.finals.len() <= 2 * n.div_ceil(local),
+            "{} finals",
+            sched.finals.len()
+        );
         let (batch_list, _) = batches(&sched, local);
         assert_eq!(batch_list.len(), sched.finals.len());
         let mut want = keys.clone();
@@ -406,7 +429,8 @@ mod tests {
     #[test]
     fn levels_are_bounded() {
         let err = sample_schedule(100_000, 8192, LocalDigits::default(), |_, segs| {
-            let starts = |s: &Segment| std::iter::once(s.start).chain(std::iter::repeat_n(s.start + s.len, BUCKETS - 1));
+            let starts =
+                |s: &Segment| std::iter::once(s.start).chain(std::iter::repeat_n(s.start + s.len, BUCKETS - 1));
             Ok(segs.iter().flat_map(starts).collect())
         })
         .unwrap_err()

@@ -212,7 +212,13 @@ fn reference_order(keys: &[Vec<u32>], n: usize) -> Vec<u32> {
     let word = |w: usize, i: usize| keys.get(w).map_or(0, |k| k[i]) as u64;
     let mut rows: Vec<(u64, u64, u32)> = (0..n)
         .into_par_iter()
-        .map(|i| ((word(0, i) << 32) | word(1, i), (word(2, i) << 32) | word(3, i), i as u32))
+        .map(|i| {
+            (
+                (word(0, i) << 32) | word(1, i),
+                (word(2, i) << 32) | word(3, i),
+                i as u32,
+            )
+        })
         .collect();
     assert!(keys.len() <= 4);
     rows.par_sort_unstable();

@@ -107,19 +107,11 @@ impl Gpu {
         order: &mut OrderScan<'_>,
     ) -> Result<Passes> {
         let n = table.num_rows;
-        let key = MsdKey::new(&plan.passes);
-        if key.words() > MSD_LOCAL_MAX_WORDS {
-            return Err(CudaSortError::Unsupported(format!(
-                "an MSD sort of a key of {} words (at most {MSD_LOCAL_MAX_WORDS})",
-                key.words()
-            )));
-        }
         let local_rows = plan.switches.msd_local_rows;
-        let mut run = MsdRun::start(self, table, plan, direct, needs_index, n > local_rows)?;
-        if let Some(found) = order.settle()? {
-            run.set.restore_input(table);
-            return Ok(Passes::Skipped(found));
-        }
+        let mut run = match MsdRun::open(self, table, plan, (direct, needs_index), order, "an MSD sort")? {
+            Ok(run) => run,
+            Err(skipped) => return Ok(skipped),
+        };
         // Partition digits of more than 8 bits only where their scatter fits the device.
         let wide_fits =
             msd_scatter_smem(true, self.tile, run.stage_width) <= self.kernels()?.smem.msd_scatter[1] as usize;
@@ -135,9 +127,36 @@ impl Gpu {
 }
 
 impl<'a> MsdRun<'a> {
+    /// The start of `what` (the MSD sort or the sample sort), which ends in block-local sorts:
+    /// refuses a key of more than [`MSD_LOCAL_MAX_WORDS`] words, takes the lanes
+    /// ([`Self::start`]; `moves`: direct, needs the index), then waits for `order`. `Err` holds
+    /// what to return where the rows were already in order (the table as it came).
+    pub(crate) fn open(
+        gpu: &'a Gpu,
+        table: &mut DeviceTable,
+        plan: &GpuSortPlan,
+        moves: (bool, bool),
+        order: &mut OrderScan<'_>,
+        what: &str,
+    ) -> Result<std::result::Result<Self, Passes>> {
+        let words = plan.key_words().len();
+        if words > MSD_LOCAL_MAX_WORDS {
+            return Err(CudaSortError::Unsupported(format!(
+                "{what} of a key of {words} words (at most {MSD_LOCAL_MAX_WORDS})"
+            )));
+        }
+        let partitions = table.num_rows > plan.switches.msd_local_rows;
+        let run = Self::start(gpu, table, plan, moves.0, moves.1, partitions)?;
+        if let Some(found) = order.settle()? {
+            run.set.restore_input(table);
+            return Ok(Err(Passes::Skipped(found)));
+        }
+        Ok(Ok(run))
+    }
+
     /// Takes the lanes out of `table`, each with its second buffer when there are partition
     /// passes (`partitions`), and the row index with its first.
-    pub(crate) fn start(
+    fn start(
         gpu: &'a Gpu,
         table: &mut DeviceTable,
         plan: &GpuSortPlan,

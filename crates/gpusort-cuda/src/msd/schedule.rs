@@ -200,7 +200,11 @@ pub fn schedule(
         let (big, small): (Vec<Segment>, Vec<Segment>) = current
             .into_iter()
             .partition(|s| !exhausted && s.len as usize > local_rows);
-        finals.extend(small.into_iter().map(|seg| FinalSegment { seg, depth, plan: depth }));
+        finals.extend(small.into_iter().map(|seg| FinalSegment {
+            seg,
+            depth,
+            plan: depth,
+        }));
         let Some(max_len) = big.iter().map(|s| s.len as usize).max() else {
             break;
         };
