@@ -105,7 +105,7 @@ impl FromStr for DeviceList {
     }
 }
 
-/// The sort strategy: `auto` (the planner's rule, calibrated on the H100), one of the six GPU strategies, or
+/// The sort strategy: `auto` (the planner's rule, calibrated on the H100), one of the eight GPU strategies, or
 /// `cpu` (the CPU backend).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum StrategyChoice {
