@@ -3,15 +3,16 @@
 //! records beside GRS and SRTS ("Sorting Large Multifield Records on a GPU", section IV, after
 //! Leischner, Osipov & Sanders' GPU sample sort), direct or indirect.
 //!
-//! Each **level** splits every segment still larger than one block ([`MSD_LOCAL_CAP`] rows) by
+//! Each **level** splits every segment still larger than one block ([`MSD_LOCAL_CAP`](crate::kernels::MSD_LOCAL_CAP) rows) by
 //! [`SAMPLE_SPLITTERS`] splitters drawn from a sample of its own keys: `sample_splitters` sorts
 //! the sample in shared memory, `sample_classify` writes each row's bucket and counts the
 //! buckets of each chunk, the counts are scanned, and the MSD sort's partition scatter moves
-//! every lane to its bucket (all of this through [`MsdRun`], so the record moves are the MSD
+//! every lane to its bucket (all of this through `msd::MsdRun`, so the record moves are the MSD
 //! sort's: stable, tile by tile through shared memory). Buckets of keys equal to a splitter are
 //! sorted already; the others still too large are split again at the next level
-//! ([`sample_schedule`]). Then every bucket is sorted on the whole key by the MSD sort's
-//! block-local sort, many buckets to a block, the equal ones only moved to the final buffer.
+//! ([`sample_schedule`]). Adjacent final buckets are joined into segments of at most a block,
+//! and each is sorted on the whole key by the MSD sort's block-local sort; a bucket of equal
+//! keys larger than a block is only copied to the final buffer, in pieces.
 
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 
@@ -196,7 +197,7 @@ impl SampleLevels<'_> {
 }
 
 /// Runs the levels of a sample sort of `n` rows through `split` (which moves the rows of the
-/// segments it is given, all at one depth, and returns where each of the [`BUCKETS`] buckets of
+/// segments it is given, all at one depth, and returns where each of the 256 buckets of
 /// each starts) until every bucket either holds keys equal to a splitter or at most
 /// `local_rows` rows. Final buckets are sorted on `whole` (every digit of the key): plan
 /// `depth` of `levels + 1` equal plans, so that the small buckets of one depth share blocks.
