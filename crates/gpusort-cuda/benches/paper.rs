@@ -675,22 +675,38 @@ fn main() {
     if matches!(a.only.as_deref(), None | Some("merge")) {
         merges(&gpu, &a, cub.as_ref(), &mut csv);
     }
-    // Crossovers: the smallest m from which one family or move beats the other.
     if !fig.is_empty() {
-        println!("\ncrossovers (minimum times, all digit widths measured):");
+        print_crossovers(&fig, &a.fields);
     }
-    for layout in ["ByField", "Hybrid"].into_iter().filter(|_| !fig.is_empty()) {
+    println!("\nbest strategy per m:");
+    for ((layout, m), (t, who)) in &best {
+        println!("  {layout:7} m = {m:2}: {who} {t:.3} ms");
+    }
+    if let Some(p) = &a.csv {
+        std::fs::write(p, &csv).expect("write CSV");
+    }
+    if let Some(p) = &a.svg
+        && !fig.is_empty()
+    {
+        std::fs::write(p, svg(&fig, &a.fields)).expect("write SVG");
+    }
+}
+
+/// The smallest m from which one family or move beats the other, from the records rows of `fig`.
+fn print_crossovers(fig: &[(String, u32, String, usize, f64)], fields: &[usize]) {
+    println!("\ncrossovers (minimum times, all digit widths measured):");
+    for layout in ["ByField", "Hybrid"] {
         let at = |lab: &str, m: usize| {
             fig.iter()
                 .filter(|r| r.0 == lab && r.2 == layout && r.3 == m)
                 .map(|r| r.4)
                 .fold(f64::MAX, f64::min)
         };
-        let cross = |x: &str, y: &str| a.fields.iter().copied().find(|&m| at(x, m) < at(y, m));
+        let cross = |x: &str, y: &str| fields.iter().copied().find(|&m| at(x, m) < at(y, m));
         println!(
             "  {layout}: GRS-direct beats SRTS-direct from m = {:?}; indirect beats direct (best of each) from m = {:?}",
             cross("GRS-direct", "SRTS-direct"),
-            a.fields
+            fields
                 .iter()
                 .copied()
                 .find(|&m| at("GRS-indirect", m).min(at("SRTS-indirect", m))
@@ -705,7 +721,7 @@ fn main() {
         let msd_best = |m: usize| at("MSD-direct", m).min(at("MSD-indirect", m));
         println!(
             "  {layout}: MSD (best move) beats the best of the paper's four at m = {:?}; MSD-indirect beats MSD-direct from m = {:?}",
-            a.fields
+            fields
                 .iter()
                 .copied()
                 .filter(|&m| msd_best(m) < lsd_best(m))
@@ -716,24 +732,12 @@ fn main() {
         println!(
             "  {layout}: sample sort (best move) against the best radix sort (GRS, SRTS, MSD): {}; \
              SampleSort-indirect beats SampleSort-direct from m = {:?}",
-            a.fields
+            fields
                 .iter()
                 .map(|&m| format!("m = {m}: {:.2}x", sample_best(m) / lsd_best(m).min(msd_best(m))))
                 .collect::<Vec<_>>()
                 .join(", "),
             cross("SampleSort-indirect", "SampleSort-direct"),
         );
-    }
-    println!("\nbest strategy per m:");
-    for ((layout, m), (t, who)) in &best {
-        println!("  {layout:7} m = {m:2}: {who} {t:.3} ms");
-    }
-    if let Some(p) = &a.csv {
-        std::fs::write(p, &csv).expect("write CSV");
-    }
-    if let Some(p) = &a.svg
-        && !fig.is_empty()
-    {
-        std::fs::write(p, svg(&fig, &a.fields)).expect("write SVG");
     }
 }
