@@ -277,86 +277,154 @@ impl BytesSource for FixedBytes {
 /// full values (the field is not [`exact`](FieldEncoder::exact)).
 pub(crate) struct BytesField<S: BytesSource> {
     src: S,
-    lcp: usize,
-    prefix: usize,
-    len_min: u32,
-    len_max: u32,
-    len_bits: u32,
-    exact: bool,
+    shape: BytesShape,
     descending: bool,
 }
 
-impl<S: BytesSource> BytesField<S> {
-    fn new(src: S, len: usize, nulls: Option<&NullBuffer>, descending: bool, max_prefix: usize) -> Self {
-        let valid = |i: usize| nulls.is_none_or(|n| n.is_valid(i));
-        // A reference value: every common prefix is a prefix of it.
-        let reference = (0..len).find(|&i| valid(i)).map(|i| src.bytes(i));
-        let (lcp, max_len) = match reference {
-            None => (0, 0),
-            Some(r) => (0..len.div_ceil(CHUNK))
-                .into_par_iter()
-                .map(|c| {
-                    let mut lcp = r.len();
-                    let mut max_len = 0;
-                    for i in (c * CHUNK..len.min((c + 1) * CHUNK)).filter(|&i| valid(i)) {
-                        let b = src.bytes(i);
-                        max_len = max_len.max(b.len());
-                        if lcp > 0 {
-                            lcp = common_prefix(&r[..lcp], b);
-                        }
-                    }
-                    (lcp, max_len)
-                })
-                .reduce(|| (r.len(), 0), |a, b| (a.0.min(b.0), a.1.max(b.1))),
+/// What a scan of a string or binary column's valid values finds: the longest prefix they
+/// share with a reference value (itself one of them), their shortest and longest length, and
+/// how many there are. Scans of parts of a column fold into the column's ([`BytesScan::fold`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BytesScan {
+    pub(crate) lcp: usize,
+    pub(crate) min_len: usize,
+    pub(crate) max_len: usize,
+    pub(crate) valid: usize,
+}
+
+impl BytesScan {
+    /// Nothing seen yet, against a reference of `reference_len` bytes.
+    pub(crate) fn empty(reference_len: usize) -> Self {
+        Self {
+            lcp: reference_len,
+            min_len: usize::MAX,
+            max_len: 0,
+            valid: 0,
+        }
+    }
+
+    /// Rows `rows` of `src` (those `nulls` says are valid) against `reference`.
+    pub(crate) fn of<S: BytesSource + ?Sized>(
+        src: &S,
+        rows: Range<usize>,
+        nulls: Option<&NullBuffer>,
+        reference: &[u8],
+    ) -> Self {
+        let mut scan = Self::empty(reference.len());
+        for i in rows.filter(|&i| nulls.is_none_or(|n| n.is_valid(i))) {
+            let b = src.bytes(i);
+            scan.max_len = scan.max_len.max(b.len());
+            scan.min_len = scan.min_len.min(b.len());
+            scan.valid += 1;
+            if scan.lcp > 0 {
+                scan.lcp = common_prefix(&reference[..scan.lcp], b);
+            }
+        }
+        scan
+    }
+
+    pub(crate) fn fold(self, other: Self) -> Self {
+        Self {
+            lcp: self.lcp.min(other.lcp),
+            min_len: self.min_len.min(other.min_len),
+            max_len: self.max_len.max(other.max_len),
+            valid: self.valid + other.valid,
+        }
+    }
+}
+
+/// A string or binary field's shape, from its column's common prefix `lcp` and its values'
+/// shortest and longest length: `prefix` bytes after the common prefix, then the length capped
+/// at `prefix + 1` (between `len_min` and `len_max`) in `len_bits`; exact when no value is cut.
+/// `None` for the lengths: the column has no valid value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BytesShape {
+    pub(crate) lcp: usize,
+    pub(crate) prefix: usize,
+    pub(crate) len_min: u32,
+    pub(crate) len_max: u32,
+    pub(crate) len_bits: u32,
+    pub(crate) exact: bool,
+}
+
+impl BytesShape {
+    pub(crate) fn new(lcp: usize, lengths: Option<(usize, usize)>, max_prefix: usize) -> Self {
+        let (lcp, (min_len, max_len)) = match lengths {
+            Some(l) => (lcp, l),
+            None => (0, (0, 0)),
         };
         let prefix = (max_len - lcp).min(max_prefix);
+        // The capped length grows with the length: its bounds are those of the bounds.
         let cap = |l: usize| (l - lcp).min(prefix + 1) as u32;
-        let (len_min, len_max) = match reference {
-            None => (0, 0),
-            Some(_) => (0..len.div_ceil(CHUNK))
-                .into_par_iter()
-                .map(|c| {
-                    (c * CHUNK..len.min((c + 1) * CHUNK))
-                        .filter(|&i| valid(i))
-                        .map(|i| cap(src.bytes(i).len()))
-                        .fold((u32::MAX, 0), |(lo, hi), l| (lo.min(l), hi.max(l)))
-                })
-                .reduce(|| (u32::MAX, 0), |a, b| (a.0.min(b.0), a.1.max(b.1))),
-        };
-        let len_min = len_min.min(len_max);
+        let (len_min, len_max) = (cap(min_len), cap(max_len));
         Self {
-            src,
             lcp,
             prefix,
             len_min,
             len_max,
             len_bits: (len_max - len_min).bit_len(),
             exact: max_len - lcp <= prefix,
+        }
+    }
+
+    pub(crate) fn value_bits(&self) -> u32 {
+        self.prefix as u32 * 8 + self.len_bits
+    }
+
+    pub(crate) fn encoding(&self) -> FieldEncoding {
+        FieldEncoding::Bytes {
+            common_prefix: self.lcp,
+            prefix_bytes: self.prefix,
+            len_min: self.len_min,
+            len_max: self.len_max,
+        }
+    }
+}
+
+impl<S: BytesSource> BytesField<S> {
+    fn new(src: S, len: usize, nulls: Option<&NullBuffer>, descending: bool, max_prefix: usize) -> Self {
+        // A reference value: every common prefix is a prefix of it.
+        let reference = (0..len).find(|&i| nulls.is_none_or(|n| n.is_valid(i))).map(|i| src.bytes(i));
+        let scan = reference.map(|r| {
+            (0..len.div_ceil(CHUNK))
+                .into_par_iter()
+                .map(|c| BytesScan::of(&src, c * CHUNK..len.min((c + 1) * CHUNK), nulls, r))
+                .reduce(|| BytesScan::empty(r.len()), BytesScan::fold)
+        });
+        let shape = BytesShape::new(
+            scan.map_or(0, |s| s.lcp),
+            scan.map(|s| (s.min_len, s.max_len)),
+            max_prefix,
+        );
+        Self {
+            src,
+            shape,
             descending,
         }
     }
 
     #[inline(always)]
     fn write_value(&self, w: &KeyWriter, row: usize, pos: u32) {
+        let shape = &self.shape;
         let b = self.src.bytes(row);
-        let tail = &b[self.lcp.min(b.len())..];
+        let tail = &b[shape.lcp.min(b.len())..];
         let invert = if self.descending { u64::MAX } else { 0 };
         // SAFETY: rows of one range are written by one thread; the field fits the key.
         let mut sink = unsafe { w.sink(row, pos) };
         let mut start = 0;
-        while start < self.prefix {
-            let take = (self.prefix - start).min(8);
+        while start < shape.prefix {
+            let take = (shape.prefix - start).min(8);
             sink.push(load_be(tail, start, take) ^ invert, take as u32 * 8);
             start += take;
         }
-        if self.len_bits > 0 {
-            let l = (tail.len().min(self.prefix + 1)) as u32;
+        if shape.len_bits > 0 {
+            let l = (tail.len().min(shape.prefix + 1)) as u32;
             let l = if self.descending {
-                self.len_max - l
+                shape.len_max - l
             } else {
-                l - self.len_min
+                l - shape.len_min
             };
-            sink.push(l as u64, self.len_bits);
+            sink.push(l as u64, shape.len_bits);
         }
     }
 }
@@ -410,20 +478,15 @@ fn load_be(b: &[u8], start: usize, count: usize) -> u64 {
 
 impl<S: BytesSource> FieldEncoder for BytesField<S> {
     fn value_bits(&self) -> u32 {
-        self.prefix as u32 * 8 + self.len_bits
+        self.shape.value_bits()
     }
 
     fn exact(&self) -> bool {
-        self.exact
+        self.shape.exact
     }
 
     fn encoding(&self) -> FieldEncoding {
-        FieldEncoding::Bytes {
-            common_prefix: self.lcp,
-            prefix_bytes: self.prefix,
-            len_min: self.len_min,
-            len_max: self.len_max,
-        }
+        self.shape.encoding()
     }
 
     fn encode(&self, rows: Range<usize>, flag: &NullFlag, w: &KeyWriter, pos: u32) {
@@ -621,6 +684,54 @@ fn build_values(
             other => return Err(unsupported(name, array, format!("dictionary keys of type {other}"))),
         },
         _ => return Err(unsupported(name, array, "no radix key encoding for this type".into())),
+    })
+}
+
+/// The scan of a string or binary column given in `parts` (arrays of one type, one after the
+/// other), in parallel over the parts' chunks of rows; `None` when no value is valid, an error
+/// for a type that is not string or binary.
+pub(crate) fn scan_parts(parts: &[&dyn Array]) -> Result<Option<BytesScan>> {
+    fn scan<S: BytesSource>(parts: Vec<(S, Option<NullBuffer>, usize)>) -> Option<BytesScan> {
+        let reference = (parts.iter()).find_map(|(src, nulls, len)| {
+            (0..*len)
+                .find(|&i| nulls.as_ref().is_none_or(|n| n.is_valid(i)))
+                .map(|i| src.bytes(i))
+        })?;
+        let tasks: Vec<(usize, usize)> = (parts.iter().enumerate())
+            .flat_map(|(p, (_, _, len))| (0..len.div_ceil(CHUNK)).map(move |c| (p, c)))
+            .collect();
+        Some(
+            tasks
+                .into_par_iter()
+                .map(|(p, c)| {
+                    let (src, nulls, len) = &parts[p];
+                    BytesScan::of(src, c * CHUNK..(*len).min((c + 1) * CHUNK), nulls.as_ref(), reference)
+                })
+                .reduce(|| BytesScan::empty(reference.len()), BytesScan::fold),
+        )
+    }
+    fn sources<S: BytesSource>(parts: &[&dyn Array], f: impl Fn(&dyn Array) -> S) -> Vec<(S, Option<NullBuffer>, usize)> {
+        (parts.iter())
+            .map(|a| (f(*a), a.logical_nulls().filter(|n| n.null_count() > 0), a.len()))
+            .collect()
+    }
+    use DataType::*;
+    let Some(first) = parts.first() else {
+        return Ok(None);
+    };
+    Ok(match first.data_type() {
+        Utf8 => scan(sources(parts, |a| OffsetBytes(a.as_string::<i32>().clone()))),
+        LargeUtf8 => scan(sources(parts, |a| OffsetBytes(a.as_string::<i64>().clone()))),
+        Binary => scan(sources(parts, |a| OffsetBytes(a.as_binary::<i32>().clone()))),
+        LargeBinary => scan(sources(parts, |a| OffsetBytes(a.as_binary::<i64>().clone()))),
+        Utf8View => scan(sources(parts, |a| ViewBytes(a.as_string_view().clone()))),
+        BinaryView => scan(sources(parts, |a| ViewBytes(a.as_binary_view().clone()))),
+        FixedSizeBinary(_) => scan(sources(parts, |a| FixedBytes(a.as_fixed_size_binary().clone()))),
+        other => {
+            return Err(GpusortError::InvalidOption(format!(
+                "a byte scan of a column of type {other}"
+            )));
+        }
     })
 }
 

@@ -214,6 +214,14 @@ impl KeyLayout {
     /// A field gets a null flag when its column has both null and valid rows, and
     /// `bit_len(max - min)` value bits; a column whose rows are all null is a constant field.
     pub fn from_native_stats(spec: &SortSpec, stats: &[NativeColumnStats]) -> Result<Self> {
+        let stats: Vec<ColumnStats> = stats.iter().map(|s| ColumnStats::Native(*s)).collect();
+        Self::from_column_stats(spec, &stats, &EncoderOptions::default())
+    }
+
+    /// The layout [`KeyEncoder::try_new`] builds with `options`, from each sort column's
+    /// statistics alone: [`KeyLayout::from_native_stats`]'s fields for native columns, and
+    /// for string and binary columns the field of their common prefix and lengths.
+    pub fn from_column_stats(spec: &SortSpec, stats: &[ColumnStats], options: &EncoderOptions) -> Result<Self> {
         if stats.len() != spec.len() {
             return Err(GpusortError::InvalidOption(format!(
                 "{} column statistics for {} sort keys",
@@ -223,22 +231,51 @@ impl KeyLayout {
         }
         Self::from_parts(
             spec,
-            spec.keys().iter().zip(stats).map(|(k, s)| match s.bounds {
-                // Every row null: nothing to tell apart.
-                None if s.rows > 0 => (k.options, 0, 0, true, FieldEncoding::Constant),
-                bounds => {
-                    let (min, max) = bounds.unwrap_or_default();
-                    let null_bits = (s.valid_rows < s.rows) as u32;
-                    let value_bits = u64::BITS - max.wrapping_sub(min).leading_zeros();
-                    let encoding = FieldEncoding::Ordinal {
-                        kind: s.kind,
-                        min: U256 { hi: 0, lo: min as u128 },
-                        max: U256 { hi: 0, lo: max as u128 },
-                    };
-                    (k.options, null_bits, value_bits, true, encoding)
+            spec.keys().iter().zip(stats).map(|(k, s)| {
+                let (rows, valid_rows) = s.rows();
+                if valid_rows == 0 && rows > 0 {
+                    // Every row null: nothing to tell apart.
+                    return (k.options, 0, 0, true, FieldEncoding::Constant);
+                }
+                let null_bits = (valid_rows < rows) as u32;
+                match s {
+                    ColumnStats::Native(s) => {
+                        let (min, max) = s.bounds.unwrap_or_default();
+                        let value_bits = u64::BITS - max.wrapping_sub(min).leading_zeros();
+                        let encoding = FieldEncoding::Ordinal {
+                            kind: s.kind,
+                            min: U256 { hi: 0, lo: min as u128 },
+                            max: U256 { hi: 0, lo: max as u128 },
+                        };
+                        (k.options, null_bits, value_bits, true, encoding)
+                    }
+                    ColumnStats::Bytes(s) => {
+                        let lengths = (s.valid_rows > 0).then_some((s.min_len, s.max_len));
+                        let shape = field::BytesShape::new(s.common_prefix, lengths, options.max_prefix_bytes);
+                        (k.options, null_bits, shape.value_bits(), shape.exact, shape.encoding())
+                    }
                 }
             }),
         )
+    }
+
+    /// Most words a key of `spec` over columns of `schema` can take, encoded with `options`,
+    /// when every sort column is [native](native_ordinal_kind) or a string or binary view (a
+    /// null flag, every bit of the type, or the prefix and its capped length); else `None`.
+    pub fn device_max_words(spec: &SortSpec, schema: &arrow::datatypes::Schema, options: &EncoderOptions) -> Option<usize> {
+        use arrow::datatypes::DataType;
+        let mut bits = 0usize;
+        for k in spec.keys() {
+            let data_type = schema.fields().get(k.column)?.data_type();
+            bits += 1 + match data_type {
+                DataType::Utf8View | DataType::BinaryView => {
+                    let prefix = options.max_prefix_bytes;
+                    8 * prefix + (usize::BITS - (prefix + 1).leading_zeros()) as usize
+                }
+                t => 8 * native_ordinal_kind(t)?.native_width()? as usize,
+            };
+        }
+        Some(bits.div_ceil(32))
     }
 
     /// Most words a key of `spec` over columns of `schema` can take when every sort column is
@@ -288,6 +325,64 @@ pub fn native_ordinal_kind(data_type: &arrow::datatypes::DataType) -> Option<Ord
         Float32 => OrdinalKind::Float(4),
         Float64 => OrdinalKind::Float(8),
         _ => return None,
+    })
+}
+
+/// What a string or binary sort column contributes to its key field: its valid values'
+/// longest common prefix and their shortest and longest length ([`bytes_column_stats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BytesColumnStats {
+    /// Rows of the column.
+    pub rows: usize,
+    /// Rows that are not null.
+    pub valid_rows: usize,
+    /// Bytes every valid value starts with.
+    pub common_prefix: usize,
+    /// The shortest valid value's length (0 when there is none).
+    pub min_len: usize,
+    /// The longest valid value's length.
+    pub max_len: usize,
+}
+
+/// What one sort column contributes to its key field, gathered where its values are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ColumnStats {
+    /// A native column's bounds.
+    Native(NativeColumnStats),
+    /// A string or binary column's common prefix and lengths.
+    Bytes(BytesColumnStats),
+}
+
+impl ColumnStats {
+    /// Rows, and rows that are not null.
+    fn rows(&self) -> (usize, usize) {
+        match self {
+            Self::Native(s) => (s.rows, s.valid_rows),
+            Self::Bytes(s) => (s.rows, s.valid_rows),
+        }
+    }
+}
+
+/// The statistics of a string or binary column given in `parts` (arrays of one type, one
+/// after the other, e.g. the batches of a sort): one pass over the values on every core, no
+/// concatenation. Fails for a column of another type.
+pub fn bytes_column_stats(parts: &[&dyn arrow::array::Array]) -> Result<BytesColumnStats> {
+    let rows = parts.iter().map(|a| a.len()).sum();
+    Ok(match field::scan_parts(parts)? {
+        Some(scan) => BytesColumnStats {
+            rows,
+            valid_rows: scan.valid,
+            common_prefix: scan.lcp,
+            min_len: scan.min_len,
+            max_len: scan.max_len,
+        },
+        None => BytesColumnStats {
+            rows,
+            valid_rows: 0,
+            common_prefix: 0,
+            min_len: 0,
+            max_len: 0,
+        },
     })
 }
 

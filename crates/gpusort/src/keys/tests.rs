@@ -610,3 +610,64 @@ fn native_kinds_agree_with_the_encoder() {
     let schema = Schema::new(vec![Field::new("s", DataType::Utf8, true)]);
     assert_eq!(KeyLayout::native_max_words(&spec, &schema), None);
 }
+
+/// String and binary columns for the statistics tests: views inline and out of line, offsets,
+/// nulls, all null, all equal, empty strings, long shared prefixes and embedded zero bytes.
+fn byte_columns() -> Vec<ArrayRef> {
+    let long = "https://example.com/a/very/long/shared/path/of/sixty/bytes/";
+    let strings: Vec<Option<String>> = (0..300)
+        .map(|i| match i % 7 {
+            0 => None,
+            1 => Some(String::new()),
+            2 => Some(format!("{long}{i}")),
+            3 => Some(format!("{long}{}", i * 31 % 17)),
+            4 => Some(format!("s{i}")),
+            5 => Some(format!("{long}\0{i}")),
+            _ => Some("short".into()),
+        })
+        .collect();
+    let shared: Vec<Option<String>> = (0..200).map(|i| Some(format!("{long}{}", i % 13))).collect();
+    vec![
+        Arc::new(StringViewArray::from_iter(strings.iter().map(|s| s.as_deref()))),
+        Arc::new(StringArray::from_iter(strings.iter().map(|s| s.as_deref()))),
+        Arc::new(BinaryViewArray::from_iter(strings.iter().map(|s| s.as_deref().map(str::as_bytes)))),
+        Arc::new(StringViewArray::from_iter(shared.iter().map(|s| s.as_deref()))),
+        Arc::new(StringViewArray::from_iter((0..100).map(|_| Some("same")))),
+        Arc::new(StringViewArray::from_iter((0..100).map(|_| None::<&str>))),
+        Arc::new(StringViewArray::from_iter((0..100).map(|i| (i % 2 == 0).then_some("")))),
+    ]
+}
+
+/// The layout laid out from statistics gathered over a string column's parts (as a GPU sort
+/// holds its batches) is the encoder's own, for every prefix length and direction.
+#[test]
+fn bytes_stats_lay_out_the_encoders_field() {
+    for col in byte_columns() {
+        let schema = Arc::new(Schema::new(vec![Field::new("s", col.data_type().clone(), true)]));
+        let batch = RecordBatch::try_new(schema, vec![Arc::clone(&col)]).unwrap();
+        // The column cut into parts of several sizes, one of them empty.
+        let cuts = [0, 0, 1, 37, 100, col.len()];
+        let parts: Vec<ArrayRef> = cuts
+            .windows(2)
+            .map(|w| col.slice(w[0].min(col.len()), w[1].min(col.len()) - w[0].min(col.len())))
+            .collect();
+        let refs: Vec<&dyn Array> = parts.iter().map(|p| p.as_ref()).collect();
+        let stats = bytes_column_stats(&refs).unwrap();
+        assert_eq!(stats.rows, col.len());
+        assert_eq!(stats.valid_rows, col.len() - col.null_count());
+        for max_prefix_bytes in [0, 1, 4, 8, 32, 100] {
+            let opts = EncoderOptions { max_prefix_bytes };
+            for mask in 0..4u32 {
+                let spec = SortSpec::new([SortKey::new(0, mask & 1 == 1, mask & 2 == 2)]);
+                let layout = KeyEncoder::try_new(&batch, &spec, &opts).unwrap().layout().clone();
+                let from_stats = KeyLayout::from_column_stats(&spec, &[ColumnStats::Bytes(stats)], &opts).unwrap();
+                assert_eq!(from_stats, layout, "{} prefix {max_prefix_bytes} mask {mask}", col.data_type());
+                if matches!(col.data_type(), DataType::Utf8View | DataType::BinaryView) {
+                    let most = KeyLayout::device_max_words(&spec, batch.schema().as_ref(), &opts).unwrap();
+                    assert!(layout.num_words() <= most, "{layout:?} > {most} words");
+                }
+            }
+        }
+    }
+    assert!(bytes_column_stats(&[&Int32Array::from(vec![1]) as &dyn Array]).is_err());
+}
