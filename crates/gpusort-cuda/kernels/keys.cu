@@ -13,13 +13,20 @@
 // * encode_keys: every key word of every row from the columns, and per word the OR and the AND
 //   over all rows (the bits that vary: the radix passes to plan).
 //
+// A string or binary view column (issue 23's "string keys on the device") is a field too: the
+// bytes after the column's common prefix, `prefix` of them zero-padded (inverted when
+// descending), then the length capped at prefix + 1 (gpusort::keys::field::BytesField). Its
+// statistics (common prefix, lengths) come from the host, which holds the views anyway; the
+// values' bytes are read through the views: inline up to 12 bytes, else in the data buffer the
+// view names (a table of the buffers' device addresses).
+//
 // Each thread walks rows with a grid stride and folds what it saw; warps then combine with
 // shuffles and one lane per warp updates the totals with atomics.
 
 // From the host: how raw bits map to their ordinal (KIND_UNSIGNED, KIND_SIGNED, KIND_FLOAT:
 // gpusort::keys::OrdinalKind) and the most key words encode_keys writes (KEY_MAX_WORDS; the host
 // encodes longer keys itself).
-#if !defined(KIND_UNSIGNED) || !defined(KIND_SIGNED) || !defined(KIND_FLOAT) || !defined(KEY_MAX_WORDS)
+#if !defined(KIND_UNSIGNED) || !defined(KIND_SIGNED) || !defined(KIND_FLOAT) || !defined(KIND_VIEW) || !defined(KEY_MAX_WORDS)
 #error "defined by the host before the sources (kernels.rs SHARED_CONSTANTS, KernelTuning::defines)"
 #endif
 
@@ -77,17 +84,69 @@ extern "C" __global__ void key_bounds(u32 n, const u8* values, const u8* valid, 
 
 // One key field, as the host laid it out (gpusort::keys::KeyField). 64 bytes.
 struct KeyFieldDesc {
-    const u8* values;  // the column: `width` bytes per row
+    const u8* values;  // the column: `width` bytes per row (views: 16)
     const u8* valid;   // its validity bits (row 0 at bit 0), or null
-    u64 min, max;      // ordinal range of the valid rows
+    u64 min, max;      // ordinal range of the valid rows; views: the buffer table, and
+                       // the common prefix (low 32 bits) and prefix bytes (high 32 bits)
     u32 width, kind;
     u32 pos;         // first bit, counted from the most significant bit of word 0 (padding included)
     u32 null_bits;   // 1 when a null flag precedes the value bits
-    u32 value_bits;  // 0..64
+    u32 value_bits;  // 0..64; views: 8 * prefix bytes + length bits
     u32 valid_flag;  // the flag of valid rows (null rows get the other value)
     u32 descending;
-    u32 unused;
+    u32 len_base;    // views: the capped length's maximum (descending) or minimum
 };
+
+// Byte j of the value of the view at `view` (j < its length).
+__device__ __forceinline__ u8 view_byte(const u8* view, const u8* const* buffers, u32 len, u32 j) {
+    if (len <= 12) return view[4 + j];
+    const u32 buffer = *reinterpret_cast<const u32*>(view + 8);
+    const u32 offset = *reinterpret_cast<const u32*>(view + 12);
+    return buffers[buffer][offset + j];
+}
+
+// Bits [from, from + take) of row i's view field (take <= 32; the field's null flag included),
+// as the low `take` bits. `ok`: the row is valid.
+__device__ u32 view_field_bits(const KeyFieldDesc& d, size_t i, bool ok, u32 from, u32 take) {
+    const u32 lcp = (u32)d.max, prefix = (u32)(d.max >> 32);
+    const u32 pbits = 8 * prefix, lbits = d.value_bits - pbits;
+    const u32 to = from + take;
+    u64 out = 0;
+    // The null flag: field bit 0.
+    if (d.null_bits && from == 0) {
+        const u32 flag = ok ? d.valid_flag : 1u - d.valid_flag;
+        out |= (u64)flag << (take - 1);
+    }
+    if (!ok) return (u32)out;  // a null row's value bits are zero
+    const u8* view = d.values + 16 * i;
+    const u32 len = *reinterpret_cast<const u32*>(view);
+    const u32 tail = len > lcp ? len - lcp : 0;
+    const u8* const* buffers = reinterpret_cast<const u8* const*>(d.min);
+    // The prefix bytes: field bits [nb, nb + pbits).
+    const u32 nb = d.null_bits;
+    const u32 a = from > nb ? from : nb, b = to < nb + pbits ? to : nb + pbits;
+    if (a < b) {
+        const u32 first = (a - nb) / 8, last = (b - nb - 1) / 8;  // at most 5 bytes
+        const u8 invert = d.descending ? 0xFF : 0;
+        u64 v = 0;
+        for (u32 j = first; j <= last; j++) {
+            const u8 byte = j < tail ? view_byte(view, buffers, len, lcp + j) : 0;
+            v = (v << 8) | (u8)(byte ^ invert);
+        }
+        const u32 below = nb + 8 * (last + 1) - b;  // bits of the last byte past b
+        const u64 bits = (v >> below) & ((1ull << (b - a)) - 1);
+        out |= bits << (to - b);
+    }
+    // The capped length: field bits [nb + pbits, nb + pbits + lbits).
+    const u32 c = from > nb + pbits ? from : nb + pbits, e = to < nb + pbits + lbits ? to : nb + pbits + lbits;
+    if (c < e) {
+        const u32 capped = tail < prefix + 1 ? tail : prefix + 1;
+        const u64 l = d.descending ? d.len_base - capped : capped - d.len_base;
+        const u32 below = nb + pbits + lbits - e;
+        out |= ((l >> below) & ((1ull << (e - c)) - 1)) << (to - e);
+    }
+    return (u32)out;
+}
 
 // words[w][i] for every row i and key word w < nwords; varying[2w] |= OR and varying[2w + 1] &= AND
 // of word w over all rows (the host sets them to 0 and ~0 first).
@@ -111,6 +170,12 @@ extern "C" __global__ void encode_keys(
                 const u32 bits = d.null_bits + d.value_bits;
                 if (bits == 0) continue;
                 const bool ok = valid_at(d.valid, i);
+                if (d.kind == KIND_VIEW) {
+                    const u32 s = d.pos > word_lo ? d.pos : word_lo;
+                    const u32 e = d.pos + bits < word_hi ? d.pos + bits : word_hi;
+                    acc |= view_field_bits(d, i, ok, s - d.pos, e - s) << (word_hi - e);
+                    continue;
+                }
                 u64 v = 0;
                 if (ok && d.value_bits > 0) {
                     const u64 o = ordinal_at(d.values, d.width, d.kind, i);

@@ -1,17 +1,20 @@
 //! Sort keys encoded on the device from the sort columns a sort has uploaded anyway
 //! (`kernels/keys.cu`), for keys whose columns are all native integers or floats
-//! ([`native_ordinal_kind`](gpusort::keys::native_ordinal_kind)).
+//! ([`native_ordinal_kind`](gpusort::keys::native_ordinal_kind)) or string and binary views
+//! whose data buffers are on the device too.
 //!
 //! The host encoder ([`gpusort::KeyEncoder`]) needs the whole column on the host: a
 //! concatenation of the batches, a pass for the bounds, a pass to write the words, and the
 //! words' upload. On the device the same key takes two passes over columns that are already
 //! there, and nothing crosses PCIe but a few numbers:
 //!
-//! 1. [`Gpu::native_key_stats`]: each sort column's bounds (minimum and maximum ordinal of
-//!    its valid rows) and valid row count, from which the host lays the key out exactly as
-//!    its own encoder would ([`KeyLayout::from_native_stats`]);
-//! 2. [`Gpu::encode_native_keys`]: every key word of every row, and which bits vary (what
-//!    the radix passes are planned by).
+//! 1. [`Gpu::native_key_stats`]: each native sort column's bounds (minimum and maximum
+//!    ordinal of its valid rows) and valid row count; a view column's common prefix and
+//!    lengths come from the host, which holds the views ([`gpusort::keys::bytes_column_stats`]).
+//!    From them the host lays the key out exactly as its own encoder would
+//!    ([`KeyLayout::from_column_stats`]);
+//! 2. [`Gpu::encode_device_keys`]: every key word of every row, which bits vary (what the
+//!    radix passes are planned by) and what the words that do not vary hold.
 //!
 //! The words are bit for bit those of the host encoder, so both backends sort the same keys.
 
@@ -22,18 +25,40 @@ use crate::error::{CudaSortError, Result};
 use crate::gpu::{Gpu, rows_u32};
 
 pub use crate::kernels::KEY_MAX_WORDS;
-use crate::kernels::{KIND_FLOAT, KIND_SIGNED, KIND_UNSIGNED};
+use crate::kernels::{KIND_FLOAT, KIND_SIGNED, KIND_UNSIGNED, KIND_VIEW};
 
 /// A sort column on the device: its values and, when it has nulls, its validity bits (row 0
 /// at bit 0).
 #[derive(Debug, Clone, Copy)]
 pub struct DeviceKeyColumn<'a> {
-    /// `n` values of the kind's width.
+    /// `n` values of the kind's width (views: 16 bytes).
     pub values: &'a CudaSlice<u8>,
     /// The validity bitmap, or `None` when every row is valid.
     pub valid: Option<&'a CudaSlice<u8>>,
-    /// How values map to ordinals: unsigned, signed or float, 1 to 8 bytes.
-    pub kind: OrdinalKind,
+    /// What the values are.
+    pub kind: DeviceKeyKind<'a>,
+}
+
+/// What a sort column on the device holds.
+#[derive(Debug, Clone, Copy)]
+pub enum DeviceKeyKind<'a> {
+    /// Native values, and how they map to ordinals: unsigned, signed or float, 1 to 8 bytes.
+    Ordinal(OrdinalKind),
+    /// String or binary views (Arrow's layout: a value of up to 12 bytes inline, else its
+    /// length, first 4 bytes, data buffer and offset), and the device addresses of the data
+    /// buffers the views index.
+    Views(&'a CudaSlice<u64>),
+}
+
+/// Keys encoded on the device ([`Gpu::encode_device_keys`]).
+#[derive(Debug)]
+pub struct DeviceEncodedKeys {
+    /// Each key word of every row, word 0 most significant.
+    pub words: Vec<CudaSlice<u32>>,
+    /// Each word's bits that vary between rows.
+    pub varying: Vec<u32>,
+    /// Each word's bits that every row has set (a word that does not vary: its value).
+    pub common: Vec<u32>,
 }
 
 /// keys.cu's kind codes and the value width of a native kind.
@@ -67,7 +92,12 @@ impl Gpu {
         let base = out.device_ptr(s).0;
         let n32 = rows_u32(n)?;
         for (i, c) in columns.iter().enumerate() {
-            let (kind, width) = kind_code(c.kind)?;
+            let DeviceKeyKind::Ordinal(ordinal) = c.kind else {
+                return Err(CudaSortError::Unsupported(
+                    "bounds of a view column on the device".into(),
+                ));
+            };
+            let (kind, width) = kind_code(ordinal)?;
             check_len(c, n, width)?;
             let values = c.values.device_ptr(s).0;
             let valid = c.valid.map_or(0, |v| v.device_ptr(s).0);
@@ -90,7 +120,10 @@ impl Gpu {
             .iter()
             .zip(host.chunks(3))
             .map(|(c, v)| NativeColumnStats {
-                kind: c.kind,
+                kind: match c.kind {
+                    DeviceKeyKind::Ordinal(k) => k,
+                    DeviceKeyKind::Views(_) => unreachable!("refused above"),
+                },
                 rows: n,
                 valid_rows: v[2] as usize,
                 bounds: (v[2] > 0).then_some((v[0], v[1])),
@@ -100,14 +133,14 @@ impl Gpu {
 
     /// The key words of `n` rows of `columns` (one per field of `layout`, in its order), each
     /// a device array of `n` words, word 0 most significant, and for each word the bits that
-    /// vary between rows. `layout` comes from [`KeyLayout::from_native_stats`] over
-    /// [`Gpu::native_key_stats`] of the same columns.
-    pub fn encode_native_keys(
+    /// vary between rows and those every row sets. `layout` comes from
+    /// [`KeyLayout::from_column_stats`] over the statistics of the same columns.
+    pub fn encode_device_keys(
         &self,
         columns: &[DeviceKeyColumn<'_>],
         layout: &KeyLayout,
         n: usize,
-    ) -> Result<(Vec<CudaSlice<u32>>, Vec<u32>)> {
+    ) -> Result<DeviceEncodedKeys> {
         let n32 = rows_u32(n)?;
         let num_words = layout.num_words();
         if num_words > KEY_MAX_WORDS {
@@ -125,30 +158,54 @@ impl Gpu {
         let s = self.stream();
         let words: Vec<CudaSlice<u32>> = (0..num_words).map(|_| self.alloc_words(n)).collect::<Result<_>>()?;
         if num_words == 0 || n == 0 {
-            return Ok((words, vec![0; num_words]));
+            return Ok(DeviceEncodedKeys {
+                words,
+                varying: vec![0; num_words],
+                common: vec![0; num_words],
+            });
         }
         // keys.cu's KeyFieldDesc, 8 words per field.
         let mut desc: Vec<u64> = Vec::with_capacity(8 * columns.len());
         for (c, f) in columns.iter().zip(layout.fields()) {
-            let (kind, width) = kind_code(c.kind)?;
-            check_len(c, n, width)?;
-            let (min, max) = match &f.encoding {
-                FieldEncoding::Ordinal { min, max, .. } => (min.lo as u64, max.lo as u64),
-                FieldEncoding::Constant => (0, 0),
-                other => {
+            let (values, valid) = (c.values.device_ptr(s).0, c.valid.map_or(0, |v| v.device_ptr(s).0));
+            let pos = layout.pad() + f.pos;
+            let (kind, width, min, max, len_base) = match (c.kind, &f.encoding) {
+                (DeviceKeyKind::Ordinal(ordinal), FieldEncoding::Ordinal { min, max, .. }) => {
+                    let (kind, width) = kind_code(ordinal)?;
+                    (kind, width, min.lo as u64, max.lo as u64, 0)
+                }
+                (DeviceKeyKind::Ordinal(ordinal), FieldEncoding::Constant) => {
+                    let (kind, width) = kind_code(ordinal)?;
+                    (kind, width, 0, 0, 0)
+                }
+                (
+                    DeviceKeyKind::Views(buffers),
+                    FieldEncoding::Bytes {
+                        common_prefix,
+                        prefix_bytes,
+                        len_min,
+                        len_max,
+                    },
+                ) => {
+                    let base = if f.options.descending { *len_max } else { *len_min };
+                    let shape = *common_prefix as u64 | ((*prefix_bytes as u64) << 32);
+                    (KIND_VIEW, 16, buffers.device_ptr(s).0, shape, base)
+                }
+                (DeviceKeyKind::Views(_), FieldEncoding::Constant) => (KIND_VIEW, 16, 0, 0, 0),
+                (_, other) => {
                     return Err(CudaSortError::Unsupported(format!("device key encoding of {other:?}")));
                 }
             };
-            let pos = layout.pad() + f.pos;
+            check_len(c, n, width)?;
             desc.extend([
-                c.values.device_ptr(s).0,
-                c.valid.map_or(0, |v| v.device_ptr(s).0),
+                values,
+                valid,
                 min,
                 max,
                 width as u64 | ((kind as u64) << 32),
                 pos as u64 | ((f.null_bits as u64) << 32),
                 f.value_bits as u64 | ((f.options.nulls_first as u64) << 32),
-                f.options.descending as u64,
+                f.options.descending as u64 | ((len_base as u64) << 32),
             ]);
         }
         let desc_dev = s.clone_htod(&desc)?;
@@ -176,8 +233,11 @@ impl Gpu {
         };
         // Synchronizes: the tables above outlive the kernel.
         let host = s.clone_dtoh(&varying_dev)?;
-        let varying = host.chunks(2).map(|oa| oa[0] & !oa[1]).collect();
-        Ok((words, varying))
+        Ok(DeviceEncodedKeys {
+            words,
+            varying: host.chunks(2).map(|oa| oa[0] & !oa[1]).collect(),
+            common: host.chunks(2).map(|oa| oa[1]).collect(),
+        })
     }
 }
 

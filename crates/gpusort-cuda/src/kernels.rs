@@ -121,6 +121,8 @@ pub(crate) const KIND_UNSIGNED: u32 = 0;
 pub(crate) const KIND_SIGNED: u32 = 1;
 /// keys.cu's code of a floating-point ordinal (`KIND_FLOAT`).
 pub(crate) const KIND_FLOAT: u32 = 2;
+/// keys.cu's code of a string or binary view field (`KIND_VIEW`: a prefix and a capped length).
+pub(crate) const KIND_VIEW: u32 = 3;
 
 /// Constants the host and the kernels share, by the kernels' names, each with whether the
 /// kernels use it as an unsigned literal (`1u`): [`KernelTuning::defines`] puts them before every
@@ -138,6 +140,7 @@ pub const SHARED_CONSTANTS: &[(&str, u64, bool)] = &[
     ("KIND_UNSIGNED", KIND_UNSIGNED as u64, true),
     ("KIND_SIGNED", KIND_SIGNED as u64, true),
     ("KIND_FLOAT", KIND_FLOAT as u64, true),
+    ("KIND_VIEW", KIND_VIEW as u64, true),
     ("MSD_BINS_B8", MSD_BINS[0] as u64, false),
     ("MSD_BINS_B11", MSD_BINS[1] as u64, false),
     ("MSD_RANK_SMEM_B8", MSD_RANK_SMEM[0] as u64, false),

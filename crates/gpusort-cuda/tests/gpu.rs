@@ -1051,49 +1051,104 @@ fn backend_split_over_gpus_matches_reference() {
     }
 }
 
-/// Uploads the columns of `spec`'s keys as a session holds them (values, and validity bits
-/// when there are nulls), encodes the key on the device, and checks the layout, the words and
-/// the varying bits against the host encoder.
-fn check_device_keys(gpu: &Gpu, batch: &RecordBatch, spec: &SortSpec, what: &str) {
-    use gpusort::cpu::gather::fixed_values;
-    use gpusort::keys::{KeyLayout, native_ordinal_kind};
-    use gpusort_cuda::encode::DeviceKeyColumn;
+/// Uploads the columns of `spec`'s keys as a session holds them (values, validity bits when
+/// there are nulls; views with their data buffers and the table of their device addresses),
+/// encodes the key on the device with `opts`, and checks the layout, the words, the varying
+/// bits and the value of the words that do not vary against the host encoder.
+fn check_device_keys(gpu: &Gpu, batch: &RecordBatch, spec: &SortSpec, opts: &EncoderOptions, what: &str) {
+    use arrow::array::AsArray;
+    use cudarc::driver::DevicePtr;
+    use gpusort::cpu::gather::{fixed_values, view_data_buffers};
+    use gpusort::keys::{ColumnStats, KeyLayout, bytes_column_stats, native_ordinal_kind};
+    use gpusort_cuda::encode::{DeviceKeyColumn, DeviceKeyKind};
     let n = batch.num_rows();
     let s = gpu.stream();
-    let host = KeyEncoder::try_new(batch, spec, &EncoderOptions::default()).unwrap();
+    let host = KeyEncoder::try_new(batch, spec, opts).unwrap();
     let expected = host.encode();
-    let uploaded: Vec<(CudaSlice<u8>, Option<CudaSlice<u8>>)> = spec
+    struct Uploaded {
+        values: CudaSlice<u8>,
+        valid: Option<CudaSlice<u8>>,
+        buffers: Vec<CudaSlice<u8>>,
+        table: Option<CudaSlice<u64>>,
+    }
+    let uploaded: Vec<Uploaded> = spec
         .keys()
         .iter()
         .map(|k| {
             let col = batch.column(k.column);
-            let width = col.data_type().primitive_width().unwrap();
-            let values = s
-                .clone_htod(&pad(fixed_values(col.as_ref(), width).as_slice()))
-                .unwrap();
+            let is_view = matches!(col.data_type(), DataType::Utf8View | DataType::BinaryView);
+            let values = if is_view {
+                let views: &[u128] = match col.data_type() {
+                    DataType::Utf8View => col.as_string_view().views(),
+                    _ => col.as_binary_view().views(),
+                };
+                let bytes: Vec<u8> = views.iter().flat_map(|v| v.to_le_bytes()).collect();
+                s.clone_htod(&pad(&bytes)).unwrap()
+            } else {
+                let width = col.data_type().primitive_width().unwrap();
+                s.clone_htod(&pad(fixed_values(col.as_ref(), width).as_slice()))
+                    .unwrap()
+            };
             let valid = col
                 .nulls()
                 .filter(|nb| nb.null_count() > 0)
                 .map(|nb| s.clone_htod(&pad(nb.inner().sliced().as_slice())).unwrap());
-            (values, valid)
+            let buffers: Vec<CudaSlice<u8>> = match is_view {
+                true => view_data_buffers(col.as_ref())
+                    .iter()
+                    .map(|b| s.clone_htod(&pad(b.as_slice())).unwrap())
+                    .collect(),
+                false => vec![],
+            };
+            let table = is_view.then(|| {
+                let mut addresses: Vec<u64> = buffers.iter().map(|b| b.device_ptr(s).0).collect();
+                addresses.push(0);
+                s.clone_htod(&addresses).unwrap()
+            });
+            Uploaded {
+                values,
+                valid,
+                buffers,
+                table,
+            }
         })
         .collect();
     let columns: Vec<DeviceKeyColumn<'_>> = spec
         .keys()
         .iter()
         .zip(&uploaded)
-        .map(|(k, (values, valid))| DeviceKeyColumn {
-            values,
-            valid: valid.as_ref(),
-            kind: native_ordinal_kind(batch.schema().field(k.column).data_type()).unwrap(),
+        .map(|(k, u)| DeviceKeyColumn {
+            values: &u.values,
+            valid: u.valid.as_ref(),
+            kind: match &u.table {
+                Some(table) => DeviceKeyKind::Views(table),
+                None => {
+                    DeviceKeyKind::Ordinal(native_ordinal_kind(batch.schema().field(k.column).data_type()).unwrap())
+                }
+            },
         })
         .collect();
-    let stats = gpu.native_key_stats(&columns, n).unwrap();
-    let layout = KeyLayout::from_native_stats(spec, &stats).unwrap();
-    assert_eq!(&layout, host.layout(), "{what}: layout from device statistics");
-    let (words, varying) = gpu.encode_native_keys(&columns, &layout, n).unwrap();
-    assert_eq!(varying, varying_bits(&expected.words), "{what}: varying bits");
-    for (w, (dev, want)) in words.iter().zip(&expected.words).enumerate() {
+    let native: Vec<DeviceKeyColumn<'_>> = columns
+        .iter()
+        .filter(|c| matches!(c.kind, DeviceKeyKind::Ordinal(_)))
+        .copied()
+        .collect();
+    let mut native_stats = gpu.native_key_stats(&native, n).unwrap().into_iter();
+    let stats: Vec<ColumnStats> = spec
+        .keys()
+        .iter()
+        .zip(&uploaded)
+        .map(|(k, u)| match u.table {
+            Some(_) => ColumnStats::Bytes(bytes_column_stats(&[batch.column(k.column).as_ref()]).unwrap()),
+            None => ColumnStats::Native(native_stats.next().unwrap()),
+        })
+        .collect();
+    let layout = KeyLayout::from_column_stats(spec, &stats, opts).unwrap();
+    assert_eq!(&layout, host.layout(), "{what}: layout from the statistics");
+    let encoded = gpu.encode_device_keys(&columns, &layout, n).unwrap();
+    let varying = varying_bits(&expected.words);
+    assert_eq!(encoded.varying, varying, "{what}: varying bits");
+    for (w, (dev, want)) in encoded.words.iter().zip(&expected.words).enumerate() {
         let got = down(s, dev, n);
         if let Some(row) = (0..n).find(|&i| got[i] != want[i]) {
             panic!(
@@ -1101,7 +1156,104 @@ fn check_device_keys(gpu: &Gpu, batch: &RecordBatch, spec: &SortSpec, what: &str
                 got[row], want[row]
             );
         }
+        if varying[w] == 0 && n > 0 {
+            assert_eq!(encoded.common[w], want[0], "{what}: the value of constant word {w}");
+        }
     }
+    drop(uploaded.into_iter().map(|u| u.buffers).collect::<Vec<_>>());
+}
+
+/// String and binary view columns' keys encoded on the device equal the host encoder's, bit
+/// for bit: values inline and out of line in several data buffers, sliced arrays, nulls first
+/// and last, all null, all equal, empty values, long shared prefixes and embedded zero bytes,
+/// both directions, prefixes of 0 to 32 bytes (cut values and whole ones), alone and between
+/// native fields.
+#[test]
+fn device_key_encoding_of_views_matches_the_host_encoder() {
+    use arrow::array::{BinaryViewBuilder, Int32Array, StringViewBuilder};
+    use gpusort::keys::KeyLayout;
+    use gpusort_cuda::encode::KEY_MAX_WORDS;
+    let Some(b) = backend() else { return };
+    let gpu = b.gpu();
+    let mut rng = SmallRng::seed_from_u64(23);
+    let long = "https://example.com/a/very/long/shared/path/of/sixty/bytes/";
+    let value = |rng: &mut SmallRng, kind: usize| -> Option<String> {
+        let i: u32 = rng.random_range(0..1000);
+        match kind {
+            0 => None,
+            1 => Some(String::new()),
+            2 => Some(format!("{long}{i}")),
+            3 => Some(format!("{long}{}", i % 7)),
+            4 => Some(format!("s{i}")),
+            5 => Some(format!("ab\0{i}\0")),
+            6 => Some("same value".into()),
+            _ => Some(format!("{:x}", rng.random::<u64>())),
+        }
+    };
+    let mut cases = 0;
+    for n in [1, 2, 100, gpu.tile() + 1, 2 * gpu.tile() + 77] {
+        for mix in 0..6 {
+            let kinds: &[usize] = match mix {
+                0 => &[0, 1, 2, 3, 4, 5, 6, 7],
+                1 => &[2, 3],
+                2 => &[6],
+                3 => &[0],
+                4 => &[1, 4, 7],
+                _ => &[0, 5, 6],
+            };
+            let strings: Vec<Option<String>> = (0..n + 3)
+                .map(|_| {
+                    let k = kinds[rng.random_range(0..kinds.len())];
+                    value(&mut rng, k)
+                })
+                .collect();
+            // Small blocks: the out-of-line values spread over several data buffers.
+            let mut sb = StringViewBuilder::new().with_fixed_block_size(256);
+            let mut bb = BinaryViewBuilder::new().with_fixed_block_size(512);
+            for v in &strings {
+                sb.append_option(v.as_deref());
+                bb.append_option(v.as_deref().map(str::as_bytes));
+            }
+            // Sliced: views of a slice keep their buffers and offsets.
+            let sv: ArrayRef = Arc::new(sb.finish().slice(2, n));
+            let bv: ArrayRef = Arc::new(bb.finish().slice(1, n));
+            let ints: ArrayRef = Arc::new(Int32Array::from_iter(
+                (0..n).map(|_| rng.random_bool(0.9).then(|| rng.random_range(0..5))),
+            ));
+            let batch = RecordBatch::try_new(
+                Arc::new(Schema::new(vec![
+                    Field::new("s", DataType::Utf8View, true),
+                    Field::new("b", DataType::BinaryView, true),
+                    Field::new("i", DataType::Int32, true),
+                ])),
+                vec![sv, bv, ints],
+            )
+            .unwrap();
+            for max_prefix_bytes in [0, 3, 8, 32] {
+                let opts = EncoderOptions { max_prefix_bytes };
+                for mask in 0..4u32 {
+                    let (desc, nulls_first) = (mask & 1 == 1, mask & 2 == 2);
+                    let what =
+                        format!("n={n} mix {mix} prefix {max_prefix_bytes} desc={desc} nulls_first={nulls_first}");
+                    let alone = SortSpec::new([SortKey::new(0, desc, nulls_first)]);
+                    check_device_keys(gpu, &batch, &alone, &opts, &format!("{what}, string alone"));
+                    let binary = SortSpec::new([SortKey::new(1, desc, nulls_first)]);
+                    check_device_keys(gpu, &batch, &binary, &opts, &format!("{what}, binary alone"));
+                    let three = SortSpec::new([
+                        SortKey::new(2, !desc, nulls_first),
+                        SortKey::new(0, desc, nulls_first),
+                        SortKey::new(1, desc, !nulls_first),
+                    ]);
+                    if KeyLayout::device_max_words(&three, batch.schema().as_ref(), &opts).unwrap() <= KEY_MAX_WORDS {
+                        check_device_keys(gpu, &batch, &three, &opts, &format!("{what}, int string binary"));
+                        cases += 1;
+                    }
+                    cases += 2;
+                }
+            }
+        }
+    }
+    eprintln!("device key encoding of views: {cases} cases equal to the host encoder");
 }
 
 /// Keys of native columns encoded on the device equal the host encoder's, bit for bit: every
@@ -1160,13 +1312,14 @@ fn device_key_encoding_matches_the_host_encoder() {
                 let desc = rng.random_bool(0.5);
                 let nulls_first = rng.random_bool(0.5);
                 let alone = SortSpec::new([SortKey::new(0, desc, nulls_first)]);
-                check_device_keys(gpu, &batch, &alone, &format!("{t} n={n} {shape:?} desc={desc}"));
+                let opts = EncoderOptions::default();
+                check_device_keys(gpu, &batch, &alone, &opts, &format!("{t} n={n} {shape:?} desc={desc}"));
                 let three = SortSpec::new([
                     SortKey::new(1, rng.random_bool(0.5), rng.random_bool(0.5)),
                     SortKey::new(0, desc, nulls_first),
                     SortKey::new(2, rng.random_bool(0.5), rng.random_bool(0.5)),
                 ]);
-                check_device_keys(gpu, &batch, &three, &format!("{t} n={n} {shape:?} three fields"));
+                check_device_keys(gpu, &batch, &three, &opts, &format!("{t} n={n} {shape:?} three fields"));
                 cases += 2;
             }
         }
@@ -1280,12 +1433,30 @@ fn sanitize_every_kernel() {
         let (_, merged) = check_engine_runs(gpu, &c, Strategy::SRTS_DIRECT, 8, switches, &runs, &what);
         assert_eq!(merged, 4, "{what}");
     }
-    // Keys encoded on the device (key_bounds, encode_keys): a nullable field and a plain one.
+    // Keys encoded on the device (key_bounds, encode_keys): a nullable field and a plain one;
+    // then a view column with values inline and in several data buffers, nulls, cut at 8 bytes.
     check_device_keys(
         gpu,
         &batch,
         &SortSpec::new([SortKey::new(1, true, true), SortKey::new(0, false, false)]),
+        &EncoderOptions::default(),
         "sanitize device keys",
+    );
+    let mut views = arrow::array::StringViewBuilder::new().with_fixed_block_size(128);
+    for i in 0..n {
+        views.append_option((i % 5 != 0).then(|| format!("{}{}", "x".repeat(i as usize % 23), i)));
+    }
+    let views = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![Field::new("s", DataType::Utf8View, true)])),
+        vec![Arc::new(views.finish())],
+    )
+    .unwrap();
+    check_device_keys(
+        gpu,
+        &views,
+        &SortSpec::new([SortKey::new(0, true, false)]),
+        &EncoderOptions::default(),
+        "sanitize device keys of views",
     );
 }
 

@@ -9,19 +9,20 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use arrow::array::{Array, ArrayRef, RecordBatch, RecordBatchOptions};
+use arrow::buffer::Buffer;
 use arrow::compute::SortColumn;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr, result};
 use gpusort::cpu::gather::concat_column;
-use gpusort::keys::{KeyLayout, OrdinalKind, native_ordinal_kind};
+use gpusort::keys::{BytesColumnStats, ColumnStats, KeyLayout, OrdinalKind, native_ordinal_kind};
 use gpusort::plan::{RecordMove, Strategy, radix_passes};
 use gpusort::ties::{TailGroups, TieBitmaps, TruncationTest};
-use gpusort::{KeyEncoder, SortKey, SortOutput, SortSpec, SortStats};
+use gpusort::{EncoderOptions, KeyEncoder, SortKey, SortOutput, SortSpec, SortStats};
 use rayon::prelude::*;
 
 use super::sorted_rows::SortedRows;
 use super::upload::{DeviceSegment, Uploaded};
 use super::{GpuColumn, GpuSortSession};
-use crate::encode::{DeviceKeyColumn, KEY_MAX_WORDS};
+use crate::encode::{DeviceEncodedKeys, DeviceKeyColumn, DeviceKeyKind, KEY_MAX_WORDS};
 use crate::error::{CudaSortError, Result};
 use crate::gpu::Gpu;
 use crate::memory::{DeviceReservation, device_bytes_needed};
@@ -39,11 +40,34 @@ struct HostKeys {
 }
 
 /// A key the device encodes from its columns: each sort key's device column (its index in
-/// the session's device columns) and ordinal kind, and the most key words the key's types
-/// can take.
+/// the session's device columns) and what it holds, the most key words the key's types can
+/// take, the statistics of its view columns (gathered on the host, which holds the views), and,
+/// when a string prefix is cut (an inexact key), the key's columns concatenated on the host
+/// for ordering tied rows.
 struct DeviceKeys {
-    columns: Vec<(usize, OrdinalKind)>,
+    columns: Vec<(usize, DeviceKeyType)>,
     max_words: usize,
+    bytes_stats: Vec<Option<BytesColumnStats>>,
+    tie_columns: Option<Vec<SortColumn>>,
+    /// Bytes of the view columns' data buffers, which go to the device for the encoding.
+    buffer_bytes: usize,
+}
+
+/// What a key column on the device holds.
+#[derive(Debug, Clone, Copy)]
+enum DeviceKeyType {
+    Ordinal(OrdinalKind),
+    Views,
+}
+
+/// What rows with tied key prefixes are ordered by: the key's layout, the columns that order
+/// rows exactly (one per field), each key word's varying bits and the value of those that do
+/// not vary.
+struct KeyTies<'a> {
+    layout: &'a KeyLayout,
+    columns: &'a [SortColumn],
+    varying: &'a [u32],
+    constants: Vec<u32>,
 }
 
 /// Where a sort's key is encoded.
@@ -93,11 +117,13 @@ struct Assembled {
 }
 
 /// The key on the device: its words (those that vary; a one-word stand-in for the others),
-/// the bits of each word that vary, and the key's bits in all.
+/// the bits of each word that vary, and the key's bits in all; encoded there, its layout and
+/// the value of each word that does not vary.
 struct DeviceKeyWords {
     words: Vec<CudaSlice<u32>>,
     varying: Vec<u32>,
     bits: u32,
+    encoded: Option<(KeyLayout, Vec<u32>)>,
 }
 
 /// GPU-side marks for the timeline (assembly, key upload), only while it is logged.
@@ -147,6 +173,9 @@ pub(super) struct Sorted {
     /// gather columns of its own).
     pub(super) perm_first: bool,
     pub(super) device_ms: f32,
+    /// A key encoded on the device: its layout, varying bits and the value of each word that
+    /// does not vary.
+    pub(super) device_key: Option<(KeyLayout, Vec<u32>, Vec<u32>)>,
 }
 
 impl GpuSortSession {
@@ -198,7 +227,10 @@ impl GpuSortSession {
         stats.device_wait += waiting.elapsed();
         let mut copies = Transfers::new(self.gpu.stream());
         let mut sorted = self.sort_on_device(&host.keys, uploaded.segments, &plan, &mut copies, &mut stats)?;
-        self.order_ties(&host.keys, &mut sorted, &mut plan.reservation, &mut copies, &mut stats)?;
+        let device_key = sorted.device_key.take();
+        if let Some(ties) = key_ties(&host.keys, device_key.as_ref()) {
+            self.order_ties(&ties, &mut sorted, &mut plan.reservation, &mut copies, &mut stats)?;
+        }
         sorted.table.keys.clear();
         self.put_in_order(&plan, &mut sorted, limit, &mut copies)?;
         drop(device);
@@ -232,19 +264,32 @@ impl GpuSortSession {
     /// The host's columns concatenated, and the key: encoded on the device from the columns it
     /// holds when they are native, else on the host into pinned buffers.
     fn host_side(&self, stats: &mut SortStats) -> Result<HostSide> {
-        let device_keys = self.device_keys();
+        let device_keys = self.device_keys()?;
         let start = Instant::now();
-        let mut on_host: Vec<usize> = match device_keys {
-            Some(_) => vec![],
-            None => self.spec.keys().iter().map(|k| k.column).collect(),
+        let key_columns = || self.spec.keys().iter().map(|k| k.column);
+        let mut on_host: Vec<usize> = match &device_keys {
+            Some(d) if !d.inexact(&self.encoder) => vec![],
+            _ => key_columns().collect(),
         };
         on_host.extend((0..self.schema.fields().len()).filter(|c| !self.columns.iter().any(|(i, _)| i == c)));
         on_host.sort_unstable();
         on_host.dedup();
         let concatenated = self.concat_columns(&on_host)?;
         stats.concat_time = start.elapsed();
+        let host_column = |c: usize| Arc::clone(&concatenated[on_host.binary_search(&c).expect("a host column")]);
         let keys = match device_keys {
-            Some(d) => KeySource::Device(d),
+            Some(mut d) => {
+                if d.inexact(&self.encoder) {
+                    let columns = (self.spec.keys().iter())
+                        .map(|k| SortColumn {
+                            values: host_column(k.column),
+                            options: Some(k.options),
+                        })
+                        .collect();
+                    d.tie_columns = Some(columns);
+                }
+                KeySource::Device(d)
+            }
             None => {
                 let start = Instant::now();
                 let keys = self.encode_on_host(&concatenated, &on_host)?;
@@ -286,7 +331,10 @@ impl GpuSortSession {
         stats: &mut SortStats,
     ) -> Result<DevicePlan> {
         let n = self.rows;
-        let inexact = matches!(keys, KeySource::Host(k) if !k.encoder.layout().is_exact());
+        let inexact = match keys {
+            KeySource::Host(k) => !k.encoder.layout().is_exact(),
+            KeySource::Device(d) => d.tie_columns.is_some(),
+        };
         // Tie resolution needs the permutation before the columns move: indirect.
         let direct = strategy.record_move == RecordMove::Direct && !inexact;
         let record_move = if direct {
@@ -312,7 +360,12 @@ impl GpuSortSession {
             KeySource::Device(d) => d.max_words,
         };
         let widths: Vec<usize> = columns.iter().map(|c| c.width).collect();
-        let needed = |pack| device_bytes_needed(n, key_words, &widths, nullable.len(), direct, pack);
+        // A key encoded from views reads their data buffers on the device.
+        let buffers = match keys {
+            KeySource::Device(d) => d.buffer_bytes,
+            KeySource::Host(_) => 0,
+        };
+        let needed = |pack| device_bytes_needed(n, key_words, &widths, nullable.len(), direct, pack) + buffers;
         let available = self.budget.per_sort(self.gpu.free_memory()?, self.memory_limit);
         let (packed, needed) = (needed(true), needed(false));
         if needed > available {
@@ -357,7 +410,11 @@ impl GpuSortSession {
         marks.mark(0, stream)?;
         let mut cols = self.assemble(segments, &plan.columns)?;
         marks.mark(1, stream)?;
-        let key = self.key_on_device(keys, &cols, copies, stats)?;
+        let mut key = self.key_on_device(keys, &cols, copies, stats)?;
+        let device_key = key
+            .encoded
+            .take()
+            .map(|(layout, common)| (layout, key.varying.clone(), common));
         let passes = radix_passes(&key.varying, self.digit_bits);
         stats.key_bits = key.bits;
         stats.passes = passes.len();
@@ -411,6 +468,7 @@ impl GpuSortSession {
             perm,
             perm_first,
             device_ms: result.kernel_ms,
+            device_key,
         })
     }
 
@@ -425,7 +483,7 @@ impl GpuSortSession {
         stats: &mut SortStats,
     ) -> Result<DeviceKeyWords> {
         let (gpu, n) = (&self.gpu, self.rows);
-        let (words, varying, bits) = match keys {
+        let (words, varying, bits, encoded) = match keys {
             KeySource::Host(k) => {
                 let words = k
                     .words
@@ -437,25 +495,13 @@ impl GpuSortSession {
                         false => gpu.alloc_words(1),
                     })
                     .collect::<Result<Vec<_>>>()?;
-                (words, k.varying.clone(), k.encoder.layout().total_bits())
+                (words, k.varying.clone(), k.encoder.layout().total_bits(), None)
             }
             KeySource::Device(d) => {
                 let start = Instant::now();
-                let key_columns: Vec<DeviceKeyColumn<'_>> = d
-                    .columns
-                    .iter()
-                    .map(|&(k, kind)| DeviceKeyColumn {
-                        values: &cols.values[k].data,
-                        valid: cols.bitmaps[k].as_ref(),
-                        kind,
-                    })
-                    .collect();
-                let column_stats = gpu.native_key_stats(&key_columns, n)?;
-                let layout = KeyLayout::from_native_stats(&self.spec, &column_stats)?;
-                let (words, varying) = gpu.encode_native_keys(&key_columns, &layout, n)?;
-                let words = words
-                    .into_iter()
-                    .zip(&varying)
+                let (layout, encoded) = self.encode_on_device(d, cols, copies)?;
+                let words = (encoded.words.into_iter())
+                    .zip(&encoded.varying)
                     .map(|(w, v)| match *v != 0 {
                         true => Ok(w),
                         false => gpu.alloc_words(1),
@@ -463,10 +509,16 @@ impl GpuSortSession {
                     .collect::<Result<Vec<_>>>()?;
                 stats.encode_time = start.elapsed();
                 log::debug!(target: "gpusort::timeline", "session: keys encoded on the device");
-                (words, varying, layout.total_bits())
+                let bits = layout.total_bits();
+                (words, encoded.varying, bits, Some((layout, encoded.common)))
             }
         };
-        Ok(DeviceKeyWords { words, varying, bits })
+        Ok(DeviceKeyWords {
+            words,
+            varying,
+            bits,
+            encoded,
+        })
     }
 
     /// Rows whose truncated string prefixes tie, found in bitmaps of the sorted key computed
@@ -477,30 +529,26 @@ impl GpuSortSession {
     /// key.
     fn order_ties(
         &self,
-        keys: &KeySource,
+        keys: &KeyTies<'_>,
         sorted: &mut Sorted,
         reservation: &mut DeviceReservation,
         copies: &mut Transfers,
         stats: &mut SortStats,
     ) -> Result<()> {
         let n = self.rows;
-        let KeySource::Host(host_keys) = keys else {
-            return Ok(());
-        };
-        let encoder = &host_keys.encoder;
-        if encoder.layout().is_exact() || n <= 1 {
+        if keys.layout.is_exact() || n <= 1 {
             return Ok(());
         }
-        let bitmaps = self.tie_bitmaps(host_keys, &sorted.table.keys, copies)?;
+        let bitmaps = self.tie_bitmaps(keys, &sorted.table.keys, copies)?;
         let marks = TieBitmaps::new(
             (bitmaps.iter())
                 .map(|b| b.as_ref().map(|[a, t]| [a.as_words(), t.as_words()]))
                 .collect(),
         );
-        let columns = encoder.sort_columns();
+        let columns = keys.columns;
         let device_ties = self.gpu.options().device_ties;
         let ties = gpusort::ties::find_ties(
-            encoder.layout(),
+            keys.layout,
             columns,
             &marks,
             sorted.perm.as_words_mut(),
@@ -536,21 +584,21 @@ impl GpuSortSession {
     /// (a word that does not vary is the host's value).
     fn tie_bitmaps(
         &self,
-        keys: &HostKeys,
+        keys: &KeyTies<'_>,
         sorted_keys: &[CudaSlice<u32>],
         copies: &mut Transfers,
     ) -> Result<Vec<Option<[HostBuffer; 2]>>> {
-        let layout = keys.encoder.layout();
+        let layout = keys.layout;
         let mut bitmaps = vec![];
         for s in 0..layout.fields().len() {
             let Some(test) = TruncationTest::of(layout, s) else {
                 bitmaps.push(None);
                 continue;
             };
-            let words: Vec<SortedWord<'_>> = (sorted_keys.iter().zip(&keys.varying).zip(&keys.words))
+            let words: Vec<SortedWord<'_>> = (sorted_keys.iter().zip(keys.varying).zip(&keys.constants))
                 .enumerate()
-                .map(|(w, ((dev, &v), host))| match v {
-                    0 => SortedWord::Constant(host.as_words()[0]),
+                .map(|(w, ((dev, &v), &constant))| match v {
+                    0 => SortedWord::Constant(constant),
                     _ => SortedWord::Varying(dev, layout.word_mask_through(s, w)),
                 })
                 .collect();
@@ -611,15 +659,18 @@ impl GpuSortSession {
     /// first `limit` rows) while the host gathers the others through the permutation; returns
     /// both.
     /// The key's columns on the device, when the device encodes the key itself; `None` when
-    /// the host encodes it: some sort column is not native or not on the device, the key
-    /// could be longer than [`KEY_MAX_WORDS`], or `GPUSORT_DEVICE_KEYS=0`.
-    fn device_keys(&self) -> Option<DeviceKeys> {
+    /// the host encodes it: some sort column is neither native nor a view on the device, the
+    /// key could be longer than [`KEY_MAX_WORDS`], or `GPUSORT_DEVICE_KEYS=0`. The view
+    /// columns' statistics are gathered here, over the batches (no concatenation).
+    fn device_keys(&self) -> Result<Option<DeviceKeys>> {
         if !self.gpu.options().device_keys {
-            return None;
+            return Ok(None);
         }
-        let max_words = KeyLayout::native_max_words(&self.spec, &self.schema)?;
+        let Some(max_words) = KeyLayout::device_max_words(&self.spec, &self.schema, &self.encoder) else {
+            return Ok(None);
+        };
         if max_words > KEY_MAX_WORDS {
-            return None;
+            return Ok(None);
         }
         let columns = self
             .spec
@@ -627,10 +678,102 @@ impl GpuSortSession {
             .iter()
             .map(|key| {
                 let k = self.columns.iter().position(|(c, _)| *c == key.column)?;
-                Some((k, native_ordinal_kind(self.schema.field(key.column).data_type())?))
+                let data_type = self.schema.field(key.column).data_type();
+                match native_ordinal_kind(data_type) {
+                    Some(kind) => Some((k, DeviceKeyType::Ordinal(kind))),
+                    None => self.view_lists[k].is_some().then_some((k, DeviceKeyType::Views)),
+                }
             })
-            .collect::<Option<Vec<_>>>()?;
-        Some(DeviceKeys { columns, max_words })
+            .collect::<Option<Vec<_>>>();
+        let Some(columns) = columns else {
+            return Ok(None);
+        };
+        let mut buffer_bytes = 0;
+        let mut bytes_stats = vec![];
+        for (key, &(k, t)) in self.spec.keys().iter().zip(&columns) {
+            bytes_stats.push(match t {
+                DeviceKeyType::Ordinal(_) => None,
+                DeviceKeyType::Views => {
+                    let parts: Vec<&dyn Array> = self.batches.iter().map(|b| b.column(key.column).as_ref()).collect();
+                    buffer_bytes += self.view_buffers(k).iter().map(|b| b.len()).sum::<usize>();
+                    Some(gpusort::keys::bytes_column_stats(&parts)?)
+                }
+            });
+        }
+        Ok(Some(DeviceKeys {
+            columns,
+            max_words,
+            bytes_stats,
+            tie_columns: None,
+            buffer_bytes,
+        }))
+    }
+
+    /// The data buffers that device column `k`'s staged views index, in the order of their
+    /// raised buffer indices.
+    fn view_buffers(&self, k: usize) -> Vec<&Buffer> {
+        let (c, _) = self.columns[k];
+        let parts: Vec<&dyn Array> = self.batches.iter().map(|b| b.column(c).as_ref()).collect();
+        match &self.view_lists[k] {
+            Some(lists) => lists.buffers(&parts),
+            None => vec![],
+        }
+    }
+
+    /// The key encoded on the device from its assembled columns (`cols`): the view columns'
+    /// data buffers uploaded and listed, the native columns' bounds found there, the layout
+    /// laid out from both, and the words written.
+    fn encode_on_device(
+        &self,
+        d: &DeviceKeys,
+        cols: &Assembled,
+        copies: &mut Transfers,
+    ) -> Result<(KeyLayout, DeviceEncodedKeys)> {
+        let (gpu, n) = (&self.gpu, self.rows);
+        // Each view column's data buffers, and the table of their device addresses.
+        let mut uploads: Vec<CudaSlice<u8>> = vec![];
+        let mut tables: Vec<Option<CudaSlice<u64>>> = vec![];
+        for &(k, t) in &d.columns {
+            tables.push(match t {
+                DeviceKeyType::Ordinal(_) => None,
+                DeviceKeyType::Views => {
+                    let mut addresses = vec![];
+                    for buffer in self.view_buffers(k) {
+                        let dev = copies.upload_heap(gpu, buffer.as_slice())?;
+                        addresses.push(dev.device_ptr(copies.stream()).0);
+                        uploads.push(dev);
+                    }
+                    addresses.push(0);
+                    Some(copies.stream().clone_htod(&addresses)?)
+                }
+            });
+        }
+        let key_columns: Vec<DeviceKeyColumn<'_>> = (d.columns.iter().zip(&tables))
+            .map(|(&(k, t), table)| DeviceKeyColumn {
+                values: &cols.values[k].data,
+                valid: cols.bitmaps[k].as_ref(),
+                kind: match (t, table) {
+                    (DeviceKeyType::Ordinal(kind), _) => DeviceKeyKind::Ordinal(kind),
+                    (DeviceKeyType::Views, table) => DeviceKeyKind::Views(table.as_ref().expect("a buffer table")),
+                },
+            })
+            .collect();
+        let native: Vec<DeviceKeyColumn<'_>> = (key_columns.iter())
+            .filter(|c| matches!(c.kind, DeviceKeyKind::Ordinal(_)))
+            .copied()
+            .collect();
+        let mut native_stats = gpu.native_key_stats(&native, n)?.into_iter();
+        let column_stats: Vec<ColumnStats> = (d.bytes_stats.iter())
+            .map(|b| match b {
+                Some(b) => ColumnStats::Bytes(*b),
+                None => ColumnStats::Native(native_stats.next().expect("a native column's bounds")),
+            })
+            .collect();
+        let layout = KeyLayout::from_column_stats(&self.spec, &column_stats, &self.encoder)?;
+        // The buffers' uploads and the kernel run on the one stream, in order.
+        let encoded = gpu.encode_device_keys(&key_columns, &layout, n)?;
+        drop(uploads);
+        Ok((layout, encoded))
     }
 
     /// The keys encoded on the host into pinned buffers, from the concatenated columns
@@ -769,4 +912,36 @@ fn tails_for_device(
         .collect::<Option<Vec<_>>>()?;
     let need = (gathered.iter().zip(deferred)).map(|(g, t)| g.device_bytes(t)).max()?;
     reservation.try_grow_to(reservation.bytes() + need).then_some(gathered)
+}
+
+impl DeviceKeys {
+    /// Whether a view column's values are longer than the key's prefix holds (past their
+    /// common prefix): tied rows then need their whole values compared.
+    fn inexact(&self, options: &EncoderOptions) -> bool {
+        (self.bytes_stats.iter().flatten())
+            .any(|s| s.valid_rows > 0 && s.max_len - s.common_prefix > options.max_prefix_bytes)
+    }
+}
+
+/// What tied key prefixes are ordered by, when the key is inexact: the host encoder's layout,
+/// columns and words, or the layout of a key encoded on the device (`device_key`: layout,
+/// varying bits, common bits) with the key columns concatenated for it.
+fn key_ties<'a>(keys: &'a KeySource, device_key: Option<&'a (KeyLayout, Vec<u32>, Vec<u32>)>) -> Option<KeyTies<'a>> {
+    match keys {
+        KeySource::Host(k) => Some(KeyTies {
+            layout: k.encoder.layout(),
+            columns: k.encoder.sort_columns(),
+            varying: &k.varying,
+            constants: k.words.iter().map(|w| w.as_words()[0]).collect(),
+        }),
+        KeySource::Device(d) => {
+            let (layout, varying, common) = device_key?;
+            Some(KeyTies {
+                layout,
+                columns: d.tie_columns.as_deref()?,
+                varying,
+                constants: common.clone(),
+            })
+        }
+    }
 }

@@ -491,12 +491,16 @@ impl ViewBufferLists {
                 DataType::BinaryView => parts[*only].as_binary_view().clone().into_parts().1,
                 _ => parts[*only].as_string_view().clone().into_parts().1,
             },
-            many => many
-                .iter()
-                .flat_map(|&p| view_data_buffers(parts[p]).iter().cloned())
-                .collect::<Vec<_>>()
-                .into(),
+            _ => self.buffers(parts).into_iter().cloned().collect::<Vec<_>>().into(),
         }
+    }
+
+    /// The result's data buffers, borrowed from `parts`: buffer `i` is the one the raised
+    /// index `i` names.
+    pub fn buffers<'a>(&self, parts: &[&'a dyn Array]) -> Vec<&'a Buffer> {
+        (self.order.iter())
+            .flat_map(|&p| view_data_buffers(parts[p]).iter())
+            .collect()
     }
 }
 

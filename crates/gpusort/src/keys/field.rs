@@ -384,7 +384,9 @@ impl BytesShape {
 impl<S: BytesSource> BytesField<S> {
     fn new(src: S, len: usize, nulls: Option<&NullBuffer>, descending: bool, max_prefix: usize) -> Self {
         // A reference value: every common prefix is a prefix of it.
-        let reference = (0..len).find(|&i| nulls.is_none_or(|n| n.is_valid(i))).map(|i| src.bytes(i));
+        let reference = (0..len)
+            .find(|&i| nulls.is_none_or(|n| n.is_valid(i)))
+            .map(|i| src.bytes(i));
         let scan = reference.map(|r| {
             (0..len.div_ceil(CHUNK))
                 .into_par_iter()
@@ -396,11 +398,7 @@ impl<S: BytesSource> BytesField<S> {
             scan.map(|s| (s.min_len, s.max_len)),
             max_prefix,
         );
-        Self {
-            src,
-            shape,
-            descending,
-        }
+        Self { src, shape, descending }
     }
 
     #[inline(always)]
@@ -710,7 +708,10 @@ pub(crate) fn scan_parts(parts: &[&dyn Array]) -> Result<Option<BytesScan>> {
                 .reduce(|| BytesScan::empty(reference.len()), BytesScan::fold),
         )
     }
-    fn sources<S: BytesSource>(parts: &[&dyn Array], f: impl Fn(&dyn Array) -> S) -> Vec<(S, Option<NullBuffer>, usize)> {
+    fn sources<S: BytesSource>(
+        parts: &[&dyn Array],
+        f: impl Fn(&dyn Array) -> S,
+    ) -> Vec<(S, Option<NullBuffer>, usize)> {
         (parts.iter())
             .map(|a| (f(*a), a.logical_nulls().filter(|n| n.null_count() > 0), a.len()))
             .collect()

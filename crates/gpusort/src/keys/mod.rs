@@ -262,7 +262,11 @@ impl KeyLayout {
     /// Most words a key of `spec` over columns of `schema` can take, encoded with `options`,
     /// when every sort column is [native](native_ordinal_kind) or a string or binary view (a
     /// null flag, every bit of the type, or the prefix and its capped length); else `None`.
-    pub fn device_max_words(spec: &SortSpec, schema: &arrow::datatypes::Schema, options: &EncoderOptions) -> Option<usize> {
+    pub fn device_max_words(
+        spec: &SortSpec,
+        schema: &arrow::datatypes::Schema,
+        options: &EncoderOptions,
+    ) -> Option<usize> {
         use arrow::datatypes::DataType;
         let mut bits = 0usize;
         for k in spec.keys() {

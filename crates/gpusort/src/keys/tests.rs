@@ -630,7 +630,9 @@ fn byte_columns() -> Vec<ArrayRef> {
     vec![
         Arc::new(StringViewArray::from_iter(strings.iter().map(|s| s.as_deref()))),
         Arc::new(StringArray::from_iter(strings.iter().map(|s| s.as_deref()))),
-        Arc::new(BinaryViewArray::from_iter(strings.iter().map(|s| s.as_deref().map(str::as_bytes)))),
+        Arc::new(BinaryViewArray::from_iter(
+            strings.iter().map(|s| s.as_deref().map(str::as_bytes)),
+        )),
         Arc::new(StringViewArray::from_iter(shared.iter().map(|s| s.as_deref()))),
         Arc::new(StringViewArray::from_iter((0..100).map(|_| Some("same")))),
         Arc::new(StringViewArray::from_iter((0..100).map(|_| None::<&str>))),
@@ -661,7 +663,12 @@ fn bytes_stats_lay_out_the_encoders_field() {
                 let spec = SortSpec::new([SortKey::new(0, mask & 1 == 1, mask & 2 == 2)]);
                 let layout = KeyEncoder::try_new(&batch, &spec, &opts).unwrap().layout().clone();
                 let from_stats = KeyLayout::from_column_stats(&spec, &[ColumnStats::Bytes(stats)], &opts).unwrap();
-                assert_eq!(from_stats, layout, "{} prefix {max_prefix_bytes} mask {mask}", col.data_type());
+                assert_eq!(
+                    from_stats,
+                    layout,
+                    "{} prefix {max_prefix_bytes} mask {mask}",
+                    col.data_type()
+                );
                 if matches!(col.data_type(), DataType::Utf8View | DataType::BinaryView) {
                     let most = KeyLayout::device_max_words(&spec, batch.schema().as_ref(), &opts).unwrap();
                     assert!(layout.num_words() <= most, "{layout:?} > {most} words");
