@@ -28,7 +28,8 @@
 //!
 //! Tables (the same seeded data as the `cpu_backend` bench): (a) a u32 key + 20 u32 columns,
 //! `ORDER BY k`; (b) 3 keys (i32 with 100 values, a string of 8-16 characters, i64) + 4 u32
-//! columns, `ORDER BY a, s DESC, b`.
+//! columns, `ORDER BY a, s DESC, b`; (c) table (b) with its strings as string views (as
+//! DataFusion reads Parquet strings), whose keys the GPU encodes itself.
 
 use std::error::Error;
 use std::fmt::Write as _;
@@ -47,7 +48,7 @@ use datafusion_gpusort::{GpuSortExec, GpuSortPreservingMergeExec, SessionStateBu
 use gpusort::SortSpec;
 
 mod common;
-use common::{Scenario, env_f64, env_usize, partitioned, scenarios, time, timeline};
+use common::{Scenario, env_f64, env_usize, partitioned, scenarios, time, timeline, with_string_views};
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
@@ -472,7 +473,11 @@ fn main() -> Result<()> {
     let mut table: Vec<Row> = vec![];
     let mut scans: Vec<(&str, Duration, Duration)> = vec![];
     let sorted_too = env_usize("BENCH_SORTED_PARTITIONS", 1) != 0;
-    for Scenario { name, batch, spec, sql } in scenarios(rows) {
+    let mut tables = scenarios(rows);
+    // The string table again with string views, as DataFusion reads Parquet strings: their
+    // keys are encoded on the device.
+    tables.push(with_string_views(&tables[1], "3 keys (i32, utf8view, i64) + 4 u32"));
+    for Scenario { name, batch, spec, sql } in tables {
         let data = partitioned(&batch, partitions, batch_size);
         let schema = batch.schema();
         drop(batch);

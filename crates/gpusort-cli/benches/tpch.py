@@ -13,7 +13,8 @@ column encoded by the Parquet crate, `--column-encoder parquet`: what gpusort's 
 `gpu-parquet-writer` and `cpu-parquet-writer` (both, the Parquet crate's writer alone, on the GPU
 and CPU sorts), `gpu-host-views` (`GPUSORT_DEVICE_VIEWS=0`), `gpu-thp` and `cpu-thp` (mimalloc's
 large OS pages), `gpu-keep-freed` (`MIMALLOC_PURGE_DELAY=-1`: freed memory kept, not returned to
-the OS and faulted in again), `datafusion` (`gpusort sort
+the OS and faulted in again), `gpu-host-keys` (`GPUSORT_DEVICE_KEYS=0`: every sort key encoded
+on the host), `datafusion` (`gpusort sort
 --no-gpusort`: DataFusion's SortExec into gpusort's writer), `duckdb`, and with `--sql-bench` (the
 `sql_parquet` bench binary) SQL through a DataFusion `SessionContext`: `sql-copy` (`COPY (SELECT
 * FROM 'file' ORDER BY ...) TO 'out.parquet'` with gpusort), `df-copy` (the same on stock
@@ -251,11 +252,15 @@ def main():
                     "gpu-thp": [], "cpu-thp": ["--device", "cpu"],
                     # the same with mimalloc keeping freed memory instead of returning it to the OS
                     "gpu-keep-freed": [],
+                    # the same with every sort key encoded on the host (as before string keys
+                    # were encoded on the device)
+                    "gpu-host-keys": [],
                     "gpu-4g-host-views": ["--gpu-memory-limit", "4GiB"]}
     # Contenders that differ by an environment variable.
     thp = {"MIMALLOC_ALLOW_LARGE_OS_PAGES": "1"}
     contender_env = {"gpu-host-views": {"GPUSORT_DEVICE_VIEWS": "0"}, "gpu-thp": thp, "cpu-thp": thp,
                      "gpu-keep-freed": {"MIMALLOC_PURGE_DELAY": "-1"},
+                     "gpu-host-keys": {"GPUSORT_DEVICE_KEYS": "0"},
                      "gpu-4g-host-views": {"GPUSORT_DEVICE_VIEWS": "0"}}
     rows = []
     first_gpu = True

@@ -78,6 +78,27 @@ pub fn three_key_table(rows: usize, rng: &mut SmallRng) -> Scenario {
     }
 }
 
+/// `scenario` with its string columns as string views (as DataFusion reads Parquet strings),
+/// named `name`.
+pub fn with_string_views(scenario: &Scenario, name: &'static str) -> Scenario {
+    let columns: Vec<ArrayRef> = (scenario.batch.columns().iter())
+        .map(|c| match c.data_type() {
+            DataType::Utf8 => arrow::compute::cast(c, &DataType::Utf8View).unwrap(),
+            _ => Arc::clone(c),
+        })
+        .collect();
+    let fields: Vec<Field> = (scenario.batch.schema().fields().iter())
+        .zip(&columns)
+        .map(|(f, c)| f.as_ref().clone().with_data_type(c.data_type().clone()))
+        .collect();
+    Scenario {
+        name,
+        batch: RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap(),
+        spec: scenario.spec.clone(),
+        sql: scenario.sql,
+    }
+}
+
 /// Both tables, from one generator seeded with [`SEED`] (in this order).
 pub fn scenarios(rows: usize) -> Vec<Scenario> {
     let mut rng = SmallRng::seed_from_u64(SEED);
