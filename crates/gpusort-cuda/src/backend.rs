@@ -33,7 +33,8 @@
 
 use std::sync::{Arc, Mutex};
 
-use arrow::datatypes::SchemaRef;
+use arrow::datatypes::{DataType, SchemaRef};
+use gpusort::cpu::gather::view_data_buffers;
 use gpusort::{KeyEncoder, KeyLayout, SortBackend, SortOutput, SortRequest, SortSpec};
 
 use crate::error::{CudaSortError, Result};
@@ -147,17 +148,40 @@ impl CudaBackend {
     /// nullable, and the larger of the direct and indirect footprints.
     pub fn max_rows_within(&self, request: &SortRequest<'_>, memory_limit: Option<usize>) -> Result<usize> {
         let encoder = KeyEncoder::try_new(request.batch, request.spec, &request.encoder)?;
-        // Keys encoded on the device hold every word their types can take while they encode.
-        let words = (encoder.layout().num_words() + request.spec.len())
-            .max(KeyLayout::native_max_words(request.spec, &request.batch.schema()).unwrap_or(0));
+        let schema = request.batch.schema();
         let views = views_on_device(self.gpu.options().device_views, memory_limit);
-        let (columns, _) = device_columns(&request.batch.schema(), views);
+        // Keys encoded on the device hold every word their types can take while they encode,
+        // and a key of views their data buffers (the sample's bytes per row).
+        let device_words = match views {
+            true => KeyLayout::device_max_words(request.spec, &schema, &request.encoder),
+            false => KeyLayout::native_max_words(request.spec, &schema),
+        };
+        let words = (encoder.layout().num_words() + request.spec.len()).max(device_words.unwrap_or(0));
+        let key_buffer_bytes: usize = match (views, device_words) {
+            (true, Some(_)) => (request.spec.keys().iter())
+                .filter(|k| {
+                    matches!(
+                        schema.field(k.column).data_type(),
+                        DataType::Utf8View | DataType::BinaryView
+                    )
+                })
+                .map(|k| {
+                    view_data_buffers(request.batch.column(k.column).as_ref())
+                        .iter()
+                        .map(|b| b.len())
+                        .sum::<usize>()
+                })
+                .sum(),
+            _ => 0,
+        };
+        let buffer_bytes_per_row = key_buffer_bytes.div_ceil(request.batch.num_rows().max(1));
+        let (columns, _) = device_columns(&schema, views);
         let widths: Vec<usize> = columns.iter().map(|&(_, w)| w).collect();
         let bytes = |n: usize| {
             // Without packed gathers: a sort packs its gathers only where the memory allows.
             let direct = device_bytes_needed(n, words, &widths, widths.len(), true, false);
             let indirect = device_bytes_needed(n, words, &widths, widths.len(), false, false);
-            direct.max(indirect)
+            direct.max(indirect) + n * buffer_bytes_per_row
         };
         const SAMPLE: usize = 1 << 20;
         let fixed = bytes(0);

@@ -478,6 +478,10 @@ fn view_columns_move_on_the_device_with_the_data_buffers_of_every_batch() {
                 out.stats.host_gathered_columns, 0,
                 "{what}: every column moves on the device"
             );
+            assert!(
+                out.stats.keys_on_device,
+                "{what}: the key (views and integers) encoded on the device"
+            );
         }
         // The sorted views index the input's data buffers, shared, not copied.
         let input: usize = parts
@@ -514,6 +518,11 @@ fn view_columns_move_on_the_device_with_the_data_buffers_of_every_batch() {
         assert_eq!(host.batch, out.batch, "{what}, under a memory limit");
         if batch.num_rows() > 0 {
             assert_eq!(host.stats.host_gathered_columns, 2, "{what}: the views on the host");
+            let views_in_key = spec.keys().iter().any(|k| k.column == 1 || k.column == 2);
+            assert_eq!(
+                host.stats.keys_on_device, !views_in_key,
+                "{what}: views on the host, keys of views too"
+            );
         }
     }
 }

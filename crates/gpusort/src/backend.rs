@@ -117,6 +117,9 @@ pub struct SortStats {
     pub concat_time: Duration,
     /// Time spent encoding keys.
     pub encode_time: Duration,
+    /// Whether a device backend encoded the key on the device (from its native and view
+    /// columns there) rather than on the host.
+    pub keys_on_device: bool,
     /// Time spent copying input into pinned staging memory on the host (device backends; it
     /// overlaps the input's arrival and the uploads).
     pub stage_time: Duration,

@@ -298,6 +298,7 @@ pub fn combine_stats(stats: &[SortStats]) -> SortStats {
         out.device_tie_groups += s.device_tie_groups;
         out.concat_time = out.concat_time.max(s.concat_time);
         out.encode_time = out.encode_time.max(s.encode_time);
+        out.keys_on_device &= s.keys_on_device;
         out.stage_time = out.stage_time.max(s.stage_time);
         out.upload_time = out.upload_time.max(s.upload_time);
         out.sort_time = out.sort_time.max(s.sort_time);

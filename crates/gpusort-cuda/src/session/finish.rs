@@ -508,6 +508,7 @@ impl GpuSortSession {
                     })
                     .collect::<Result<Vec<_>>>()?;
                 stats.encode_time = start.elapsed();
+                stats.keys_on_device = true;
                 log::debug!(target: "gpusort::timeline", "session: keys encoded on the device");
                 let bits = layout.total_bits();
                 (words, encoded.varying, bits, Some((layout, encoded.common)))
