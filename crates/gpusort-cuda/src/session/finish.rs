@@ -5,6 +5,7 @@
 //! time ([`SortedRows`], `sorted_rows.rs`). The sort itself is `sort.rs` (Bandyopadhyay &
 //! Sahni's strategies, ICPADS 2011, section IV); no kernel is launched here but through [`Gpu`].
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -696,7 +697,7 @@ impl GpuSortSession {
                 DeviceKeyType::Ordinal(_) => None,
                 DeviceKeyType::Views => {
                     let parts: Vec<&dyn Array> = self.batches.iter().map(|b| b.column(key.column).as_ref()).collect();
-                    buffer_bytes += self.view_buffers(k).iter().map(|b| b.len()).sum::<usize>();
+                    buffer_bytes += self.view_buffers(k).0.iter().map(|b| b.len()).sum::<usize>();
                     Some(gpusort::keys::bytes_column_stats(&parts)?)
                 }
             });
@@ -710,15 +711,28 @@ impl GpuSortSession {
         }))
     }
 
-    /// The data buffers that device column `k`'s staged views index, in the order of their
-    /// raised buffer indices.
-    fn view_buffers(&self, k: usize) -> Vec<&Buffer> {
+    /// The distinct data buffers that device column `k`'s staged views index, and for each
+    /// raised buffer index the one it names. Batches often list the same buffers in lists of
+    /// their own (a Parquet reader's batches share its pages and dictionaries): each goes to
+    /// the device once.
+    fn view_buffers(&self, k: usize) -> (Vec<&Buffer>, Vec<usize>) {
         let (c, _) = self.columns[k];
         let parts: Vec<&dyn Array> = self.batches.iter().map(|b| b.column(c).as_ref()).collect();
-        match &self.view_lists[k] {
+        let listed = match &self.view_lists[k] {
             Some(lists) => lists.buffers(&parts),
             None => vec![],
-        }
+        };
+        let mut seen: HashMap<(usize, usize), usize> = HashMap::new();
+        let mut distinct = vec![];
+        let index = (listed.into_iter())
+            .map(|b| {
+                *seen.entry((b.as_ptr() as usize, b.len())).or_insert_with(|| {
+                    distinct.push(b);
+                    distinct.len() - 1
+                })
+            })
+            .collect();
+        (distinct, index)
     }
 
     /// The key encoded on the device from its assembled columns (`cols`): the view columns'
@@ -732,18 +746,23 @@ impl GpuSortSession {
     ) -> Result<(KeyLayout, DeviceEncodedKeys)> {
         let (gpu, n) = (&self.gpu, self.rows);
         // Each view column's data buffers, and the table of their device addresses.
+        let start = Instant::now();
+        let mut uploaded = 0;
         let mut uploads: Vec<CudaSlice<u8>> = vec![];
         let mut tables: Vec<Option<CudaSlice<u64>>> = vec![];
         for &(k, t) in &d.columns {
             tables.push(match t {
                 DeviceKeyType::Ordinal(_) => None,
                 DeviceKeyType::Views => {
-                    let mut addresses = vec![];
-                    for buffer in self.view_buffers(k) {
+                    let (distinct, index) = self.view_buffers(k);
+                    let mut on_device = vec![];
+                    for buffer in distinct {
                         let dev = copies.upload_heap(gpu, buffer.as_slice())?;
-                        addresses.push(dev.device_ptr(copies.stream()).0);
+                        on_device.push(dev.device_ptr(copies.stream()).0);
+                        uploaded += buffer.len();
                         uploads.push(dev);
                     }
+                    let mut addresses: Vec<u64> = index.iter().map(|&d| on_device[d]).collect();
                     addresses.push(0);
                     Some(copies.stream().clone_htod(&addresses)?)
                 }
@@ -759,6 +778,14 @@ impl GpuSortSession {
                 },
             })
             .collect();
+        if !uploads.is_empty() {
+            log::debug!(
+                target: "gpusort::timeline",
+                "session: {uploaded} bytes of the key's view data buffers ({} distinct) sent in {:.1} ms",
+                uploads.len(),
+                start.elapsed().as_secs_f64() * 1e3
+            );
+        }
         let native: Vec<DeviceKeyColumn<'_>> = (key_columns.iter())
             .filter(|c| matches!(c.kind, DeviceKeyKind::Ordinal(_)))
             .copied()
