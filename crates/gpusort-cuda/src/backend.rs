@@ -34,7 +34,6 @@
 use std::sync::{Arc, Mutex};
 
 use arrow::datatypes::{DataType, SchemaRef};
-use gpusort::cpu::gather::view_data_buffers;
 use gpusort::{KeyEncoder, KeyLayout, SortBackend, SortOutput, SortRequest, SortSpec};
 
 use crate::error::{CudaSortError, Result};
@@ -151,7 +150,8 @@ impl CudaBackend {
         let schema = request.batch.schema();
         let views = views_on_device(self.gpu.options().device_views, memory_limit);
         // Keys encoded on the device hold every word their types can take while they encode,
-        // and a key of views their data buffers (the sample's bytes per row).
+        // and a key of views the data buffers its values are in (the sample's bytes per row of
+        // values out of line: its buffers may be shared with many more rows).
         let device_words = match views {
             true => KeyLayout::device_max_words(request.spec, &schema, &request.encoder),
             false => KeyLayout::native_max_words(request.spec, &schema),
@@ -159,18 +159,7 @@ impl CudaBackend {
         let words = (encoder.layout().num_words() + request.spec.len()).max(device_words.unwrap_or(0));
         let key_buffer_bytes: usize = match (views, device_words) {
             (true, Some(_)) => (request.spec.keys().iter())
-                .filter(|k| {
-                    matches!(
-                        schema.field(k.column).data_type(),
-                        DataType::Utf8View | DataType::BinaryView
-                    )
-                })
-                .map(|k| {
-                    view_data_buffers(request.batch.column(k.column).as_ref())
-                        .iter()
-                        .map(|b| b.len())
-                        .sum::<usize>()
-                })
+                .map(|k| long_view_bytes(request.batch.column(k.column).as_ref()))
                 .sum(),
             _ => 0,
         };
@@ -199,4 +188,16 @@ impl SortBackend for CudaBackend {
     fn sort(&self, request: &SortRequest<'_>) -> gpusort::Result<SortOutput> {
         self.sort_within(request, None).map_err(Into::into)
     }
+}
+
+/// Bytes of the values of a string or binary view column that are not inline (over 12
+/// bytes); 0 for a column of another type.
+fn long_view_bytes(array: &dyn arrow::array::Array) -> usize {
+    use arrow::array::AsArray;
+    let views = match array.data_type() {
+        DataType::Utf8View => array.as_string_view().views(),
+        DataType::BinaryView => array.as_binary_view().views(),
+        _ => return 0,
+    };
+    views.iter().map(|v| *v as u32 as usize).filter(|&len| len > 12).sum()
 }

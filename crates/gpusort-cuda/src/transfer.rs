@@ -120,6 +120,50 @@ impl Transfers {
         Ok(())
     }
 
+    /// The heap buffers `parts` copied one after another into one new device buffer of `gpu`
+    /// through the ring (each ring chunk filled from as many parts as it holds, on all cores,
+    /// then crossing in one copy: many small buffers cost what one large one does), and where
+    /// each part starts in it. The parts are no longer needed when this returns.
+    pub(crate) fn upload_packed(&mut self, gpu: &Gpu, parts: &[&[u8]]) -> Result<(CudaSlice<u8>, Vec<usize>)> {
+        let mut starts = Vec::with_capacity(parts.len());
+        let mut total = 0usize;
+        for p in parts {
+            starts.push(total);
+            total += p.len();
+        }
+        let dst = gpu.alloc_bytes(total.max(1))?;
+        let base = dst.device_ptr(&self.stream).0;
+        self.bind()?;
+        let mut first = 0; // the first part that reaches into the chunk
+        for (i, lo) in (0..total).step_by(RING_CHUNK).enumerate() {
+            let hi = (lo + RING_CHUNK).min(total);
+            while starts[first] + parts[first].len() <= lo {
+                first += 1;
+            }
+            let last = first + starts[first..].partition_point(|&s| s < hi);
+            let stream = Arc::clone(&self.stream);
+            let slot = self.slot(i % RING_SLOTS)?;
+            let staged = &mut slot.buf.as_mut_slice()[..hi - lo];
+            // Each part's bytes within [lo, hi) into the chunk, the parts on all cores.
+            let mut pieces: Vec<(&[u8], &mut [u8])> = Vec::with_capacity(last - first);
+            let mut rest = staged;
+            for (p, &start) in parts[first..last].iter().zip(&starts[first..last]) {
+                let (from, to) = (start.max(lo), (start + p.len()).min(hi));
+                let (piece, tail) = std::mem::take(&mut rest).split_at_mut(to - from);
+                pieces.push((&p[from - start..to - start], piece));
+                rest = tail;
+            }
+            pieces.into_par_iter().for_each(|(s, d)| host_copy(s, d));
+            // SAFETY: the slot stays untouched until its event passes; `dst` holds `total` bytes.
+            unsafe {
+                result::memcpy_htod_async(base + lo as u64, &slot.buf.as_slice()[..hi - lo], stream.cu_stream())
+            }?;
+            slot.done = Some(stream.record_event(None)?);
+        }
+        self.to_device += total as u64;
+        Ok((dst, starts))
+    }
+
     /// Heap memory `src` copied into a new device buffer of `gpu` through the ring; `src` is no
     /// longer needed when this returns.
     pub(crate) fn upload_heap(&mut self, gpu: &Gpu, src: &[u8]) -> Result<CudaSlice<u8>> {

@@ -747,7 +747,7 @@ impl GpuSortSession {
         let (gpu, n) = (&self.gpu, self.rows);
         // Each view column's data buffers, and the table of their device addresses.
         let start = Instant::now();
-        let mut uploaded = 0;
+        let (mut uploaded, mut distinct_buffers) = (0, 0);
         let mut uploads: Vec<CudaSlice<u8>> = vec![];
         let mut tables: Vec<Option<CudaSlice<u64>>> = vec![];
         for &(k, t) in &d.columns {
@@ -755,14 +755,13 @@ impl GpuSortSession {
                 DeviceKeyType::Ordinal(_) => None,
                 DeviceKeyType::Views => {
                     let (distinct, index) = self.view_buffers(k);
-                    let mut on_device = vec![];
-                    for buffer in distinct {
-                        let dev = copies.upload_heap(gpu, buffer.as_slice())?;
-                        on_device.push(dev.device_ptr(copies.stream()).0);
-                        uploaded += buffer.len();
-                        uploads.push(dev);
-                    }
-                    let mut addresses: Vec<u64> = index.iter().map(|&d| on_device[d]).collect();
+                    let parts: Vec<&[u8]> = distinct.iter().map(|b| b.as_slice()).collect();
+                    let (packed, starts) = copies.upload_packed(gpu, &parts)?;
+                    let base = packed.device_ptr(copies.stream()).0;
+                    uploaded += parts.iter().map(|p| p.len()).sum::<usize>();
+                    distinct_buffers += parts.len();
+                    uploads.push(packed);
+                    let mut addresses: Vec<u64> = index.iter().map(|&d| base + starts[d] as u64).collect();
                     addresses.push(0);
                     Some(copies.stream().clone_htod(&addresses)?)
                 }
@@ -781,8 +780,7 @@ impl GpuSortSession {
         if !uploads.is_empty() {
             log::debug!(
                 target: "gpusort::timeline",
-                "session: {uploaded} bytes of the key's view data buffers ({} distinct) sent in {:.1} ms",
-                uploads.len(),
+                "session: {uploaded} bytes of the key's view data buffers ({distinct_buffers} distinct) sent in {:.1} ms",
                 start.elapsed().as_secs_f64() * 1e3
             );
         }
