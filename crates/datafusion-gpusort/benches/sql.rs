@@ -1,6 +1,7 @@
 //! SQL `ORDER BY`, end to end (`ctx.sql(q).await?.collect().await?`, planning included): stock
 //! DataFusion against gpusort's operator with its default options (the GPU when there is one,
-//! one `GpuSortExec` over all partitions), with `gpusort.merge_partitions = false` (a
+//! one `GpuSortExec` over all partitions), with `gpusort.output_range_rows = 0` (the sorted
+//! rows taken whole rather than a range at a time), with `gpusort.merge_partitions = false` (a
 //! `GpuSortExec` per partition, merged by a `GpuSortPreservingMergeExec`) and with
 //! `gpusort.device = cpu`. Prints a table of median and minimum times with ratios to stock
 //! DataFusion, what the `GpuSortExec` metrics say (path, CPU fallback reason, kernel time,
@@ -89,6 +90,14 @@ const CONTENDERS: &[Contender] = &[
         gpusort: true,
         setup: &[],
         on_sorted: true,
+    },
+    Contender {
+        // The sorted rows taken whole instead of in ranges: what the ranges cost a consumer
+        // that keeps every batch (a collect).
+        label: "gpusort output_range_rows=0",
+        gpusort: true,
+        setup: &["SET gpusort.output_range_rows = 0"],
+        on_sorted: false,
     },
     Contender {
         label: "gpusort merge_partitions=false",
