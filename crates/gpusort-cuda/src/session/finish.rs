@@ -944,8 +944,7 @@ impl DeviceKeys {
     /// Whether a view column's values are longer than the key's prefix holds (past their
     /// common prefix): tied rows then need their whole values compared.
     fn inexact(&self, options: &EncoderOptions) -> bool {
-        (self.bytes_stats.iter().flatten())
-            .any(|s| s.valid_rows > 0 && s.max_len - s.common_prefix > options.max_prefix_bytes)
+        self.bytes_stats.iter().flatten().any(|s| !s.is_exact(options))
     }
 }
 

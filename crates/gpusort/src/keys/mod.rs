@@ -250,8 +250,7 @@ impl KeyLayout {
                         (k.options, null_bits, value_bits, true, encoding)
                     }
                     ColumnStats::Bytes(s) => {
-                        let lengths = (s.valid_rows > 0).then_some((s.min_len, s.max_len));
-                        let shape = field::BytesShape::new(s.common_prefix, lengths, options.max_prefix_bytes);
+                        let shape = s.shape(options);
                         (k.options, null_bits, shape.value_bits(), shape.exact, shape.encoding())
                     }
                 }
@@ -346,6 +345,21 @@ pub struct BytesColumnStats {
     pub min_len: usize,
     /// The longest valid value's length.
     pub max_len: usize,
+}
+
+impl BytesColumnStats {
+    /// The field's shape under `options`.
+    fn shape(&self, options: &EncoderOptions) -> field::BytesShape {
+        let lengths = (self.valid_rows > 0).then_some((self.min_len, self.max_len));
+        field::BytesShape::new(self.common_prefix, lengths, options.max_prefix_bytes)
+    }
+
+    /// Whether the field holds every value whole under `options` (no value longer than the
+    /// prefix past the common one): when it does not, rows with equal keys need their whole
+    /// values compared.
+    pub fn is_exact(&self, options: &EncoderOptions) -> bool {
+        self.shape(options).exact
+    }
 }
 
 /// What one sort column contributes to its key field, gathered where its values are.

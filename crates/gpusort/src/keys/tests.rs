@@ -669,6 +669,12 @@ fn bytes_stats_lay_out_the_encoders_field() {
                     "{} prefix {max_prefix_bytes} mask {mask}",
                     col.data_type()
                 );
+                assert_eq!(
+                    stats.is_exact(&opts),
+                    layout.is_exact(),
+                    "{} prefix {max_prefix_bytes}",
+                    col.data_type()
+                );
                 if matches!(col.data_type(), DataType::Utf8View | DataType::BinaryView) {
                     let most = KeyLayout::device_max_words(&spec, batch.schema().as_ref(), &opts).unwrap();
                     assert!(layout.num_words() <= most, "{layout:?} > {most} words");
