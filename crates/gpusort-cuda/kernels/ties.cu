@@ -26,25 +26,70 @@
 // The host downloads those bits (2 bits a row, not the key's words) and reads the groups from
 // them; the large groups' rounds find their runs still equal the same way.
 //
-// The host gathers the tied rows' bytes past the prefix (their tails) into offsets and bytes,
-// in sorted order (ties.rs): the kernels sort indices of those tails, and ties_place then writes
-// each tail's input row at its sorted position.
+// The kernels sort indices of the tied rows' tails (their bytes past the prefix), listed in
+// sorted order, and ties_place then writes each tail's input row at its sorted position. The
+// tails are read either from offsets and bytes the host gathered (ties.rs), or, when the column
+// is a string or binary view column whose data buffers are on the device for the key's
+// encoding (keys.cu's view fields), through the tied rows' views: nothing gathered on the host.
 
 #if !defined(TIES_CAP) || !defined(TIES_BLOCK) || !defined(TIES_MAX_ROUNDS)
 #error "defined by the host before the sources (kernels.rs SHARED_CONSTANTS)"
 #endif
 
-// The gathered tails, passed by value: tail k is data[offsets[k], offsets[k + 1]).
+// The tails, passed by value. Gathered (offsets not null): tail k is
+// data[offsets[k], offsets[k + 1]). Else through views: tail k is the bytes past the first
+// `skip` of the value of the 16-byte view views[rows[k]] (length, 4-byte prefix, buffer index,
+// offset; up to 12 bytes inline), whose data buffer is at buffers[buffer index].
+// Through views, a tail also starts past the bytes its group's rows share beyond `skip`
+// (shared[group_of[k]], found by ties_shared) when `shared` is not null.
 struct ByteColumn {
     const long long* offsets;
     const u8* data;
+    const u8* views;
+    const u32* rows;
+    const u8* const* buffers;
+    const u32* group_of;
+    const u32* shared;
+    u32 skip;
+    u32 pad;
 };
 
 // Where tail `k` starts, and its length.
 __device__ __forceinline__ const u8* value_at(const ByteColumn& c, u32 k, u32& len) {
-    const long long a = c.offsets[k];
-    len = (u32)(c.offsets[k + 1] - a);
-    return c.data + a;
+    if (c.offsets) {
+        const long long a = c.offsets[k];
+        len = (u32)(c.offsets[k + 1] - a);
+        return c.data + a;
+    }
+    const u8* view = c.views + 16ull * c.rows[k];
+    const u32 n = *reinterpret_cast<const u32*>(view);
+    const u32 skip = c.skip + (c.shared ? c.shared[c.group_of[k]] : 0u);
+    len = n > skip ? n - skip : 0;
+    if (len == 0) return view;  // nothing past `skip`: no byte is read
+    if (n <= 12) return view + 4 + skip;
+    const u32 buffer = *reinterpret_cast<const u32*>(view + 8);
+    const u32 offset = *reinterpret_cast<const u32*>(view + 12);
+    return c.buffers[buffer] + offset + skip;
+}
+
+// The bytes each tie group's rows share past the column's `skip`, through views (col.shared
+// null): a thread per listed tail k (of group group_of[k], whose first tail is firsts[group])
+// takes the common prefix of its tail and its group's first, and the group keeps the least
+// (shared starts at ~0). As gpusort-cuda's shared_bytes does on the host for gathered tails: a
+// group of URLs that share a long path is then ordered from the bytes where they differ.
+extern "C" __global__ void ties_shared(ByteColumn col, const u32* group_of, const u32* firsts, u32 m, u32* shared) {
+    const u32 k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= m) return;
+    const u32 g = group_of[k];
+    const u32 f = firsts[g];
+    if (f == k) return;
+    u32 la, lb;
+    const u8* a = value_at(col, k, la);
+    const u8* b = value_at(col, f, lb);
+    const u32 n = la < lb ? la : lb;
+    u32 i = 0;
+    while (i < n && a[i] == b[i]) i++;
+    atomicMin(&shared[g], i);
 }
 
 // Bytes [skip, skip + 8) of a value of `len` bytes at `p`, big-endian and zero-padded, and how

@@ -728,6 +728,8 @@ pub struct Kernels {
     pub ties_scatter: CudaFunction,
     /// Ordered tails' input rows at their groups' positions in the permutation.
     pub ties_place: CudaFunction,
+    /// Bytes each tie group's rows share past the key's prefix, read through views.
+    pub ties_shared: CudaFunction,
     /// Bitmaps of the sorted rows equal to the row before, and of those whose value was cut.
     pub ties_marks: CudaFunction,
     /// Where each tile of a round of merges of sorted runs starts in its pair's first run.
@@ -858,6 +860,7 @@ impl Kernels {
             ties_keys: f("ties_keys")?,
             ties_scatter: f("ties_scatter")?,
             ties_place: f("ties_place")?,
+            ties_shared: f("ties_shared")?,
             ties_marks: f("ties_marks")?,
             merge_partition: f("merge_partition")?,
             merge_tiles: f("merge_tiles")?,
@@ -1244,7 +1247,14 @@ mod tests {
             ("presorted.cu", &["order_scan", "reverse_rows", "reverse_iota"]),
             (
                 "ties.cu",
-                &["ties_bmcs", "ties_keys", "ties_scatter", "ties_place", "ties_marks"],
+                &[
+                    "ties_bmcs",
+                    "ties_keys",
+                    "ties_scatter",
+                    "ties_place",
+                    "ties_shared",
+                    "ties_marks",
+                ],
             ),
             ("merge.cu", &["merge_partition", "merge_tiles"]),
         ];

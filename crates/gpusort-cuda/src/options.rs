@@ -63,6 +63,10 @@ pub struct GpuOptions {
     /// and index and gathers the fields once (`GPUSORT_DIRECT_MAX_FIELDS`; the H100's crossover
     /// [`DIRECT_MAX_FIELDS`] by default, `gpusort tune` measures the device's).
     pub direct_max_fields: usize,
+    /// Tie groups ordered on the device read their tails through the views and data buffers
+    /// a view key's encoding put there, instead of tails gathered on the host and sent up
+    /// (off with `GPUSORT_TIE_VIEWS=0`).
+    pub tie_views: bool,
 }
 
 /// Where a GPU sort orders the rows whose keys tie on a truncated string prefix (when every
@@ -117,6 +121,7 @@ impl Default for GpuOptions {
             device_budget: None,
             tuning_profile: None,
             direct_max_fields: DIRECT_MAX_FIELDS,
+            tie_views: true,
         }
     }
 }
@@ -203,6 +208,7 @@ impl GpuOptions {
                     CudaSortError::Unsupported(format!("GPUSORT_DIRECT_MAX_FIELDS={v} (0 to 1024 fields)"))
                 })?,
             },
+            tie_views: var("GPUSORT_TIE_VIEWS").as_deref() != Some("0"),
         })
     }
 

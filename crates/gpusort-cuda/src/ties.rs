@@ -11,7 +11,10 @@
 //!   runs still equal take the next 8 bytes, as large groups again or in batches.
 //!
 //! What goes up is each tied row's bytes past the prefix and past the bytes all rows of its
-//! group share, gathered on the host in sorted order ([`GatheredTails`]). What is still equal
+//! group share, gathered on the host in sorted order ([`GatheredTails`]); or, when the column
+//! is a view column whose views and data buffers the key's encoding put on the device
+//! ([`DeviceViews`]), only the tied rows, the kernels reading their tails through the views
+//! (stop 36: nothing read on the host). What is still equal
 //! after [`TIES_MAX_ROUNDS`] rounds (256 bytes past those) is returned for the host's
 //! comparison sort. Which rows tie is found on the device too ([`Gpu::tie_marks`]).
 //!
@@ -23,13 +26,13 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use arrow::buffer::{Buffer, ScalarBuffer};
 use arrow::compute::SortColumn;
-use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg, result};
 use gpusort::keys::common_prefix;
 use gpusort::plan::{Strategy, radix_passes};
 use gpusort::ties::{TailGroups, TieBitmaps, TieMarks, TruncationTest};
 use rayon::prelude::*;
 
-use crate::error::Result;
+use crate::error::{CudaSortError, Result};
 use crate::gpu::{Gpu, rows_u32};
 use crate::kernels::{TIES_BLOCK, TIES_CAP, TIES_MAX_ROUNDS};
 use crate::memory::device_bytes_needed;
@@ -37,10 +40,29 @@ use crate::pinned::HostBuffer;
 use crate::table::{DeviceColumn, DeviceTable, GpuSortPlan};
 use crate::transfer::Transfers;
 
-/// Gathered tails on the device: `offsets` (i64) and `data`, as `ByteColumn` in ties.cu reads them.
-pub(crate) struct DeviceBytes {
-    offsets: CudaSlice<u8>,
-    data: CudaSlice<u8>,
+/// The tails on the device, as `ByteColumn` in ties.cu reads them: gathered on the host
+/// (`offsets`, i64, and `data`), or read through the tied rows' views.
+pub(crate) enum DeviceBytes<'a> {
+    Gathered {
+        offsets: CudaSlice<u8>,
+        data: CudaSlice<u8>,
+    },
+    /// Tail k: the bytes past the first `skip` (and, with `shared`, the `shared[group_of[k]]`
+    /// its group's rows share after them) of the value of `views.views[rows[k]]`.
+    Views {
+        views: &'a DeviceViews<'a>,
+        rows: &'a CudaSlice<u8>,
+        skip: u32,
+        shared: Option<(&'a CudaSlice<u32>, &'a CudaSlice<u32>)>,
+    },
+}
+
+/// A string or binary view column on the device with its data buffers, as the key's encoding
+/// put them there (`keys.cu`'s view fields): the column's 16-byte views in input order (their
+/// buffer indices raised to the session's) and the device address of each buffer they name.
+pub(crate) struct DeviceViews<'a> {
+    pub(crate) views: &'a CudaSlice<u8>,
+    pub(crate) buffers: &'a CudaSlice<u64>,
 }
 
 /// `ByteColumn`, passed by value.
@@ -48,17 +70,49 @@ pub(crate) struct DeviceBytes {
 struct ByteColumnArg {
     offsets: u64,
     data: u64,
+    views: u64,
+    rows: u64,
+    buffers: u64,
+    group_of: u64,
+    shared: u64,
+    skip: u32,
+    pad: u32,
 }
 
-// SAFETY: two device addresses, laid out as the kernel's struct.
+// SAFETY: seven device addresses and two words, laid out as the kernel's struct.
 unsafe impl DeviceRepr for ByteColumnArg {}
 
-impl DeviceBytes {
+impl DeviceBytes<'_> {
     fn arg(&self, gpu: &Gpu) -> ByteColumnArg {
         let s = gpu.stream();
-        ByteColumnArg {
-            offsets: self.offsets.device_ptr(s).0,
-            data: self.data.device_ptr(s).0,
+        match self {
+            Self::Gathered { offsets, data } => ByteColumnArg {
+                offsets: offsets.device_ptr(s).0,
+                data: data.device_ptr(s).0,
+                views: 0,
+                rows: 0,
+                buffers: 0,
+                group_of: 0,
+                shared: 0,
+                skip: 0,
+                pad: 0,
+            },
+            Self::Views {
+                views,
+                rows,
+                skip,
+                shared,
+            } => ByteColumnArg {
+                offsets: 0,
+                data: 0,
+                views: views.views.device_ptr(s).0,
+                rows: rows.device_ptr(s).0,
+                buffers: views.buffers.device_ptr(s).0,
+                group_of: shared.map_or(0, |(g, _)| g.device_ptr(s).0),
+                shared: shared.map_or(0, |(_, b)| b.device_ptr(s).0),
+                skip: *skip,
+                pad: 0,
+            },
         }
     }
 }
@@ -74,13 +128,16 @@ impl DeviceBytes {
 /// path are then ordered by the bytes where they differ, in one round instead of a round of
 /// 8 bytes for each shared 8, and fewer bytes go up.
 pub(crate) struct GatheredTails {
-    /// Where each tail starts, and the last one ends (i64).
-    offsets: Buffer,
-    data: Vec<u8>,
+    /// Where each tail starts and the last one ends (i64), and the tails' bytes; `None` when
+    /// the device reads the tails through the rows' views ([`Self::rows_of`]).
+    bytes: Option<(Buffer, Vec<u8>)>,
     rows: ScalarBuffer<u32>,
+    /// Each tail's group, where the device reads the tails through views (else empty).
+    group_of: Vec<u32>,
     /// Where each group's tails start.
     firsts: Vec<usize>,
-    /// Bytes each group's rows share past the key's prefix, not gathered.
+    /// Bytes each group's rows share past the key's prefix, not gathered (through views: 0
+    /// here, the device finds them).
     shared: Vec<usize>,
 }
 
@@ -88,10 +145,7 @@ impl GatheredTails {
     /// The tails of `tails`' groups of `column`, the rows at their positions in `perm`; `None`
     /// where the column is not a string or binary array.
     pub(crate) fn gather(column: &SortColumn, tails: &TailGroups, perm: &[u32]) -> Option<Self> {
-        let firsts = firsts(&tails.groups);
-        let (rows, group_of): (Vec<u32>, Vec<u32>) = (tails.groups.par_iter().enumerate())
-            .flat_map_iter(|(k, g)| perm[g.clone()].iter().map(move |&r| (r, k as u32)))
-            .unzip();
+        let (firsts, rows, group_of) = listed(tails, perm);
         let skip = tails.skip;
         gpusort::ties::with_value_bytes(column, |bytes| {
             let shared = shared_bytes(&rows, &group_of, &firsts, |r| &bytes(r)[skip..]);
@@ -111,13 +165,27 @@ impl GatheredTails {
                 unsafe { std::ptr::copy_nonoverlapping(tail.as_ptr(), (base as *mut u8).add(at as usize), tail.len()) };
             });
             Self {
-                offsets: Buffer::from_vec(ends),
-                data,
+                bytes: Some((Buffer::from_vec(ends), data)),
                 rows: ScalarBuffer::from(rows),
+                group_of: vec![],
                 firsts,
                 shared,
             }
         })
+    }
+
+    /// The rows of `tails`' groups at their positions in `perm`, for the device to read their
+    /// tails through their views ([`DeviceViews`]): no byte is read on the host; the bytes a
+    /// group's rows share are found on the device (`ties_shared`).
+    pub(crate) fn rows_of(tails: &TailGroups, perm: &[u32]) -> Self {
+        let (firsts, rows, group_of) = listed(tails, perm);
+        Self {
+            bytes: None,
+            rows: ScalarBuffer::from(rows),
+            group_of,
+            shared: vec![0; firsts.len()],
+            firsts,
+        }
     }
 
     /// Whether tails of `column` can be gathered (strings and binaries of every layout).
@@ -127,13 +195,24 @@ impl GatheredTails {
 
     /// Device bytes its upload holds, with the sorts' own ([`tails_device_bytes`]).
     pub(crate) fn device_bytes(&self, tails: &TailGroups) -> usize {
-        self.offsets.len() + self.data.len() + 8 * self.rows.len() + tails_device_bytes(tails)
+        let bytes = self.bytes.as_ref().map_or(0, |(o, d)| o.len() + d.len());
+        bytes + 4 * self.group_of.len() + 8 * self.firsts.len() + 8 * self.rows.len() + tails_device_bytes(tails)
     }
 
-    /// Bytes of the tails.
+    /// Bytes of the gathered tails (0 when read through views).
     pub(crate) fn len(&self) -> usize {
-        self.data.len()
+        self.bytes.as_ref().map_or(0, |(_, d)| d.len())
     }
+}
+
+/// Where each of `tails`' groups starts among their rows listed group after group, those rows
+/// (input rows, from `perm`) and each one's group.
+fn listed(tails: &TailGroups, perm: &[u32]) -> (Vec<usize>, Vec<u32>, Vec<u32>) {
+    let firsts = firsts(&tails.groups);
+    let (rows, group_of): (Vec<u32>, Vec<u32>) = (tails.groups.par_iter().enumerate())
+        .flat_map_iter(|(k, g)| perm[g.clone()].iter().map(move |&r| (r, k as u32)))
+        .unzip();
+    (firsts, rows, group_of)
 }
 
 /// What [`Gpu::order_tails`] did, and the groups it left to the host.
@@ -166,9 +245,13 @@ impl Gpu {
     /// then each group's input rows written at its positions (`ties_place`). Returns what
     /// [`Self::order_tails`] did, with the groups left to the host as ranges of `perm` and the
     /// bytes their rows share.
+    ///
+    /// Tails that were not gathered are read through `views`, the column's views and data
+    /// buffers on the device.
     pub(crate) fn order_gathered(
         &self,
         gathered: &GatheredTails,
+        views: Option<&DeviceViews<'_>>,
         tails: &TailGroups,
         perm: &mut CudaSlice<u32>,
         copies: &mut Transfers,
@@ -176,11 +259,33 @@ impl Gpu {
         let m = gathered.rows.len();
         let m32 = rows_u32(m)?;
         let s = self.stream();
-        let bytes = DeviceBytes {
-            offsets: copies.upload_heap(self, gathered.offsets.as_slice())?,
-            data: copies.upload_heap(self, &gathered.data)?,
-        };
         let krow = copies.upload_heap(self, gathered.rows.inner().as_slice())?;
+        let mut shared = gathered.shared.clone();
+        let shared_dev;
+        let bytes = match (&gathered.bytes, views) {
+            (Some((offsets, data)), _) => DeviceBytes::Gathered {
+                offsets: copies.upload_heap(self, offsets.as_slice())?,
+                data: copies.upload_heap(self, data)?,
+            },
+            (None, Some(views)) => {
+                let skip = u32::try_from(tails.skip)
+                    .map_err(|_| CudaSortError::Unsupported(format!("a string prefix of {} bytes", tails.skip)))?;
+                shared_dev = self.group_shared_bytes(views, &krow, skip, gathered)?;
+                let found = s.clone_dtoh(&shared_dev.1)?;
+                shared = found.iter().map(|&b| b as usize).collect();
+                DeviceBytes::Views {
+                    views,
+                    rows: &krow,
+                    skip,
+                    shared: Some((&shared_dev.0, &shared_dev.1)),
+                }
+            }
+            (None, None) => {
+                return Err(CudaSortError::Unsupported(
+                    "tails neither gathered nor on the device".into(),
+                ));
+            }
+        };
         let mut ks = self.iota(m)?;
         let by_tail = TailGroups {
             groups: (gathered.firsts.iter().zip(&tails.groups))
@@ -209,9 +314,56 @@ impl Gpu {
         for (r, skip) in &mut done.left {
             let (g, at) = in_perm(&tails.groups, &gathered.firsts, r);
             *r = at;
-            *skip += tails.skip + gathered.shared[g];
+            *skip += tails.skip + shared[g];
         }
         Ok(done)
+    }
+
+    /// The bytes each group of `gathered` (its tails read through `views` past `skip`) shares
+    /// past `skip`, found on the device (`ties_shared`): each tail's group and the groups'
+    /// shared bytes, on the device.
+    fn group_shared_bytes(
+        &self,
+        views: &DeviceViews<'_>,
+        krow: &CudaSlice<u8>,
+        skip: u32,
+        gathered: &GatheredTails,
+    ) -> Result<(CudaSlice<u32>, CudaSlice<u32>)> {
+        let s = self.stream();
+        let m = gathered.rows.len();
+        let m32 = rows_u32(m)?;
+        let group_of = s.clone_htod(&gathered.group_of)?;
+        let firsts: Vec<u32> = gathered.firsts.iter().map(|&f| rows_u32(f)).collect::<Result<_>>()?;
+        let firsts = s.clone_htod(&firsts)?;
+        let mut shared = s.alloc_zeros::<u32>(gathered.firsts.len().max(1))?;
+        // SAFETY: `shared` holds a word per group; every byte 0xFF makes each word u32::MAX.
+        unsafe {
+            result::memset_d8_async(
+                shared.device_ptr_mut(s).0,
+                0xFF,
+                4 * gathered.firsts.len(),
+                s.cu_stream(),
+            )
+        }?;
+        let col = DeviceBytes::Views {
+            views,
+            rows: krow,
+            skip,
+            shared: None,
+        }
+        .arg(self);
+        // SAFETY: `group_of` and `krow` hold a word per tail, `firsts` and `shared` per group;
+        // the views and buffers hold every row `krow` names.
+        unsafe {
+            s.launch_builder(&self.kernels()?.ties_shared)
+                .arg(&col)
+                .arg(&group_of)
+                .arg(&firsts)
+                .arg(&m32)
+                .arg(&mut shared)
+                .launch(self.grid_for(m))?
+        };
+        Ok((group_of, shared))
     }
 
     /// Orders `tails`' groups of `perm` (sorted position -> input row) by `column`'s bytes
@@ -585,6 +737,31 @@ mod tests {
 
     use super::*;
     use crate::kernels::KernelCache;
+
+    /// Tails read through views: the groups' rows listed group after group from the
+    /// permutation with their groups, no byte gathered (the device finds the shared bytes).
+    #[test]
+    fn rows_of_lists_the_groups_rows_in_order() {
+        let perm = [9, 8, 7, 6, 5, 4, 3, 2];
+        let tails = TailGroups {
+            field: 0,
+            skip: 32,
+            descending: false,
+            groups: vec![1..3, 4..7],
+        };
+        let t = GatheredTails::rows_of(&tails, &perm);
+        assert_eq!(t.rows.as_ref(), &[8, 7, 5, 4, 3]);
+        assert_eq!(t.firsts, [0, 2]);
+        assert_eq!(t.shared, [0, 0]);
+        assert_eq!(t.len(), 0);
+        assert_eq!(t.group_of, [0, 0, 1, 1, 1]);
+        assert_eq!(
+            t.device_bytes(&tails),
+            4 * 5 + 8 * 2 + 8 * 5 + tails_device_bytes(&tails)
+        );
+        let (_, at) = in_perm(&tails.groups, &t.firsts, &(3..5));
+        assert_eq!(at, 5..7);
+    }
 
     /// A group's shared bytes are the common prefix of all its tails: none where one row
     /// differs at once, all of the shortest where it is a prefix of the others, and for a

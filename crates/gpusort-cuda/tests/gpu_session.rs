@@ -475,6 +475,12 @@ fn view_columns_move_on_the_device_with_the_data_buffers_of_every_batch() {
         views,
         "GPUSORT_DEVICE_VIEWS=0 is set: this test needs views on the device"
     );
+    let ties_on_device = gpusort_cuda::GpuOptions::from_env().unwrap().device_ties != gpusort_cuda::DeviceTies::Never;
+    assert!(
+        gpusort_cuda::GpuOptions::from_env().unwrap().tie_views,
+        "GPUSORT_TIE_VIEWS=0 is set: this test orders ties through the views"
+    );
+    let mut device_tie_groups = 0;
     let (mut rng, seed) = rng_from_env(0x71e3_5001);
     for case in 0..12 {
         let batches = rng.random_range(1..60);
@@ -505,6 +511,9 @@ fn view_columns_move_on_the_device_with_the_data_buffers_of_every_batch() {
                 out.stats.keys_on_device,
                 "{what}: the key (views and integers) encoded on the device"
             );
+            // The long values tie on the key's prefix in large groups, every later field
+            // exact: ordered on the device, their tails read through the views there.
+            device_tie_groups += out.stats.device_tie_groups;
         }
         // The sorted views index the input's data buffers, shared, not copied.
         let input: std::collections::HashSet<usize> = parts
@@ -550,6 +559,10 @@ fn view_columns_move_on_the_device_with_the_data_buffers_of_every_batch() {
             );
         }
     }
+    assert!(
+        !ties_on_device || device_tie_groups > 0,
+        "seed {seed}: no case ordered tie groups on the device"
+    );
 }
 
 /// Sorts `parts` through a session and hands the rows out in ranges of the sizes `sizes` (in

@@ -212,7 +212,7 @@ pub fn resolve_ties(
     perm: &mut [u32],
 ) -> Result<Vec<Range<usize>>> {
     let marks = KeyWords::new(layout, words);
-    Ok(find_ties(layout, sort_columns, &marks, perm, &|_, _| false)?.resolved)
+    Ok(find_ties(layout, sort_columns, &marks, perm, &|_, _, _| false)?.resolved)
 }
 
 /// Tie groups of one field whose order [`find_ties`] left to its caller: every later field is
@@ -240,7 +240,7 @@ pub struct Ties {
 }
 
 /// [`resolve_ties`] over the key as `marks` read it, but the groups of a field whose later
-/// fields are exact and that `defer` takes (given the field's column and groups) are left as
+/// fields are exact and that `defer` takes (given the field, its column and groups) are left as
 /// they are and returned ([`Ties::deferred`]), for the caller to order elsewhere (the GPU
 /// backend orders them on the device).
 pub fn find_ties(
@@ -248,7 +248,7 @@ pub fn find_ties(
     sort_columns: &[SortColumn],
     marks: &dyn TieMarks,
     perm: &mut [u32],
-    defer: &dyn Fn(&SortColumn, &[Range<usize>]) -> bool,
+    defer: &dyn Fn(usize, &SortColumn, &[Range<usize>]) -> bool,
 ) -> Result<Ties> {
     let n = perm.len();
     let mut resolved: Vec<Range<usize>> = vec![];
@@ -273,7 +273,7 @@ pub fn find_ties(
         }
         let later_exact = layout.fields()[s + 1..].iter().all(|f| f.exact);
         let skip = common_prefix + prefix_bytes;
-        if later_exact && defer(&sort_columns[s], &groups) {
+        if later_exact && defer(s, &sort_columns[s], &groups) {
             resolved.extend(groups.iter().cloned());
             resolved.sort_by_key(|r| r.start);
             deferred.push(TailGroups {
@@ -598,8 +598,8 @@ mod tests {
                 );
                 let (mut by_words, mut by_bits) = (order.clone(), order.clone());
                 let cols = enc.sort_columns();
-                let from_words = find_ties(layout, cols, &words, &mut by_words, &|_, _| false).unwrap();
-                let from_bits = find_ties(layout, cols, &bits, &mut by_bits, &|_, _| false).unwrap();
+                let from_words = find_ties(layout, cols, &words, &mut by_words, &|_, _, _| false).unwrap();
+                let from_bits = find_ties(layout, cols, &bits, &mut by_bits, &|_, _, _| false).unwrap();
                 assert!(from_words.resolved.len() > 10, "{descending} {nulls_first} {later}");
                 assert_eq!(from_words, from_bits);
                 assert_eq!(by_words, by_bits);

@@ -29,7 +29,7 @@ use crate::gpu::Gpu;
 use crate::memory::{DeviceReservation, device_bytes_needed};
 use crate::pinned::{HostBuffer, PinnedPool};
 use crate::table::{DeviceColumn, DeviceTable, GpuSortPlan};
-use crate::ties::{GatheredTails, SortedWord};
+use crate::ties::{DeviceViews, GatheredTails, SortedWord};
 use crate::transfer::Transfers;
 
 /// Keys encoded on the host: the encoder (its layout, and the columns tied rows are ordered
@@ -69,6 +69,9 @@ struct KeyTies<'a> {
     columns: &'a [SortColumn],
     varying: &'a [u32],
     constants: Vec<u32>,
+    /// Per field, a view column on the device (its index among the device's columns) whose
+    /// data buffers are there too: its ties' tails are read there.
+    views: Vec<Option<(usize, &'a KeyViewBuffers)>>,
 }
 
 /// Where a sort's key is encoded.
@@ -124,7 +127,24 @@ struct DeviceKeyWords {
     words: Vec<CudaSlice<u32>>,
     varying: Vec<u32>,
     bits: u32,
-    encoded: Option<(KeyLayout, Vec<u32>)>,
+    encoded: Option<EncodedKey>,
+}
+
+/// A key encoded on the device: its layout, the bits of each word that vary and the value of
+/// each word that does not, and per field, the data buffers of a view column with the table of
+/// their device addresses (kept for ordering tied rows by their tails on the device).
+pub(super) struct EncodedKey {
+    layout: KeyLayout,
+    varying: Vec<u32>,
+    common: Vec<u32>,
+    views: Vec<Option<KeyViewBuffers>>,
+}
+
+/// A view key column's distinct data buffers packed on the device, and the device address of
+/// the buffer each (raised) buffer index of its views names.
+struct KeyViewBuffers {
+    _packed: CudaSlice<u8>,
+    table: CudaSlice<u64>,
 }
 
 /// GPU-side marks for the timeline (assembly, key upload), only while it is logged.
@@ -174,9 +194,8 @@ pub(super) struct Sorted {
     /// gather columns of its own).
     pub(super) perm_first: bool,
     pub(super) device_ms: f32,
-    /// A key encoded on the device: its layout, varying bits and the value of each word that
-    /// does not vary.
-    pub(super) device_key: Option<(KeyLayout, Vec<u32>, Vec<u32>)>,
+    /// A key encoded on the device.
+    pub(super) device_key: Option<EncodedKey>,
 }
 
 impl GpuSortSession {
@@ -232,6 +251,8 @@ impl GpuSortSession {
         if let Some(ties) = key_ties(&host.keys, device_key.as_ref()) {
             self.order_ties(&ties, &mut sorted, &mut plan.reservation, &mut copies, &mut stats)?;
         }
+        // The key's view data buffers, freed in stream order.
+        drop(device_key);
         sorted.table.keys.clear();
         self.put_in_order(&plan, &mut sorted, limit, &mut copies)?;
         drop(device);
@@ -412,10 +433,7 @@ impl GpuSortSession {
         let mut cols = self.assemble(segments, &plan.columns)?;
         marks.mark(1, stream)?;
         let mut key = self.key_on_device(keys, &cols, copies, stats)?;
-        let device_key = key
-            .encoded
-            .take()
-            .map(|(layout, common)| (layout, key.varying.clone(), common));
+        let device_key = key.encoded.take();
         let passes = radix_passes(&key.varying, self.digit_bits);
         stats.key_bits = key.bits;
         stats.passes = passes.len();
@@ -500,7 +518,7 @@ impl GpuSortSession {
             }
             KeySource::Device(d) => {
                 let start = Instant::now();
-                let (layout, encoded) = self.encode_on_device(d, cols, copies)?;
+                let (layout, encoded, views) = self.encode_on_device(d, cols, copies)?;
                 let words = (encoded.words.into_iter())
                     .zip(&encoded.varying)
                     .map(|(w, v)| match *v != 0 {
@@ -512,7 +530,13 @@ impl GpuSortSession {
                 stats.keys_on_device = true;
                 log::debug!(target: "gpusort::timeline", "session: keys encoded on the device");
                 let bits = layout.total_bits();
-                (words, encoded.varying, bits, Some((layout, encoded.common)))
+                let key = EncodedKey {
+                    layout,
+                    varying: encoded.varying.clone(),
+                    common: encoded.common,
+                    views,
+                };
+                (words, encoded.varying, bits, Some(key))
             }
         };
         Ok(DeviceKeyWords {
@@ -548,15 +572,16 @@ impl GpuSortSession {
                 .collect(),
         );
         let columns = keys.columns;
-        let device_ties = self.gpu.options().device_ties;
+        let options = self.gpu.options();
+        let views_of = |s: usize| keys.views.get(s).copied().flatten().filter(|_| options.tie_views);
         let ties = gpusort::ties::find_ties(
             keys.layout,
             columns,
             &marks,
             sorted.perm.as_words_mut(),
-            &|c, groups| {
+            &|s, c, groups| {
                 let rows = groups.iter().map(|g| g.len()).sum();
-                device_ties.on_device(groups.len(), rows) && GatheredTails::takes(c)
+                options.device_ties.on_device(groups.len(), rows) && (views_of(s).is_some() || GatheredTails::takes(c))
             },
         )?;
         drop(bitmaps);
@@ -565,7 +590,13 @@ impl GpuSortSession {
         if ties.resolved.is_empty() {
             return Ok(());
         }
-        let gathered = tails_for_device(columns, &ties.deferred, sorted.perm.as_words(), reservation);
+        let gathered = tails_for_device(
+            columns,
+            &|s| views_of(s).is_some(),
+            &ties.deferred,
+            sorted.perm.as_words(),
+            reservation,
+        );
         if gathered.is_none() {
             for t in &ties.deferred {
                 gpusort::ties::order_tails(&columns[t.field], t.skip, &t.groups, sorted.perm.as_words_mut());
@@ -574,7 +605,16 @@ impl GpuSortSession {
         // SAFETY: `perm` is only read until the downloads below have synchronized.
         sorted.perm_dev = unsafe { copies.upload_buffer_words(&self.gpu, &sorted.perm, n) }?;
         if let Some(gathered) = gathered {
-            self.order_tails_on_device(columns, &ties.deferred, &gathered, sorted, copies)?;
+            let views: Vec<Option<DeviceViews<'_>>> = (ties.deferred.iter())
+                .map(|t| {
+                    views_of(t.field).map(|(k, v)| DeviceViews {
+                        views: &sorted.values[k].data,
+                        buffers: &v.table,
+                    })
+                })
+                .collect();
+            let (perm_dev, perm) = (&mut sorted.perm_dev, &mut sorted.perm);
+            self.order_tails_on_device(columns, &ties.deferred, &gathered, &views, perm_dev, perm, copies)?;
             stats.device_tie_groups = ties.deferred.iter().map(|t| t.groups.len()).sum();
         }
         Ok(())
@@ -619,24 +659,30 @@ impl GpuSortSession {
     /// ([`Gpu::order_gathered`]), the host's copy of the permutation brought up to date, and
     /// what the device left (values equal for more than 256 bytes past the prefix) ordered on
     /// the host and sent back up.
+    #[allow(clippy::too_many_arguments)]
     fn order_tails_on_device(
         &self,
         columns: &[SortColumn],
         tails: &[TailGroups],
         gathered: &[GatheredTails],
-        sorted: &mut Sorted,
+        views: &[Option<DeviceViews<'_>>],
+        perm_dev: &mut CudaSlice<u32>,
+        perm: &mut HostBuffer,
         copies: &mut Transfers,
     ) -> Result<()> {
         let mut left = vec![];
-        for (t, g) in tails.iter().zip(gathered) {
+        for ((t, g), v) in tails.iter().zip(gathered).zip(views) {
             let start = Instant::now();
-            let done = self.gpu.order_gathered(g, t, &mut sorted.perm_dev, copies)?;
+            let done = self.gpu.order_gathered(g, v.as_ref(), t, perm_dev, copies)?;
             log::debug!(
                 target: "gpusort::timeline",
-                "session: {} tie groups ({} bytes of tails) ordered on the device in {:.1} ms ({} batches, {} radix \
-                 rounds, {} left to the host)",
+                "session: {} tie groups ({}) ordered on the device in {:.1} ms ({} batches, {} radix rounds, {} left \
+                 to the host)",
                 t.groups.len(),
-                g.len(),
+                match v {
+                    Some(_) => "tails read through the views".to_string(),
+                    None => format!("{} bytes of tails gathered", g.len()),
+                },
                 start.elapsed().as_secs_f64() * 1e3,
                 done.batches,
                 done.large_rounds,
@@ -645,14 +691,14 @@ impl GpuSortSession {
             left.extend(done.left.into_iter().map(|(r, skip)| (&columns[t.field], r, skip)));
         }
         // SAFETY: synchronized right after.
-        unsafe { copies.download_words(&sorted.perm_dev, &mut sorted.perm) }?;
+        unsafe { copies.download_words(perm_dev, perm) }?;
         self.gpu.stream().synchronize()?;
         if !left.is_empty() {
             for (column, r, skip) in left {
-                gpusort::ties::order_tails(column, skip, &[r], sorted.perm.as_words_mut());
+                gpusort::ties::order_tails(column, skip, &[r], perm.as_words_mut());
             }
             // SAFETY: as in `order_ties`.
-            sorted.perm_dev = unsafe { copies.upload_buffer_words(&self.gpu, &sorted.perm, self.rows) }?;
+            *perm_dev = unsafe { copies.upload_buffer_words(&self.gpu, perm, self.rows) }?;
         }
         Ok(())
     }
@@ -743,15 +789,14 @@ impl GpuSortSession {
         d: &DeviceKeys,
         cols: &Assembled,
         copies: &mut Transfers,
-    ) -> Result<(KeyLayout, DeviceEncodedKeys)> {
+    ) -> Result<(KeyLayout, DeviceEncodedKeys, Vec<Option<KeyViewBuffers>>)> {
         let (gpu, n) = (&self.gpu, self.rows);
         // Each view column's data buffers, and the table of their device addresses.
         let start = Instant::now();
         let (mut uploaded, mut distinct_buffers) = (0, 0);
-        let mut uploads: Vec<CudaSlice<u8>> = vec![];
-        let mut tables: Vec<Option<CudaSlice<u64>>> = vec![];
+        let mut views: Vec<Option<KeyViewBuffers>> = vec![];
         for &(k, t) in &d.columns {
-            tables.push(match t {
+            views.push(match t {
                 DeviceKeyType::Ordinal(_) => None,
                 DeviceKeyType::Views => {
                     let (distinct, index) = self.view_buffers(k);
@@ -760,24 +805,26 @@ impl GpuSortSession {
                     let base = packed.device_ptr(copies.stream()).0;
                     uploaded += parts.iter().map(|p| p.len()).sum::<usize>();
                     distinct_buffers += parts.len();
-                    uploads.push(packed);
                     let mut addresses: Vec<u64> = index.iter().map(|&d| base + starts[d] as u64).collect();
                     addresses.push(0);
-                    Some(copies.stream().clone_htod(&addresses)?)
+                    Some(KeyViewBuffers {
+                        _packed: packed,
+                        table: copies.stream().clone_htod(&addresses)?,
+                    })
                 }
             });
         }
-        let key_columns: Vec<DeviceKeyColumn<'_>> = (d.columns.iter().zip(&tables))
-            .map(|(&(k, t), table)| DeviceKeyColumn {
+        let key_columns: Vec<DeviceKeyColumn<'_>> = (d.columns.iter().zip(&views))
+            .map(|(&(k, t), v)| DeviceKeyColumn {
                 values: &cols.values[k].data,
                 valid: cols.bitmaps[k].as_ref(),
-                kind: match (t, table) {
+                kind: match (t, v) {
                     (DeviceKeyType::Ordinal(kind), _) => DeviceKeyKind::Ordinal(kind),
-                    (DeviceKeyType::Views, table) => DeviceKeyKind::Views(table.as_ref().expect("a buffer table")),
+                    (DeviceKeyType::Views, v) => DeviceKeyKind::Views(&v.as_ref().expect("a buffer table").table),
                 },
             })
             .collect();
-        if !uploads.is_empty() {
+        if views.iter().any(Option::is_some) {
             log::debug!(
                 target: "gpusort::timeline",
                 "session: {uploaded} bytes of the key's view data buffers ({distinct_buffers} distinct) sent in {:.1} ms",
@@ -798,8 +845,7 @@ impl GpuSortSession {
         let layout = KeyLayout::from_column_stats(&self.spec, &column_stats, &self.encoder)?;
         // The buffers' uploads and the kernel run on the one stream, in order.
         let encoded = gpu.encode_device_keys(&key_columns, &layout, n)?;
-        drop(uploads);
-        Ok((layout, encoded))
+        Ok((layout, encoded, views))
     }
 
     /// The keys encoded on the host into pinned buffers, from the concatenated columns
@@ -922,10 +968,12 @@ impl GpuSortSession {
 }
 
 /// The tails of `deferred`'s groups ([`GatheredTails`]), gathered while the host's permutation
-/// `perm` is current, when there are some and `reservation` grows to hold them on the device
-/// beside the sort; `None` leaves the groups to the host.
+/// `perm` is current (only their rows, for a field whose views and data buffers are on the
+/// device: `through_views`), when there are some and `reservation` grows to hold them on the
+/// device beside the sort; `None` leaves the groups to the host.
 fn tails_for_device(
     columns: &[SortColumn],
+    through_views: &dyn Fn(usize) -> bool,
     deferred: &[TailGroups],
     perm: &[u32],
     reservation: &mut DeviceReservation,
@@ -934,7 +982,10 @@ fn tails_for_device(
         return None;
     }
     let gathered = (deferred.iter())
-        .map(|t| GatheredTails::gather(&columns[t.field], t, perm))
+        .map(|t| match through_views(t.field) {
+            true => Some(GatheredTails::rows_of(t, perm)),
+            false => GatheredTails::gather(&columns[t.field], t, perm),
+        })
         .collect::<Option<Vec<_>>>()?;
     let need = (gathered.iter().zip(deferred)).map(|(g, t)| g.device_bytes(t)).max()?;
     reservation.try_grow_to(reservation.bytes() + need).then_some(gathered)
@@ -951,21 +1002,25 @@ impl DeviceKeys {
 /// What tied key prefixes are ordered by, when the key is inexact: the host encoder's layout,
 /// columns and words, or the layout of a key encoded on the device (`device_key`: layout,
 /// varying bits, common bits) with the key columns concatenated for it.
-fn key_ties<'a>(keys: &'a KeySource, device_key: Option<&'a (KeyLayout, Vec<u32>, Vec<u32>)>) -> Option<KeyTies<'a>> {
+fn key_ties<'a>(keys: &'a KeySource, device_key: Option<&'a EncodedKey>) -> Option<KeyTies<'a>> {
     match keys {
         KeySource::Host(k) => Some(KeyTies {
             layout: k.encoder.layout(),
             columns: k.encoder.sort_columns(),
             varying: &k.varying,
             constants: k.words.iter().map(|w| w.as_words()[0]).collect(),
+            views: vec![],
         }),
         KeySource::Device(d) => {
-            let (layout, varying, common) = device_key?;
+            let key = device_key?;
             Some(KeyTies {
-                layout,
+                layout: &key.layout,
                 columns: d.tie_columns.as_deref()?,
-                varying,
-                constants: common.clone(),
+                varying: &key.varying,
+                constants: key.common.clone(),
+                views: (d.columns.iter().zip(&key.views))
+                    .map(|(&(k, _), v)| v.as_ref().map(|v| (k, v)))
+                    .collect(),
             })
         }
     }

@@ -167,15 +167,24 @@ impl SortedRows {
         let (first, rows) = (self.next, max_rows.max(1).min(self.rows - self.next));
         let start = Instant::now();
         let (device_sorted, downloads) = self.start_downloads(first, rows)?;
+        let started = start.elapsed();
         let host_sorted = self.gather_on_host(first, rows)?;
+        let gathered = start.elapsed();
         self.finish_downloads(downloads)?;
+        let downloaded = start.elapsed();
         let batch = self.output_batch(host_sorted, device_sorted, rows)?;
         self.stats.gather_time += start.elapsed();
         self.next += rows;
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
         log::debug!(
             target: "gpusort::timeline",
-            "session: rows {first}..{} handed out",
-            first + rows
+            "session: rows {first}..{} handed out (downloads started {:.2} ms, host gather {:.2}, downloads done {:.2}, \
+             batch {:.2})",
+            first + rows,
+            ms(started),
+            ms(gathered - started),
+            ms(downloaded - gathered),
+            ms(start.elapsed() - downloaded)
         );
         if self.next == self.rows {
             self.release();
