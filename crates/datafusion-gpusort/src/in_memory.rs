@@ -621,6 +621,7 @@ pub(crate) fn drop_extended_columns(batch: RecordBatch, width: usize) -> Result<
 /// (quadratic in the output with small batches): view columns of an output batch keep only the
 /// bytes their rows use.
 fn compact_views(batch: RecordBatch) -> Result<RecordBatch> {
+    use arrow::array::{Array, AsArray};
     use arrow::datatypes::DataType;
     if !batch
         .columns()
@@ -632,7 +633,17 @@ fn compact_views(batch: RecordBatch) -> Result<RecordBatch> {
     let columns = batch
         .columns()
         .iter()
-        .map(gpusort::cpu::gather::compact_views)
+        .map(|c| -> ArrayRef {
+            match c.data_type() {
+                DataType::Utf8View if !c.as_string_view().data_buffers().is_empty() => {
+                    Arc::new(c.as_string_view().gc())
+                }
+                DataType::BinaryView if !c.as_binary_view().data_buffers().is_empty() => {
+                    Arc::new(c.as_binary_view().gc())
+                }
+                _ => Arc::clone(c),
+            }
+        })
         .collect();
     Ok(RecordBatch::try_new_with_options(
         batch.schema(),

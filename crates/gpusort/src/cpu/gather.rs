@@ -443,76 +443,6 @@ pub fn views_array(
     }
 }
 
-/// `array` (a `Utf8View` or `BinaryView` column; any other is returned as it is) holding only
-/// the bytes its rows use: each long value copied, in row order, into one new data buffer and
-/// its view pointed there; short views as they are; a null row's view cleared. What Arrow's
-/// `gc` does, but the values are read with a prefetch [`AHEAD`] rows ahead: a slice of sorted
-/// rows reads its long values at random places of the sorted column's buffers, one cache miss
-/// each, which Arrow's loop waits for one after another (~30 ns a row on the H100 machine,
-/// `sql` bench, stop 36).
-pub fn compact_views(array: &ArrayRef) -> ArrayRef {
-    match array.data_type() {
-        DataType::Utf8View => Arc::new(compact_view_array(array.as_string_view())),
-        DataType::BinaryView => Arc::new(compact_view_array(array.as_binary_view())),
-        _ => Arc::clone(array),
-    }
-}
-
-fn compact_view_array<T: ByteViewType + ?Sized>(a: &GenericByteViewArray<T>) -> GenericByteViewArray<T> {
-    let (views, buffers, nulls) = (a.views(), a.data_buffers(), a.nulls());
-    let valid = |i: usize| nulls.is_none_or(|n| n.is_valid(i));
-    let long = |v: u128| (v as u32) > MAX_INLINE_VIEW_LEN;
-    let total: usize = (0..views.len())
-        .filter(|&i| long(views[i]) && valid(i))
-        .map(|i| views[i] as u32 as usize)
-        .sum();
-    if buffers.is_empty() || total > i32::MAX as usize {
-        return a.gc();
-    }
-    let source = |v: u128| {
-        let v = ByteView::from(v);
-        // SAFETY: a valid long view names a buffer of the array and a range inside it.
-        unsafe {
-            buffers
-                .get_unchecked(v.buffer_index as usize)
-                .as_ptr()
-                .add(v.offset as usize)
-        }
-    };
-    let mut data: Vec<u8> = Vec::with_capacity(total);
-    let mut out: Vec<u128> = Vec::with_capacity(views.len());
-    for i in 0..views.len() {
-        if let Some(&ahead) = views.get(i + AHEAD)
-            && long(ahead)
-            && valid(i + AHEAD)
-        {
-            prefetch(source(ahead));
-        }
-        let v = views[i];
-        if !valid(i) {
-            out.push(0);
-        } else if !long(v) {
-            out.push(v);
-        } else {
-            let len = v as u32 as usize;
-            let mut view = ByteView::from(v);
-            view.buffer_index = 0;
-            view.offset = data.len() as u32;
-            // SAFETY: as in `source`; `data` has room for every long value (`total`).
-            unsafe { data.extend_from_slice(std::slice::from_raw_parts(source(v), len)) };
-            out.push(view.as_u128());
-        }
-    }
-    let data = if total == 0 {
-        vec![]
-    } else {
-        vec![Buffer::from_vec(data)]
-    };
-    // SAFETY: every long view now names its own bytes in `data`; short views and the nulls are
-    // the array's.
-    unsafe { GenericByteViewArray::new_unchecked(ScalarBuffer::from(out), data, nulls.cloned()) }
-}
-
 /// The data buffers of a `Utf8View` or `BinaryView` array.
 pub fn view_data_buffers(array: &dyn Array) -> &[Buffer] {
     match array.data_type() {
@@ -605,50 +535,6 @@ mod tests {
     use super::*;
     use arrow::array::*;
     use arrow::datatypes::Int32Type;
-
-    /// Compacted slices of a view column hold the same values as the slices, in one buffer
-    /// of exactly their long values' bytes; inline-only and other columns pass through.
-    #[test]
-    fn compacted_views_keep_their_values_and_only_their_bytes() {
-        let mut b = StringViewBuilder::new().with_fixed_block_size(64);
-        for i in 0..500 {
-            match i % 7 {
-                0 => b.append_null(),
-                1 | 2 => b.append_value(format!("s{i}")),
-                _ => b.append_value(format!("a value longer than twelve bytes {i}")),
-            }
-        }
-        let strings: ArrayRef = Arc::new(b.finish());
-        let perm: Vec<u32> = (0..500u32).map(|i| (i * 37) % 500).collect();
-        let sorted = gather_column(&strings, &perm).unwrap();
-        for (start, len) in [(0, 500), (3, 100), (499, 1), (10, 0)] {
-            let slice = sorted.slice(start, len);
-            let compact = compact_views(&slice);
-            assert_eq!(
-                compact.as_string_view().iter().collect::<Vec<_>>(),
-                slice.as_string_view().iter().collect::<Vec<_>>()
-            );
-            let long: usize = (slice.as_string_view().iter().flatten())
-                .filter(|v| v.len() > 12)
-                .map(|v| v.len())
-                .sum();
-            let held: usize = compact.as_string_view().data_buffers().iter().map(|b| b.len()).sum();
-            assert_eq!(held, long, "slice {start}+{len}");
-            assert!(compact.as_string_view().data_buffers().len() <= 1);
-        }
-        let binary: ArrayRef = Arc::new(BinaryViewArray::from_iter(
-            (0..50).map(|i| (i % 3 != 0).then(|| vec![i as u8; i % 20])),
-        ));
-        let compact = compact_views(&binary.slice(5, 40));
-        assert_eq!(
-            compact.as_binary_view().iter().collect::<Vec<_>>(),
-            binary.slice(5, 40).as_binary_view().iter().collect::<Vec<_>>()
-        );
-        let short: ArrayRef = Arc::new(StringViewArray::from(vec![Some("a"), None, Some("bc")]));
-        assert_eq!(compact_views(&short).to_data(), short.to_data());
-        let ints: ArrayRef = Arc::new(Int32Array::from(vec![1, 2]));
-        assert!(Arc::ptr_eq(&compact_views(&ints), &ints));
-    }
 
     fn check(array: ArrayRef) {
         let n = array.len() as u32;
