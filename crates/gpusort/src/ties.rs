@@ -239,6 +239,10 @@ pub struct Ties {
     pub deferred: Vec<TailGroups>,
 }
 
+/// Whether [`find_ties`] leaves a field's tie groups to its caller, given the field, its
+/// column and the groups.
+pub type Defer<'a> = dyn Fn(usize, &SortColumn, &[Range<usize>]) -> bool + 'a;
+
 /// [`resolve_ties`] over the key as `marks` read it, but the groups of a field whose later
 /// fields are exact and that `defer` takes (given the field, its column and groups) are left as
 /// they are and returned ([`Ties::deferred`]), for the caller to order elsewhere (the GPU
@@ -248,7 +252,7 @@ pub fn find_ties(
     sort_columns: &[SortColumn],
     marks: &dyn TieMarks,
     perm: &mut [u32],
-    defer: &dyn Fn(usize, &SortColumn, &[Range<usize>]) -> bool,
+    defer: &Defer<'_>,
 ) -> Result<Ties> {
     let n = perm.len();
     let mut resolved: Vec<Range<usize>> = vec![];
