@@ -71,6 +71,11 @@ pub(crate) struct Slicer {
 }
 
 impl Slicer {
+    /// Whether the batches' view columns are compacted (a copy of their bytes).
+    pub(crate) fn compacts_views(&self) -> bool {
+        self.compact_views
+    }
+
     /// `sorted` in batches of at most `batch_size` rows, cut on all cores when there are many.
     pub(crate) fn slices(&self, sorted: &RecordBatch) -> Result<Vec<RecordBatch>> {
         let n = sorted.num_rows();
