@@ -6,9 +6,11 @@
 //!
 //! # Algorithm
 //!
-//! A blocking task brings down one range after another ([`SortedRows::next_batch`]), cuts each
-//! into output batches ([`Slicer`]; where that compacts views, on the rayon pool while the next
-//! range comes down) and sends them through a channel that holds about two ranges: while the consumer (the Parquet writer of `gpusort sort` or of `COPY ... TO`)
+//! A blocking task brings down one range after another ([`SortedRows::next_batch`], or
+//! [`SortedRows::next_batches`] cut into output batches whose view key columns were compacted
+//! on the device), cuts each into output batches ([`Slicer`]; views compacted on the host on
+//! the rayon pool while the next range comes down) and sends them through a channel that holds
+//! about two ranges: while the consumer (the Parquet writer of `gpusort sort` or of `COPY ... TO`)
 //! encodes range `k`, range `k + 1` crosses PCIe. One batch of every row made the writer wait
 //! for the whole download (0.7-0.9 s of TPC-H lineitem SF10's 5 s on the H100 machine, stop
 //! 32). A failure past the first range ends the stream with the error (rows already handed
@@ -79,9 +81,18 @@ impl DeviceOutput {
         let total = self.rows.num_rows();
         let metrics = self.metrics.clone();
         builder.spawn_blocking(move || {
+            // View key columns whose data buffers are on the device are compacted there.
+            let done = match slicer.compacts_views() {
+                true => self.rows.compacted_columns(),
+                false => vec![],
+            };
             let mut cutting: Option<Cut> = None;
             loop {
-                let range = self.rows.next_batch(self.range_rows).map_err(sort_error)?;
+                let range = match slicer.compacts_views() {
+                    true => self.rows.next_batches(self.range_rows, slicer.batch_size),
+                    false => (self.rows.next_batch(self.range_rows)).map(|b| b.map(|b| vec![b])),
+                };
+                let range = range.map_err(sort_error)?;
                 if let Some(cut) = cutting.take() {
                     for slice in cut.slices()? {
                         if tx.blocking_send(Ok(slice)).is_err() {
@@ -92,7 +103,10 @@ impl DeviceOutput {
                 }
                 let Some(range) = range else { break };
                 self.metrics.device_ranges.add(1);
-                cutting = Some(Cut::start(drop_extended_columns(range, self.width)?, slicer));
+                let range = (range.into_iter())
+                    .map(|b| drop_extended_columns(b, self.width))
+                    .collect::<Result<Vec<_>>>()?;
+                cutting = Some(Cut::start(range, slicer, &done));
             }
             self.metrics.record(self.rows.stats(), Some(&self.device));
             log::debug!(target: "gpusort::timeline", "GpuSortExec: last range handed out");
@@ -109,24 +123,36 @@ impl DeviceOutput {
     }
 }
 
-/// A range being cut into output batches: on the rayon pool when the cut compacts views (a
-/// gather of their bytes, ~1.8 ms a million rows of the `sql` bench's strings on 16 cores,
-/// longer than the next range's download), so that it runs while the next range comes down;
-/// else cut in place (slices alone cost microseconds).
+/// A range being cut into output batches: with views to compact (a gather of their bytes,
+/// ~1.8 ms a million rows of the `sql` bench's strings on 16 cores, longer than the next
+/// range's download), on the rayon pool, so that it runs while the next range comes down; else
+/// in place (cut already by [`SortedRows::next_batches`], or slices of one batch, which cost
+/// microseconds).
 enum Cut {
     Done(Result<Vec<RecordBatch>>),
     Running(std::sync::mpsc::Receiver<Result<Vec<RecordBatch>>>),
 }
 
 impl Cut {
-    fn start(range: RecordBatch, slicer: Slicer) -> Self {
+    /// `range`: one batch to slice (views not compacted), or the batches
+    /// [`SortedRows::next_batches`] cut, whose view columns but `done` are compacted here.
+    fn start(range: Vec<RecordBatch>, slicer: Slicer, done: &[usize]) -> Self {
+        let schema = match range.first() {
+            Some(b) => b.schema(),
+            None => return Self::Done(Ok(vec![])),
+        };
         if !slicer.compacts_views() {
-            return Self::Done(slicer.slices(&range));
+            let sliced: Result<Vec<Vec<RecordBatch>>> = range.iter().map(|b| slicer.slices(b)).collect();
+            return Self::Done(sliced.map(|s| s.into_iter().flatten().collect()));
         }
-        let (done, running) = std::sync::mpsc::sync_channel(1);
+        if !slicer.compacts_any(&schema, done) {
+            return Self::Done(Ok(range));
+        }
+        let (finished, running) = std::sync::mpsc::sync_channel(1);
+        let done = done.to_vec();
         rayon::spawn(move || {
             // The receiver is gone only when the stream ended with an error.
-            let _ = done.send(slicer.slices(&range));
+            let _ = finished.send(slicer.compact(range, &done));
         });
         Self::Running(running)
     }

@@ -76,6 +76,18 @@ impl Slicer {
         self.compact_views
     }
 
+    /// `batches` already cut, their view columns compacted (on all cores) but for those of
+    /// `done` (compacted where they were cut).
+    pub(crate) fn compact(&self, batches: Vec<RecordBatch>, done: &[usize]) -> Result<Vec<RecordBatch>> {
+        batches.into_par_iter().map(|b| compact_views(b, done)).collect()
+    }
+
+    /// Whether [`Self::compact`] has anything to do for batches of `schema`.
+    pub(crate) fn compacts_any(&self, schema: &SchemaRef, done: &[usize]) -> bool {
+        self.compact_views
+            && (schema.fields().iter().enumerate()).any(|(i, f)| is_view(f.data_type()) && !done.contains(&i))
+    }
+
     /// `sorted` in batches of at most `batch_size` rows, cut on all cores when there are many.
     pub(crate) fn slices(&self, sorted: &RecordBatch) -> Result<Vec<RecordBatch>> {
         let n = sorted.num_rows();
@@ -84,7 +96,7 @@ impl Slicer {
             let start = i * self.batch_size;
             let slice = sorted.slice(start, self.batch_size.min(n - start));
             if self.compact_views {
-                compact_views(slice)
+                compact_views(slice, &[])
             } else {
                 Ok(slice)
             }
@@ -624,22 +636,17 @@ pub(crate) fn drop_extended_columns(batch: RecordBatch, width: usize) -> Result<
 /// A slice of string or binary view columns keeps every data buffer of the whole sorted
 /// column alive, and operators that concatenate such slices copy those buffers each time
 /// (quadratic in the output with small batches): view columns of an output batch keep only the
-/// bytes their rows use.
-fn compact_views(batch: RecordBatch) -> Result<RecordBatch> {
+/// bytes their rows use. Columns of `done` are left as they are.
+fn compact_views(batch: RecordBatch, done: &[usize]) -> Result<RecordBatch> {
     use arrow::array::{Array, AsArray};
     use arrow::datatypes::DataType;
-    if !batch
-        .columns()
-        .iter()
-        .any(|c| matches!(c.data_type(), DataType::Utf8View | DataType::BinaryView))
-    {
+    if !(batch.columns().iter().enumerate()).any(|(i, c)| is_view(c.data_type()) && !done.contains(&i)) {
         return Ok(batch);
     }
-    let columns = batch
-        .columns()
-        .iter()
-        .map(|c| -> ArrayRef {
+    let columns = (batch.columns().iter().enumerate())
+        .map(|(i, c)| -> ArrayRef {
             match c.data_type() {
+                _ if done.contains(&i) => Arc::clone(c),
                 DataType::Utf8View if !c.as_string_view().data_buffers().is_empty() => {
                     Arc::new(c.as_string_view().gc())
                 }
@@ -655,4 +662,9 @@ fn compact_views(batch: RecordBatch) -> Result<RecordBatch> {
         columns,
         &RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
     )?)
+}
+
+fn is_view(data_type: &arrow::datatypes::DataType) -> bool {
+    use arrow::datatypes::DataType;
+    matches!(data_type, DataType::Utf8View | DataType::BinaryView)
 }

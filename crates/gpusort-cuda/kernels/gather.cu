@@ -12,7 +12,11 @@
 //   * pack_validity / unpack_validity: up to 32 bitmaps as one u32 lane that moves with the
 //     records in every pass (direct strategy), and back;
 //   * copy_ranges: many device-to-device copies in one launch (the columns assembled from the
-//     segments the input was uploaded in).
+//     segments the input was uploaded in);
+//   * views_block_bytes / views_compact: sorted string or binary views (Arrow's 16-byte
+//     views) and their values' bytes laid out anew a block of output rows at a time, each
+//     block's out-of-line bytes packed in row order (what Arrow's `gc` does on the host,
+//     reading the values at random; here the random reads are the device's).
 
 // Rows each thread gathers at once (GATHER_ROWS, from the host): their index loads, then their
 // (random) row loads, are all in flight together before the first store. PACK_ROWS (from the
@@ -294,6 +298,104 @@ extern "C" __global__ void copy_ranges(const u64* __restrict__ ranges, u32 count
         }
         for (size_t i = vectors * 16 + tid; i < bytes; i += stride) {
             dst[i] = src[i];
+        }
+    }
+}
+
+// Arrow's view: length, 4-byte prefix, then (values over 12 bytes) the data buffer's index and
+// the value's offset in it; as a uint4, x y z w. A row not valid (`valid` bit clear) counts as
+// an empty value: its view may name any buffer.
+__device__ __forceinline__ bool view_is_long(const uint4& v, const u32* valid, size_t i) {
+    return v.x > 12 && (valid == nullptr || (valid[i >> 5] >> (i & 31) & 1u));
+}
+
+// views_block_bytes: rows [0, rows) of `views` in blocks of `block_rows` rows, a thread block a
+// block (blockDim.x a multiple of 32): each long value's offset among its block's out-of-line
+// bytes (offsets[i]; 0 for the others) and each block's out-of-line bytes in all
+// (block_bytes[b]). The host lays the blocks out one after another from these.
+extern "C" __global__ void views_block_bytes(const uint4* __restrict__ views, const u32* __restrict__ valid, u32 rows,
+                                             u32 block_rows, u32* __restrict__ offsets,
+                                             u64* __restrict__ block_bytes) {
+    __shared__ u64 warp_sums[32];
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const size_t first = (size_t)blockIdx.x * block_rows;
+    const size_t end = min((size_t)rows, first + block_rows);
+    u64 running = 0;
+    for (size_t base = first; base < end; base += blockDim.x) {
+        const size_t i = base + threadIdx.x;
+        u64 len = 0;
+        if (i < end) {
+            const uint4 v = views[i];
+            len = view_is_long(v, valid, i) ? v.x : 0;
+        }
+        u64 x = len;
+#pragma unroll
+        for (u32 d = 1; d < 32; d <<= 1) {
+            const u64 y = __shfl_up_sync(0xffffffffu, x, d);
+            if (lane >= d) x += y;
+        }
+        if (lane == 31) warp_sums[warp] = x;
+        __syncthreads();
+        if (warp == 0) {
+            u64 w = lane < warps ? warp_sums[lane] : 0;
+#pragma unroll
+            for (u32 d = 1; d < 32; d <<= 1) {
+                const u64 y = __shfl_up_sync(0xffffffffu, w, d);
+                if (lane >= d) w += y;
+            }
+            if (lane < warps) warp_sums[lane] = w;
+        }
+        __syncthreads();
+        const u64 before = (warp ? warp_sums[warp - 1] : 0) + x - len;
+        // A block over 4 GiB is refused by the host (a view's offset is 32 bits).
+        if (i < end) offsets[i] = (u32)(running + before);
+        running += warp_sums[warps - 1];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) block_bytes[blockIdx.x] = running;
+}
+
+// views_compact: the views of rows [0, rows) rewritten for their block's own buffer (index 0,
+// offset offsets[i]; short and invalid values as they are, invalid long ones emptied) into
+// out_views, and each long value's bytes copied from buffers[index] + offset to
+// out_bytes + block_base[block] + offsets[i]. A warp takes 32 rows and copies their values one
+// after another, 32 lanes a value.
+extern "C" __global__ void views_compact(const uint4* __restrict__ views, const u32* __restrict__ valid, u32 rows,
+                                         u32 block_rows, const u32* __restrict__ offsets,
+                                         const u64* __restrict__ block_base, const u64* __restrict__ buffers,
+                                         uint4* __restrict__ out_views, u8* __restrict__ out_bytes) {
+    const u32 lane = threadIdx.x & 31;
+    const size_t warp = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const size_t warps = ((size_t)gridDim.x * blockDim.x) >> 5;
+    for (size_t base = warp * 32; base < rows; base += warps * 32) {
+        const size_t mine = base + lane;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        u32 to = 0;
+        bool long_value = false;
+        if (mine < rows) {
+            v = views[mine];
+            long_value = view_is_long(v, valid, mine);
+            uint4 out = v;
+            if (long_value) {
+                to = offsets[mine];
+                out.z = 0;
+                out.w = to;
+            } else if (v.x > 12) {
+                out = make_uint4(0, 0, 0, 0);
+            }
+            out_views[mine] = out;
+        }
+        const unsigned longs = __ballot_sync(0xffffffffu, long_value);
+        for (unsigned left = longs; left; left &= left - 1) {
+            const u32 r = __ffs(left) - 1;
+            const u32 len = __shfl_sync(0xffffffffu, v.x, r);
+            const u32 buffer = __shfl_sync(0xffffffffu, v.z, r);
+            const u32 offset = __shfl_sync(0xffffffffu, v.w, r);
+            const u32 at = __shfl_sync(0xffffffffu, to, r);
+            const size_t row = base + r;
+            const u8* src = reinterpret_cast<const u8*>(buffers[buffer]) + offset;
+            u8* dst = out_bytes + block_base[row / block_rows] + at;
+            for (u32 k = lane; k < len; k += 32) dst[k] = src[k];
         }
     }
 }

@@ -64,7 +64,114 @@ pub fn gather_bytes_per_row(widths: &[usize], pack: bool) -> usize {
         .unwrap_or(0)
 }
 
+/// Threads of a `views_block_bytes` block (a multiple of 32).
+const VIEW_BLOCK_THREADS: u32 = 256;
+
+/// Sorted views laid out for output batches of `block_rows` rows ([`Gpu::compact_views`]):
+/// the views, each long value's naming buffer 0 of its block at its offset there, the blocks'
+/// out-of-line bytes one after another, and where each block's bytes start (one more entry:
+/// the end).
+pub struct CompactedViews {
+    /// 16 bytes a row.
+    pub views: CudaSlice<u8>,
+    /// The blocks' out-of-line bytes (at least one byte, so that the slice exists).
+    pub bytes: CudaSlice<u8>,
+    /// Block `b`'s bytes are `bytes[bases[b]..bases[b + 1]]`.
+    pub bases: Vec<u64>,
+}
+
 impl Gpu {
+    /// Rows `first..first + rows` of the 16-byte views of a string or binary view column
+    /// (valid where `valid`'s bits of the range are set, when given), whose data buffer
+    /// addresses `buffers` lists by buffer index: the views and their values' out-of-line
+    /// bytes, each block of `block_rows` rows holding its own (what Arrow's `gc` makes of each
+    /// output batch, with the device's memory reading the values). Synchronizes the stream
+    /// once, to size the bytes. `None` when a block's bytes pass 4 GiB (a view's offset is 32
+    /// bits): the caller compacts on the host.
+    pub fn compact_views(
+        &self,
+        views: &CudaSlice<u8>,
+        first: usize,
+        rows: usize,
+        valid: Option<&CudaSlice<u8>>,
+        block_rows: usize,
+        buffers: &CudaSlice<u64>,
+    ) -> Result<Option<CompactedViews>> {
+        assert!(
+            16 * (first + rows) <= views.len(),
+            "views {first}..{} of {} bytes",
+            first + rows,
+            views.len()
+        );
+        let s = &self.stream;
+        let (n32, block32) = (rows_u32(rows)?, rows_u32(block_rows.clamp(1, rows.max(1)))?);
+        let blocks = rows.div_ceil(block32 as usize).max(1);
+        let offsets = self.alloc_words(rows.max(1))?;
+        let block_bytes = s.alloc_zeros::<u64>(blocks)?;
+        let (src, valid_p, offsets_p, block_bytes_p) = (
+            views.device_ptr(s).0 + 16 * first as u64,
+            valid.map_or(0, |v| v.device_ptr(s).0),
+            offsets.device_ptr(s).0,
+            block_bytes.device_ptr(s).0,
+        );
+        let one_a_block = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (VIEW_BLOCK_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: `views` holds the range's rows; `valid` (when given) a bit of each;
+        // `offsets` a word a row; `block_bytes` a word a block.
+        unsafe {
+            s.launch_builder(&self.kernels()?.views_block_bytes)
+                .arg(&src)
+                .arg(&valid_p)
+                .arg(&n32)
+                .arg(&block32)
+                .arg(&offsets_p)
+                .arg(&block_bytes_p)
+                .launch(one_a_block)?
+        };
+        let totals = s.clone_dtoh(&block_bytes)?;
+        if totals.iter().any(|&t| t > u32::MAX as u64) {
+            return Ok(None);
+        }
+        let mut bases = Vec::with_capacity(blocks + 1);
+        bases.push(0u64);
+        for t in &totals {
+            bases.push(bases.last().copied().unwrap_or(0) + t);
+        }
+        let total = *bases.last().expect("the end") as usize;
+        let bases_dev = s.clone_htod(&bases)?;
+        let out_views = self.alloc_bytes(16 * rows.max(1))?;
+        let bytes = self.alloc_bytes(total.max(1))?;
+        let (bases_p, buffers_p, out_views_p, bytes_p) = (
+            bases_dev.device_ptr(s).0,
+            buffers.device_ptr(s).0,
+            out_views.device_ptr(s).0,
+            bytes.device_ptr(s).0,
+        );
+        // SAFETY: as above; `buffers` holds the address of every buffer a valid long view of
+        // the range names, `out_views` 16 bytes a row, `bytes` every block's bytes at its base.
+        unsafe {
+            s.launch_builder(&self.kernels()?.views_compact)
+                .arg(&src)
+                .arg(&valid_p)
+                .arg(&n32)
+                .arg(&block32)
+                .arg(&offsets_p)
+                .arg(&bases_p)
+                .arg(&buffers_p)
+                .arg(&out_views_p)
+                .arg(&bytes_p)
+                .launch(self.grid_for(rows.max(1)))?
+        };
+        Ok(Some(CompactedViews {
+            views: out_views,
+            bytes,
+            bases,
+        }))
+    }
+
     /// `0, 1, ..., n - 1` on the device.
     pub fn iota(&self, n: usize) -> Result<CudaSlice<u32>> {
         let n32 = rows_u32(n)?;

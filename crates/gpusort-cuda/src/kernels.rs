@@ -702,6 +702,10 @@ pub struct Kernels {
     pub copy_ranges: CudaFunction,
     /// 0, 1, 2, ...
     pub iota: CudaFunction,
+    /// Each output block's out-of-line view bytes, and each value's offset among them.
+    pub views_block_bytes: CudaFunction,
+    /// Views rewritten for their block's own buffer, and their values' bytes copied there.
+    pub views_compact: CudaFunction,
     /// MSD partition: chunk digit counts, for digits of up to 8 and up to 11 bits.
     pub msd_count: [CudaFunction; 2],
     /// MSD partition: chunk scatter, for digits of up to 8 and up to 11 bits.
@@ -847,6 +851,8 @@ impl Kernels {
             unpack_validity: f("unpack_validity")?,
             copy_ranges: f("copy_ranges")?,
             iota: f("iota")?,
+            views_block_bytes: f("views_block_bytes")?,
+            views_compact: f("views_compact")?,
             msd_count: [f("msd_count_b8")?, f("msd_count_b11")?],
             msd_scatter: [f("msd_scatter_b8")?, f("msd_scatter_b11")?],
             msd_subsegments: f("msd_subsegments")?,
@@ -1233,7 +1239,15 @@ mod tests {
             ("srts.cu", &["srts_upsweep_b8", "srts_downsweep_b4"]),
             (
                 "gather.cu",
-                &["gather_records", "pack_rows", "gather_unpack", "copy_ranges", "iota"],
+                &[
+                    "gather_records",
+                    "pack_rows",
+                    "gather_unpack",
+                    "copy_ranges",
+                    "iota",
+                    "views_block_bytes",
+                    "views_compact",
+                ],
             ),
             (
                 "msd.cu",

@@ -676,6 +676,87 @@ fn ranges_of_the_sorted_rows_are_the_whole_sort_in_pieces() {
 }
 
 #[test]
+fn views_compacted_on_the_device_hold_only_their_own_batch_bytes() {
+    use arrow::array::AsArray;
+    let Some(gpu) = backend() else { return };
+    let (mut rng, seed) = rng_from_env(0xc0_4ac7);
+    let mut compacted_batches = 0;
+    for case in 0..9 {
+        let parts = view_batches(&mut rng, 40);
+        let schema = parts[0].schema();
+        let batch = arrow::compute::concat_batches(&schema, &parts).unwrap();
+        let (spec, keyed) = [
+            (SortSpec::new([SortKey::sql(1, false), SortKey::sql(3, false)]), vec![1]),
+            (
+                SortSpec::new([SortKey::new(2, true, true), SortKey::sql(0, false)]),
+                vec![2],
+            ),
+            (SortSpec::new([SortKey::sql(0, false)]), vec![]),
+        ][case % 3]
+            .clone();
+        let limit = (case % 4 == 3).then(|| batch.num_rows() / 3);
+        let (range_rows, batch_rows) = [(999, 37), (5000, 1000), (4096, 1), (70_000, 8192)][case % 4];
+        let what = format!(
+            "seed {seed} case {case}: {} rows, {spec:?}, limit {limit:?}, ranges of {range_rows}, batches of {batch_rows}",
+            batch.num_rows()
+        );
+        let whole = check_session(gpu, &batch, &spec, &parts, 4096, limit, &what);
+        let mut session = gpu.begin_sort(Arc::clone(&schema), spec.clone()).unwrap();
+        for p in &parts {
+            session.push(p).unwrap();
+        }
+        let mut rows = session.finish_sorted(limit).unwrap();
+        let compacted = rows.compacted_columns();
+        if whole.batch.num_rows() > 0 {
+            assert_eq!(compacted, keyed, "{what}: the view key's columns compact on the device");
+        }
+        let mut batches = vec![];
+        while let Some(range) = rows.next_batches(range_rows, batch_rows).unwrap() {
+            let range_len: usize = range.iter().map(|b| b.num_rows()).sum();
+            assert!(range_len <= range_rows, "{what}: a range of {range_len} rows");
+            for (i, b) in range.iter().enumerate() {
+                if i + 1 < range.len() {
+                    assert_eq!(b.num_rows(), batch_rows, "{what}: batch {i} of a range");
+                }
+                for &c in &compacted {
+                    let column = b.column(c);
+                    column.to_data().validate_full().unwrap();
+                    let (lengths, buffers): (Vec<usize>, Vec<usize>) = match column.data_type() {
+                        DataType::Utf8View => {
+                            let a = column.as_string_view();
+                            (
+                                a.iter().map(|v| v.map_or(0, str::len)).collect(),
+                                a.data_buffers().iter().map(|d| d.len()).collect(),
+                            )
+                        }
+                        _ => {
+                            let a = column.as_binary_view();
+                            (
+                                a.iter().map(|v| v.map_or(0, <[u8]>::len)).collect(),
+                                a.data_buffers().iter().map(|d| d.len()).collect(),
+                            )
+                        }
+                    };
+                    let own: usize = lengths.iter().filter(|&&l| l > 12).sum();
+                    assert!(buffers.len() <= 1, "{what}: column {c} holds {} buffers", buffers.len());
+                    assert_eq!(
+                        buffers.iter().sum::<usize>(),
+                        own,
+                        "{what}: column {c}'s bytes are its rows'"
+                    );
+                    compacted_batches += 1;
+                }
+            }
+            batches.extend(range);
+        }
+        assert_eq!(rows.rows_left(), 0, "{what}");
+        let ranged = arrow::compute::concat_batches(&schema, &batches).unwrap();
+        assert_eq!(ranged, whole.batch, "{what}");
+    }
+    assert!(compacted_batches > 0, "seed {seed}: no batch compacted on the device");
+}
+
+#[test]
 fn sorted_rows_dropped_part_way_release_their_device_memory() {
     let Some(gpu) = backend() else { return };
     let (mut rng, _) = rng_from_env(0x5a4e_6e02);

@@ -142,9 +142,9 @@ pub(super) struct EncodedKey {
 
 /// A view key column's distinct data buffers packed on the device, and the device address of
 /// the buffer each (raised) buffer index of its views names.
-struct KeyViewBuffers {
+pub(super) struct KeyViewBuffers {
     _packed: CudaSlice<u8>,
-    table: CudaSlice<u64>,
+    pub(super) table: CudaSlice<u64>,
 }
 
 /// GPU-side marks for the timeline (assembly, key upload), only while it is logged.
@@ -196,6 +196,10 @@ pub(super) struct Sorted {
     pub(super) device_ms: f32,
     /// A key encoded on the device.
     pub(super) device_key: Option<EncodedKey>,
+    /// Per device column, the data buffers of a view key column that went to the device for
+    /// its encoding (and their address table), kept until the last range came down: output
+    /// views are compacted there ([`SortedRows::next_batches`](super::SortedRows::next_batches)).
+    pub(super) view_buffers: Vec<Option<KeyViewBuffers>>,
 }
 
 impl GpuSortSession {
@@ -251,8 +255,9 @@ impl GpuSortSession {
         if let Some(ties) = key_ties(&host.keys, device_key.as_ref()) {
             self.order_ties(&ties, &mut sorted, &mut plan.reservation, &mut copies, &mut stats)?;
         }
-        // The key's view data buffers, freed in stream order.
-        drop(device_key);
+        // The key's view data buffers stay for the output's views (freed in stream order with
+        // the sorted rows); the rest of the key goes now.
+        sorted.view_buffers = kept_view_buffers(&host.keys, device_key, plan.columns.len());
         sorted.table.keys.clear();
         self.put_in_order(&plan, &mut sorted, limit, &mut copies)?;
         drop(device);
@@ -488,6 +493,7 @@ impl GpuSortSession {
             perm_first,
             device_ms: result.kernel_ms,
             device_key,
+            view_buffers: vec![],
         })
     }
 
@@ -1002,6 +1008,20 @@ impl DeviceKeys {
 /// What tied key prefixes are ordered by, when the key is inexact: the host encoder's layout,
 /// columns and words, or the layout of a key encoded on the device (`device_key`: layout,
 /// varying bits, common bits) with the key columns concatenated for it.
+/// Per device column (of `columns`), the data buffers of the view key column it is, taken
+/// out of the key encoded on the device.
+fn kept_view_buffers(keys: &KeySource, key: Option<EncodedKey>, columns: usize) -> Vec<Option<KeyViewBuffers>> {
+    let mut kept: Vec<Option<KeyViewBuffers>> = (0..columns).map(|_| None).collect();
+    if let (KeySource::Device(d), Some(key)) = (keys, key) {
+        for (&(k, _), buffers) in d.columns.iter().zip(key.views) {
+            if let Some(b) = buffers {
+                kept[k] = Some(b);
+            }
+        }
+    }
+    kept
+}
+
 fn key_ties<'a>(keys: &'a KeySource, device_key: Option<&'a EncodedKey>) -> Option<KeyTies<'a>> {
     match keys {
         KeySource::Host(k) => Some(KeyTies {

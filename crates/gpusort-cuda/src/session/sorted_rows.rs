@@ -45,6 +45,65 @@ struct OutputColumn {
     view_data: Option<Arc<[Buffer]>>,
 }
 
+/// A device column's range on its way down: the values (views compacted on the device, for
+/// a column that was), the validity bits, and the compacted views' bytes with where each
+/// block's start (and the last one ends).
+struct Download {
+    values: HostBuffer,
+    bits: Option<HostBuffer>,
+    compacted: Option<(HostBuffer, Vec<u64>)>,
+}
+
+/// A range's column: an array, or views compacted on the device a block of rows at a time
+/// (each block's bytes, `bytes[bases[b]..bases[b + 1]]`, become a buffer of its own).
+enum RangeColumn {
+    Array(ArrayRef),
+    Compacted {
+        like: ArrayRef,
+        views: Buffer,
+        nulls: Option<NullBuffer>,
+        bytes: HostBuffer,
+        bases: Vec<u64>,
+    },
+}
+
+impl RangeColumn {
+    /// The whole range as one array ([`SortedRows::next_batch`] compacts no views).
+    fn whole(self) -> ArrayRef {
+        match self {
+            Self::Array(a) => a,
+            Self::Compacted { .. } => unreachable!("a range brought down whole has no compacted views"),
+        }
+    }
+
+    /// Rows `start..start + len` (block `b` of compacted views).
+    fn block(&self, b: usize, start: usize, len: usize) -> ArrayRef {
+        match self {
+            Self::Array(a) => a.slice(start, len),
+            Self::Compacted {
+                like,
+                views,
+                nulls,
+                bytes,
+                bases,
+            } => {
+                let own = &bytes.as_slice()[bases[b] as usize..bases[b + 1] as usize];
+                let data: Arc<[Buffer]> = match own.is_empty() {
+                    true => Arc::from(vec![]),
+                    false => Arc::from(vec![Buffer::from_slice_ref(own)]),
+                };
+                views_array(
+                    like.data_type(),
+                    data,
+                    views.slice_with_length(16 * start, 16 * len),
+                    nulls.as_ref().map(|n| n.slice(start, len)),
+                    len,
+                )
+            }
+        }
+    }
+}
+
 /// The sorted rows of a [`GpuSortSession`], handed out in order a range at a time (see the
 /// module docs). Made by [`GpuSortSession::finish_sorted`]. The device memory and its
 /// reservation are released when the last row has come down, or when this is dropped.
@@ -160,36 +219,89 @@ impl SortedRows {
     /// session's schema, `None` once every row was handed out. Views index the input's data buffers (every range
     /// shares them); other columns are buffers of their own.
     pub fn next_batch(&mut self, max_rows: usize) -> Result<Option<RecordBatch>> {
+        let Some((host_sorted, device_sorted, rows)) = self.next_range(max_rows, None)? else {
+            return Ok(None);
+        };
+        let columns = self.output_columns(host_sorted, device_sorted, rows);
+        Ok(Some(self.batch_of(
+            columns.into_iter().map(RangeColumn::whole).collect(),
+            rows,
+        )?))
+    }
+
+    /// The next `max_rows` sorted rows (at least one; fewer at the end) cut into batches of
+    /// `batch_rows` rows, `None` once every row was handed out. The view columns listed by
+    /// [`Self::compacted_columns`] hold only their own rows' bytes in each batch: their values
+    /// were laid out anew on the device, where their data buffers are, a batch at a time
+    /// (Arrow's `gc` of each batch does that on the host, reading the values at random). Other
+    /// columns are slices of the range's buffers.
+    pub fn next_batches(&mut self, max_rows: usize, batch_rows: usize) -> Result<Option<Vec<RecordBatch>>> {
+        let batch_rows = batch_rows.max(1);
+        let Some((host_sorted, device_sorted, rows)) = self.next_range(max_rows, Some(batch_rows))? else {
+            return Ok(None);
+        };
+        let columns = self.output_columns(host_sorted, device_sorted, rows);
+        let batches: Vec<(usize, usize)> = (0..rows.div_ceil(batch_rows))
+            .map(|b| (b * batch_rows, batch_rows.min(rows - b * batch_rows)))
+            .collect();
+        let batches = batches
+            .into_par_iter()
+            .enumerate()
+            .map(|(b, (start, len))| {
+                let columns = columns.iter().map(|c| c.block(b, start, len)).collect();
+                self.batch_of(columns, len)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Some(batches))
+    }
+
+    /// The schema's view columns that [`Self::next_batches`] compacts on the device: those of
+    /// a view key whose data buffers went to the device for the key's encoding.
+    pub fn compacted_columns(&self) -> Vec<usize> {
+        let Some(d) = &self.device else {
+            return vec![];
+        };
+        (d.plan.columns.iter().zip(&self.device_columns).enumerate())
+            .filter(|(k, (_, c))| c.view_data.is_some() && d.sorted.view_buffers.get(*k).is_some_and(Option::is_some))
+            .map(|(_, (g, _))| g.index)
+            .collect()
+    }
+
+    /// Brings down the next `max_rows` rows (view columns compacted in blocks of the given
+    /// rows where they can be), with the host's columns gathered meanwhile.
+    #[allow(clippy::type_complexity)]
+    fn next_range(
+        &mut self,
+        max_rows: usize,
+        compact: Option<usize>,
+    ) -> Result<Option<(Vec<Option<ArrayRef>>, Vec<Download>, usize)>> {
         if self.next >= self.rows {
             self.release();
             return Ok(None);
         }
         let (first, rows) = (self.next, max_rows.max(1).min(self.rows - self.next));
         let start = Instant::now();
-        let (device_sorted, downloads) = self.start_downloads(first, rows)?;
+        let (device_sorted, downloads) = self.start_downloads(first, rows, compact)?;
         let started = start.elapsed();
         let host_sorted = self.gather_on_host(first, rows)?;
         let gathered = start.elapsed();
         self.finish_downloads(downloads)?;
         let downloaded = start.elapsed();
-        let batch = self.output_batch(host_sorted, device_sorted, rows)?;
-        self.stats.gather_time += start.elapsed();
+        self.stats.gather_time += downloaded;
         self.next += rows;
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         log::debug!(
             target: "gpusort::timeline",
-            "session: rows {first}..{} handed out (downloads started {:.2} ms, host gather {:.2}, downloads done {:.2}, \
-             batch {:.2})",
+            "session: rows {first}..{} handed out (downloads started {:.2} ms, host gather {:.2}, downloads done {:.2})",
             first + rows,
             ms(started),
             ms(gathered - started),
             ms(downloaded - gathered),
-            ms(start.elapsed() - downloaded)
         );
         if self.next == self.rows {
             self.release();
         }
-        Ok(Some(batch))
+        Ok(Some((host_sorted, device_sorted, rows)))
     }
 
     /// The whole output as [`GpuSortSession::finish`] returns it: `batch` (the rows handed out
@@ -209,15 +321,17 @@ impl SortedRows {
     }
 
     /// Starts downloading rows `first..first + rows` of each device column (and its validity
-    /// bits): the buffers, and the events around the copies (`None` without device columns).
-    /// Pinned buffers (a range's columns are pool blocks that come back when the batch is
-    /// dropped) are read only after [`Self::finish_downloads`].
+    /// bits; view columns whose data buffers are on the device compacted in blocks of
+    /// `compact` rows when given): the downloads, and the events around the copies (`None`
+    /// without device columns). Pinned buffers (a range's columns are pool blocks that come
+    /// back when the batch is dropped) are read only after [`Self::finish_downloads`].
     #[allow(clippy::type_complexity)]
     fn start_downloads(
         &mut self,
         first: usize,
         rows: usize,
-    ) -> Result<(Vec<(HostBuffer, Option<HostBuffer>)>, Option<[CudaEvent; 2]>)> {
+        compact: Option<usize>,
+    ) -> Result<(Vec<Download>, Option<[CudaEvent; 2]>)> {
         let Some(d) = self.device.as_mut() else {
             return Ok((vec![], None));
         };
@@ -233,26 +347,57 @@ impl SortedRows {
                 true => &sorted.table.columns[k].data,
                 false => &sorted.values[k].data,
             };
-            let mut values = pool.transfer_buffer(rows * c.width);
-            // SAFETY: read only after the stream passed the copy (finish_downloads).
-            unsafe { d.copies.download_at(dev, first * c.width, &mut values) }?;
-            let bits = match &sorted.bitmaps[k] {
+            let dev_bits = match &sorted.bitmaps[k] {
                 None => None,
-                Some(bits) => {
-                    let dev_bits = if plan.direct {
-                        let j = plan.nullable.iter().position(|&x| x == k).expect("a nullable column");
-                        let lane = &sorted.table.columns[plan.columns.len() + j / 32].data;
-                        gpu.unpack_bits(lane, (j % 32) as u32, first, rows)?
-                    } else {
-                        gpu.gather_bitmap(bits, 0, &sorted.perm_dev, first, rows)?
-                    };
+                Some(bits) if plan.direct => {
+                    let j = plan.nullable.iter().position(|&x| x == k).expect("a nullable column");
+                    let lane = &sorted.table.columns[plan.columns.len() + j / 32].data;
+                    Some(gpu.unpack_bits(lane, (j % 32) as u32, first, rows)?)
+                }
+                Some(bits) => Some(gpu.gather_bitmap(bits, 0, &sorted.perm_dev, first, rows)?),
+            };
+            let buffers = match (compact, c.view_data.is_some(), sorted.view_buffers.get(k)) {
+                (Some(block_rows), true, Some(Some(b))) => Some((block_rows, &b.table)),
+                _ => None,
+            };
+            let compacted = match buffers {
+                Some((block_rows, table)) => {
+                    gpu.compact_views(dev, first, rows, dev_bits.as_ref(), block_rows, table)?
+                }
+                None => None,
+            };
+            let mut values = pool.transfer_buffer(rows * c.width);
+            let compacted = match compacted {
+                Some(views) => {
+                    let mut bytes = pool.transfer_buffer(*views.bases.last().expect("the end") as usize);
+                    // SAFETY: read only after the stream passed the copies (finish_downloads);
+                    // the device buffers are freed in stream order, after them.
+                    unsafe {
+                        d.copies.download_at(&views.views, 0, &mut values)?;
+                        d.copies.download_at(&views.bytes, 0, &mut bytes)?;
+                    }
+                    Some((bytes, views.bases))
+                }
+                None => {
+                    // SAFETY: read only after the stream passed the copy (finish_downloads).
+                    unsafe { d.copies.download_at(dev, first * c.width, &mut values) }?;
+                    None
+                }
+            };
+            let bits = match dev_bits {
+                None => None,
+                Some(dev_bits) => {
                     let mut host = pool.alloc(rows.div_ceil(32) * 4);
                     // SAFETY: as above; `dev_bits` is freed in stream order, after the copy.
                     unsafe { d.copies.download(&dev_bits, &mut host) }?;
                     Some(host)
                 }
             };
-            out.push((values, bits));
+            out.push(Download {
+                values,
+                bits,
+                compacted,
+            });
         }
         events[1].record(gpu.stream())?;
         self.stats.bytes_from_device += d.copies.from_device - before;
@@ -287,32 +432,49 @@ impl SortedRows {
             .collect::<gpusort::Result<Vec<Option<ArrayRef>>>>()?)
     }
 
-    /// The batch of `rows` rows: the host's gathered columns and the device's downloaded ones
-    /// (pool buffers become the arrays, no copy; views index the shared data buffers), in
-    /// schema order.
-    fn output_batch(
+    /// The range's columns in schema order: the host's gathered columns and the device's
+    /// downloaded ones (pool buffers become the arrays, no copy; views index the shared data
+    /// buffers, or their blocks' compacted bytes).
+    fn output_columns(
         &self,
         host_sorted: Vec<Option<ArrayRef>>,
-        device_sorted: Vec<(HostBuffer, Option<HostBuffer>)>,
+        device_sorted: Vec<Download>,
         rows: usize,
-    ) -> Result<RecordBatch> {
+    ) -> Vec<RangeColumn> {
         let mut device_sorted = self.device_columns.iter().zip(device_sorted);
-        let columns: Vec<ArrayRef> = host_sorted
+        host_sorted
             .into_iter()
             .map(|host| match host {
-                Some(sorted) => sorted,
+                Some(sorted) => RangeColumn::Array(sorted),
                 None => {
-                    let (c, (values, bits)) = device_sorted.next().expect("a device column");
-                    let nulls = bits.map(|b| NullBuffer::new(BooleanBuffer::new(b.into_buffer(), 0, rows)));
-                    match &c.view_data {
-                        None => fixed_array(c.like.as_ref(), values.into_buffer(), nulls, rows),
-                        Some(data) => {
-                            views_array(c.like.data_type(), Arc::clone(data), values.into_buffer(), nulls, rows)
+                    let (c, download) = device_sorted.next().expect("a device column");
+                    let nulls = (download.bits).map(|b| NullBuffer::new(BooleanBuffer::new(b.into_buffer(), 0, rows)));
+                    match (&c.view_data, download.compacted) {
+                        (None, _) => {
+                            RangeColumn::Array(fixed_array(c.like.as_ref(), download.values.into_buffer(), nulls, rows))
                         }
+                        (Some(data), None) => RangeColumn::Array(views_array(
+                            c.like.data_type(),
+                            Arc::clone(data),
+                            download.values.into_buffer(),
+                            nulls,
+                            rows,
+                        )),
+                        (Some(_), Some((bytes, bases))) => RangeColumn::Compacted {
+                            like: Arc::clone(&c.like),
+                            views: download.values.into_buffer(),
+                            nulls,
+                            bytes,
+                            bases,
+                        },
                     }
                 }
             })
-            .collect();
+            .collect()
+    }
+
+    /// A batch of the session's schema of `columns`, `rows` rows each.
+    fn batch_of(&self, columns: Vec<ArrayRef>, rows: usize) -> Result<RecordBatch> {
         Ok(RecordBatch::try_new_with_options(
             Arc::clone(&self.schema),
             columns,
