@@ -67,6 +67,10 @@ pub struct GpuOptions {
     /// a view key's encoding put there, instead of tails gathered on the host and sent up
     /// (off with `GPUSORT_TIE_VIEWS=0`).
     pub tie_views: bool,
+    /// Output batches' view key columns are compacted on the device, where the key's data
+    /// buffers are ([`SortedRows::next_batches`](crate::SortedRows::next_batches)), instead of
+    /// by the caller on the host (off with `GPUSORT_COMPACT_VIEWS=0`).
+    pub compact_views: bool,
 }
 
 /// Where a GPU sort orders the rows whose keys tie on a truncated string prefix (when every
@@ -122,6 +126,7 @@ impl Default for GpuOptions {
             tuning_profile: None,
             direct_max_fields: DIRECT_MAX_FIELDS,
             tie_views: true,
+            compact_views: true,
         }
     }
 }
@@ -209,6 +214,7 @@ impl GpuOptions {
                 })?,
             },
             tie_views: var("GPUSORT_TIE_VIEWS").as_deref() != Some("0"),
+            compact_views: var("GPUSORT_COMPACT_VIEWS").as_deref() != Some("0"),
         })
     }
 

@@ -679,6 +679,11 @@ fn ranges_of_the_sorted_rows_are_the_whole_sort_in_pieces() {
 fn views_compacted_on_the_device_hold_only_their_own_batch_bytes() {
     use arrow::array::AsArray;
     let Some(gpu) = backend() else { return };
+    let options = gpusort_cuda::GpuOptions::from_env().unwrap();
+    assert!(
+        options.device_views && options.compact_views,
+        "GPUSORT_DEVICE_VIEWS=0 or GPUSORT_COMPACT_VIEWS=0 is set: this test compacts views on the device"
+    );
     let (mut rng, seed) = rng_from_env(0xc0_4ac7);
     let mut compacted_batches = 0;
     for case in 0..9 {

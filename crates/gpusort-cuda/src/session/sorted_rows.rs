@@ -256,9 +256,10 @@ impl SortedRows {
     }
 
     /// The schema's view columns that [`Self::next_batches`] compacts on the device: those of
-    /// a view key whose data buffers went to the device for the key's encoding.
+    /// a view key whose data buffers went to the device for the key's encoding (none with
+    /// [`GpuOptions::compact_views`](crate::GpuOptions::compact_views) off).
     pub fn compacted_columns(&self) -> Vec<usize> {
-        let Some(d) = &self.device else {
+        let Some(d) = self.device.as_ref().filter(|d| d.gpu.options().compact_views) else {
             return vec![];
         };
         (d.plan.columns.iter().zip(&self.device_columns).enumerate())
@@ -357,7 +358,7 @@ impl SortedRows {
                 Some(bits) => Some(gpu.gather_bitmap(bits, 0, &sorted.perm_dev, first, rows)?),
             };
             let buffers = match (compact, c.view_data.is_some(), sorted.view_buffers.get(k)) {
-                (Some(block_rows), true, Some(Some(b))) => Some((block_rows, &b.table)),
+                (Some(block_rows), true, Some(Some(b))) if gpu.options().compact_views => Some((block_rows, &b.table)),
                 _ => None,
             };
             let compacted = match buffers {
