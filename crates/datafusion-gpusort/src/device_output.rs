@@ -81,16 +81,16 @@ impl DeviceOutput {
         let total = self.rows.num_rows();
         let metrics = self.metrics.clone();
         builder.spawn_blocking(move || {
-            // View key columns whose data buffers are on the device are compacted there.
-            let done = match slicer.compacts_views() {
-                true => self.rows.compacted_columns(),
-                false => vec![],
-            };
+            // View key columns whose data buffers are on the device are compacted there: for
+            // each output batch, or (when the batches need not be compacted, e.g. for a Parquet
+            // writer) for the whole range, whose values a writer then reads in row order.
+            let done = self.rows.compacted_columns();
             let mut cutting: Option<Cut> = None;
             loop {
-                let range = match slicer.compacts_views() {
-                    true => self.rows.next_batches(self.range_rows, slicer.batch_size),
-                    false => (self.rows.next_batch(self.range_rows)).map(|b| b.map(|b| vec![b])),
+                let range = match (slicer.compacts_views(), done.is_empty()) {
+                    (true, _) => self.rows.next_batches(self.range_rows, slicer.batch_size),
+                    (false, false) => self.rows.next_batches(self.range_rows, self.range_rows),
+                    (false, true) => (self.rows.next_batch(self.range_rows)).map(|b| b.map(|b| vec![b])),
                 };
                 let range = range.map_err(sort_error)?;
                 if let Some(cut) = cutting.take() {

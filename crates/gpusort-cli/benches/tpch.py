@@ -16,7 +16,8 @@ large OS pages), `gpu-keep-freed` (`MIMALLOC_PURGE_DELAY=-1`: freed memory kept,
 the OS and faulted in again), `gpu-host-keys` (`GPUSORT_DEVICE_KEYS=0`: every sort key encoded
 on the host), `gpu-host-ties`, `gpu-device-ties` and `gpu-gathered-ties` (tied string prefixes
 ordered on the host, on the device through the views, on the device from tails gathered on the
-host: `GPUSORT_DEVICE_TIES=0`, `1`, `1` with `GPUSORT_TIE_VIEWS=0`), `datafusion` (`gpusort sort
+host: `GPUSORT_DEVICE_TIES=0`, `1`, `1` with `GPUSORT_TIE_VIEWS=0`), `gpu-host-compact` (a view
+key's sorted values not laid out on the device for the writer: `GPUSORT_COMPACT_VIEWS=0`), `datafusion` (`gpusort sort
 --no-gpusort`: DataFusion's SortExec into gpusort's writer), `duckdb`, and with `--sql-bench` (the
 `sql_parquet` bench binary) SQL through a DataFusion `SessionContext`: `sql-copy` (`COPY (SELECT
 * FROM 'file' ORDER BY ...) TO 'out.parquet'` with gpusort), `df-copy` (the same on stock
@@ -260,6 +261,9 @@ def main():
                     # the same with tied string prefixes ordered on the host, and on the device
                     # (through the views, or from tails gathered on the host)
                     "gpu-host-ties": [], "gpu-device-ties": [], "gpu-gathered-ties": [],
+                    # the same with the view key's output values left where the input had them
+                    # (the writer reads them at random) instead of laid out on the device
+                    "gpu-host-compact": [],
                     "gpu-4g-host-views": ["--gpu-memory-limit", "4GiB"]}
     # Contenders that differ by an environment variable.
     thp = {"MIMALLOC_ALLOW_LARGE_OS_PAGES": "1"}
@@ -269,6 +273,7 @@ def main():
                      "gpu-host-ties": {"GPUSORT_DEVICE_TIES": "0"},
                      "gpu-device-ties": {"GPUSORT_DEVICE_TIES": "1"},
                      "gpu-gathered-ties": {"GPUSORT_DEVICE_TIES": "1", "GPUSORT_TIE_VIEWS": "0"},
+                     "gpu-host-compact": {"GPUSORT_COMPACT_VIEWS": "0"},
                      "gpu-4g-host-views": {"GPUSORT_DEVICE_VIEWS": "0"}}
     rows = []
     first_gpu = True

@@ -234,7 +234,9 @@ impl SortedRows {
     /// [`Self::compacted_columns`] hold only their own rows' bytes in each batch: their values
     /// were laid out anew on the device, where their data buffers are, a batch at a time
     /// (Arrow's `gc` of each batch does that on the host, reading the values at random). Other
-    /// columns are slices of the range's buffers.
+    /// columns are slices of the range's buffers. With `batch_rows` at least `max_rows`, the
+    /// range comes as one batch whose compacted columns hold the downloaded bytes themselves (a
+    /// writer that encodes the range reads each value's bytes in row order).
     pub fn next_batches(&mut self, max_rows: usize, batch_rows: usize) -> Result<Option<Vec<RecordBatch>>> {
         let batch_rows = batch_rows.max(1);
         let Some((host_sorted, device_sorted, rows)) = self.next_range(max_rows, Some(batch_rows))? else {
@@ -461,6 +463,20 @@ impl SortedRows {
                             nulls,
                             rows,
                         )),
+                        // One block: its bytes are the downloaded buffer, no copy.
+                        (Some(_), Some((bytes, bases))) if bases.len() == 2 => {
+                            let data: Arc<[Buffer]> = match bytes.is_empty() {
+                                true => Arc::from(vec![]),
+                                false => Arc::from(vec![bytes.into_buffer()]),
+                            };
+                            RangeColumn::Array(views_array(
+                                c.like.data_type(),
+                                data,
+                                download.values.into_buffer(),
+                                nulls,
+                                rows,
+                            ))
+                        }
                         (Some(_), Some((bytes, bases))) => RangeColumn::Compacted {
                             like: Arc::clone(&c.like),
                             views: download.values.into_buffer(),
