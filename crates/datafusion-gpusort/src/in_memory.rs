@@ -376,6 +376,10 @@ impl InMemorySorter {
         let metrics = self.metrics.clone();
         let width = self.schema.fields().len();
         let range_rows = if ranges { self.options.output_range_rows } else { 0 };
+        // Rows that will come down in ranges: every view column's values are laid out on the
+        // device for them (not only a view key's), where the device memory allows.
+        let kept = limit.unwrap_or(usize::MAX).min(session.num_rows());
+        let session = session.with_output_views(range_rows > 0 && kept > range_rows);
         let out = blocking(move || {
             let _timer = timer.timer();
             let device = gpusort::SortBackend::name(gpu.as_ref());

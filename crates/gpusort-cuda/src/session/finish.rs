@@ -112,6 +112,9 @@ pub(super) struct DevicePlan {
     /// Indices into `columns` of the columns with nulls.
     pub(super) nullable: Vec<usize>,
     pub(super) pack_gathers: bool,
+    /// Device view columns (not of the key) whose data buffers go up after the sort, for the
+    /// output's values to be laid out there ([`GpuSortSession::with_output_views`]).
+    pub(super) output_views: Vec<usize>,
 }
 
 /// The device's columns assembled from their segments, values and validity bits.
@@ -258,6 +261,7 @@ impl GpuSortSession {
         // The key's view data buffers stay for the output's views (freed in stream order with
         // the sorted rows); the rest of the key goes now.
         sorted.view_buffers = kept_view_buffers(&host.keys, device_key, plan.columns.len());
+        self.upload_output_views(&plan, &mut sorted, &mut copies)?;
         sorted.table.keys.clear();
         self.put_in_order(&plan, &mut sorted, limit, &mut copies)?;
         drop(device);
@@ -398,6 +402,15 @@ impl GpuSortSession {
         if needed > available {
             return Err(CudaSortError::OutOfMemory { needed, available });
         }
+        // The output's other view columns' buffers, where they fit beside the sort.
+        let (mut output_views, extra) = self.output_view_columns(keys);
+        let (packed, needed) = match needed + extra <= available {
+            true => (packed + extra, needed + extra),
+            false => {
+                output_views.clear();
+                (packed, needed)
+            }
+        };
         let mut reservation = uploaded.reservation.take().unwrap_or_else(|| self.budget.reservation());
         // Packed gathers where the memory allows without waiting.
         let pack_gathers = packed <= available && reservation.try_grow_to(packed);
@@ -417,6 +430,7 @@ impl GpuSortSession {
             columns,
             nullable,
             pack_gathers,
+            output_views,
         })
     }
 
@@ -787,6 +801,65 @@ impl GpuSortSession {
         (distinct, index)
     }
 
+    /// Device column `k`'s distinct view data buffers packed into one device buffer, with the
+    /// table of each raised buffer index's address there; the bytes and buffers sent.
+    fn upload_view_buffers(&self, k: usize, copies: &mut Transfers) -> Result<(KeyViewBuffers, usize, usize)> {
+        let (distinct, index) = self.view_buffers(k);
+        let parts: Vec<&[u8]> = distinct.iter().map(|b| b.as_slice()).collect();
+        let (packed, starts) = copies.upload_packed(&self.gpu, &parts)?;
+        let base = packed.device_ptr(copies.stream()).0;
+        let mut addresses: Vec<u64> = index.iter().map(|&d| base + starts[d] as u64).collect();
+        addresses.push(0);
+        let buffers = KeyViewBuffers {
+            _packed: packed,
+            table: copies.stream().clone_htod(&addresses)?,
+        };
+        Ok((buffers, parts.iter().map(|p| p.len()).sum(), parts.len()))
+    }
+
+    /// The device view columns (not of the key) whose data buffers go up for the output, and
+    /// their bytes: none unless [`GpuSortSession::with_output_views`] and
+    /// [`GpuOptions::compact_views`](crate::GpuOptions::compact_views).
+    fn output_view_columns(&self, keys: &KeySource) -> (Vec<usize>, usize) {
+        if !self.output_views || !self.gpu.options().compact_views {
+            return (vec![], 0);
+        }
+        let of_key = |k: usize| match keys {
+            KeySource::Device(d) => d
+                .columns
+                .iter()
+                .any(|&(c, t)| c == k && matches!(t, DeviceKeyType::Views)),
+            KeySource::Host(_) => false,
+        };
+        let columns: Vec<usize> = (0..self.columns.len())
+            .filter(|&k| self.view_lists[k].is_some() && !of_key(k))
+            .collect();
+        let bytes = (columns.iter())
+            .map(|&k| self.view_buffers(k).0.iter().map(|b| b.len()).sum::<usize>())
+            .sum();
+        (columns, bytes)
+    }
+
+    /// The data buffers of [`DevicePlan::output_views`]' columns sent up, for the output.
+    fn upload_output_views(&self, plan: &DevicePlan, sorted: &mut Sorted, copies: &mut Transfers) -> Result<()> {
+        if plan.output_views.is_empty() {
+            return Ok(());
+        }
+        let start = Instant::now();
+        let mut uploaded = 0;
+        for &k in &plan.output_views {
+            let (buffers, bytes, _) = self.upload_view_buffers(k, copies)?;
+            sorted.view_buffers[k] = Some(buffers);
+            uploaded += bytes;
+        }
+        log::debug!(
+            target: "gpusort::timeline",
+            "session: {uploaded} bytes of the output's view data buffers sent in {:.1} ms",
+            start.elapsed().as_secs_f64() * 1e3
+        );
+        Ok(())
+    }
+
     /// The key encoded on the device from its assembled columns (`cols`): the view columns'
     /// data buffers uploaded and listed, the native columns' bounds found there, the layout
     /// laid out from both, and the words written.
@@ -805,18 +878,10 @@ impl GpuSortSession {
             views.push(match t {
                 DeviceKeyType::Ordinal(_) => None,
                 DeviceKeyType::Views => {
-                    let (distinct, index) = self.view_buffers(k);
-                    let parts: Vec<&[u8]> = distinct.iter().map(|b| b.as_slice()).collect();
-                    let (packed, starts) = copies.upload_packed(gpu, &parts)?;
-                    let base = packed.device_ptr(copies.stream()).0;
-                    uploaded += parts.iter().map(|p| p.len()).sum::<usize>();
-                    distinct_buffers += parts.len();
-                    let mut addresses: Vec<u64> = index.iter().map(|&d| base + starts[d] as u64).collect();
-                    addresses.push(0);
-                    Some(KeyViewBuffers {
-                        _packed: packed,
-                        table: copies.stream().clone_htod(&addresses)?,
-                    })
+                    let (buffers, bytes, distinct) = self.upload_view_buffers(k, copies)?;
+                    uploaded += bytes;
+                    distinct_buffers += distinct;
+                    Some(buffers)
                 }
             });
         }

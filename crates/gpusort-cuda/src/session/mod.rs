@@ -167,6 +167,7 @@ pub struct GpuSortSession {
     want_permutation: bool,
     /// The rows pushed are sorted runs of these many rows, in push order (empty: not known).
     sorted_runs: Vec<usize>,
+    output_views: bool,
     /// Device columns (index, width), chosen at the first push.
     columns: Vec<(usize, usize)>,
     /// Each device column's data buffers of the batches pushed, for view columns.
@@ -220,6 +221,7 @@ impl GpuSortSession {
             expected_rows: None,
             want_permutation: true,
             sorted_runs: vec![],
+            output_views: false,
             columns: vec![],
             view_lists: vec![],
             batches: vec![],
@@ -273,6 +275,17 @@ impl GpuSortSession {
     /// is the same either way; a session whose rows do not add up to the runs fails.
     pub fn with_sorted_runs(mut self, runs: Vec<usize>) -> Self {
         self.sorted_runs = runs;
+        self
+    }
+
+    /// Lays out every view column's sorted values on the device as the rows come down in
+    /// ranges ([`SortedRows::next_batches`]), not only a view key's (whose data buffers are
+    /// there for its encoding): the other view columns' data buffers go up after the sort,
+    /// where the device memory allows them without failing the sort. For a caller that takes
+    /// the rows in ranges; with [`GpuOptions::compact_views`](crate::GpuOptions::compact_views)
+    /// off, nothing goes up.
+    pub fn with_output_views(mut self, on: bool) -> Self {
+        self.output_views = on;
         self
     }
 
