@@ -672,3 +672,58 @@ fn is_view(data_type: &arrow::datatypes::DataType) -> bool {
     use arrow::datatypes::DataType;
     matches!(data_type, DataType::Utf8View | DataType::BinaryView)
 }
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::{Array, AsArray, StringViewArray};
+    use arrow::datatypes::{DataType, Field, Schema};
+
+    use super::*;
+
+    /// A slice of two long-string view columns, each sharing the whole column's buffers.
+    fn sliced() -> RecordBatch {
+        let values: Vec<String> = (0..1000)
+            .map(|i| format!("a value longer than twelve bytes {i:04}"))
+            .collect();
+        let column = || -> ArrayRef { Arc::new(StringViewArray::from_iter_values(&values)) };
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("a", DataType::Utf8View, false),
+            Field::new("b", DataType::Utf8View, false),
+        ]));
+        RecordBatch::try_new(schema, vec![column(), column()])
+            .unwrap()
+            .slice(10, 5)
+    }
+
+    fn data_bytes(batch: &RecordBatch, c: usize) -> usize {
+        batch
+            .column(c)
+            .as_string_view()
+            .data_buffers()
+            .iter()
+            .map(|b| b.len())
+            .sum()
+    }
+
+    #[test]
+    fn compaction_leaves_the_columns_already_compacted() {
+        let batch = sliced();
+        let whole = data_bytes(&batch, 0);
+        let own: usize = (0..5).map(|i| batch.column(1).as_string_view().value(i).len()).sum();
+        let slicer = Slicer {
+            batch_size: 8192,
+            compact_views: true,
+        };
+        assert!(slicer.compacts_any(&batch.schema(), &[0]));
+        assert!(!slicer.compacts_any(&batch.schema(), &[0, 1]));
+        let out = slicer.compact(vec![batch.clone()], &[0]).unwrap();
+        assert_eq!(out[0], batch, "the same rows");
+        assert_eq!(data_bytes(&out[0], 0), whole, "column 0 is left as it was");
+        assert_eq!(data_bytes(&out[0], 1), own, "column 1 holds its rows' bytes alone");
+        let off = Slicer {
+            batch_size: 8192,
+            compact_views: false,
+        };
+        assert!(!off.compacts_any(&batch.schema(), &[]));
+    }
+}
