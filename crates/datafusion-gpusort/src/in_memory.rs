@@ -675,7 +675,7 @@ fn is_view(data_type: &arrow::datatypes::DataType) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use arrow::array::{Array, AsArray, StringViewArray};
+    use arrow::array::{AsArray, StringViewArray};
     use arrow::datatypes::{DataType, Field, Schema};
 
     use super::*;
