@@ -47,7 +47,7 @@ struct OutputColumn {
 
 /// A device column's range on its way down: the values (views compacted on the device, for
 /// a column that was), the validity bits, and the compacted views' bytes with where each
-/// block's start (and the last one ends).
+/// block's bytes start (and, last, where they end).
 struct Download {
     values: HostBuffer,
     bits: Option<HostBuffer>,
@@ -257,8 +257,9 @@ impl SortedRows {
         Ok(Some(batches))
     }
 
-    /// The schema's view columns that [`Self::next_batches`] compacts on the device: those of
-    /// a view key whose data buffers went to the device for the key's encoding (none with
+    /// The schema's view columns that [`Self::next_batches`] compacts on the device: those
+    /// whose data buffers are there (a view key's, sent for its encoding, and with
+    /// [`GpuSortSession::with_output_views`] the others'; none with
     /// [`GpuOptions::compact_views`](crate::GpuOptions::compact_views) off).
     pub fn compacted_columns(&self) -> Vec<usize> {
         let Some(d) = self.device.as_ref().filter(|d| d.gpu.options().compact_views) else {
