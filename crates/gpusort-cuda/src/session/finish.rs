@@ -199,9 +199,10 @@ pub(super) struct Sorted {
     pub(super) device_ms: f32,
     /// A key encoded on the device.
     pub(super) device_key: Option<EncodedKey>,
-    /// Per device column, the data buffers of a view key column that went to the device for
-    /// its encoding (and their address table), kept until the last range came down: output
-    /// views are compacted there ([`SortedRows::next_batches`](super::SortedRows::next_batches)).
+    /// Per device column, the data buffers of a view column on the device (and their address
+    /// table): a view key's, sent for its encoding, and those of
+    /// [`DevicePlan::output_views`], sent after the sort; kept until the last range came down,
+    /// the output's views are compacted there ([`SortedRows::next_batches`](super::SortedRows::next_batches)).
     pub(super) view_buffers: Vec<Option<KeyViewBuffers>>,
 }
 
