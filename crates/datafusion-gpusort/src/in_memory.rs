@@ -84,8 +84,7 @@ impl Slicer {
 
     /// Whether [`Self::compact`] has anything to do for batches of `schema`.
     pub(crate) fn compacts_any(&self, schema: &SchemaRef, done: &[usize]) -> bool {
-        self.compact_views
-            && (schema.fields().iter().enumerate()).any(|(i, f)| is_view(f.data_type()) && !done.contains(&i))
+        self.compact_views && has_views_to_compact(schema, done)
     }
 
     /// `sorted` in batches of at most `batch_size` rows, cut on all cores when there are many.
@@ -644,7 +643,7 @@ pub(crate) fn drop_extended_columns(batch: RecordBatch, width: usize) -> Result<
 fn compact_views(batch: RecordBatch, done: &[usize]) -> Result<RecordBatch> {
     use arrow::array::{Array, AsArray};
     use arrow::datatypes::DataType;
-    if !(batch.columns().iter().enumerate()).any(|(i, c)| is_view(c.data_type()) && !done.contains(&i)) {
+    if !has_views_to_compact(&batch.schema(), done) {
         return Ok(batch);
     }
     let columns = (batch.columns().iter().enumerate())
@@ -668,9 +667,11 @@ fn compact_views(batch: RecordBatch, done: &[usize]) -> Result<RecordBatch> {
     )?)
 }
 
-fn is_view(data_type: &arrow::datatypes::DataType) -> bool {
+/// Whether `schema` has a string or binary view column that is not among `done`.
+fn has_views_to_compact(schema: &SchemaRef, done: &[usize]) -> bool {
     use arrow::datatypes::DataType;
-    matches!(data_type, DataType::Utf8View | DataType::BinaryView)
+    (schema.fields().iter().enumerate())
+        .any(|(i, f)| matches!(f.data_type(), DataType::Utf8View | DataType::BinaryView) && !done.contains(&i))
 }
 
 #[cfg(test)]
