@@ -35,8 +35,8 @@ use datafusion::error::Result;
 use datafusion::physical_expr::LexOrdering;
 use datafusion::physical_expr::expressions::Column;
 use gpusort::cpu::gather::concat_batches;
-use gpusort::{EncoderOptions, SortKey, SortOutput, SortRequest, SortSpec, SplitOptions};
-use gpusort_cuda::{CudaBackend, CudaSortError, GPU_STRING_PREFIX_BYTES, GpuSortSession, MultiGpuBackend};
+use gpusort::{SortKey, SortOutput, SortRequest, SortSpec, SplitOptions};
+use gpusort_cuda::{CudaBackend, CudaSortError, GpuSortSession, MultiGpuBackend, gpu_encoder_options};
 use rayon::prelude::*;
 
 use crate::config::{DeviceChoice, GpuSortConfig, StrategyChoice};
@@ -619,11 +619,9 @@ fn sort_on_cpu(
 }
 
 /// `request` as a GPU sort runs it: with the longer string prefixes a device sorts cheaply
-/// ([`GPU_STRING_PREFIX_BYTES`]).
+/// ([`gpu_encoder_options`]).
 fn gpu_request<'a>(request: &SortRequest<'a>) -> SortRequest<'a> {
-    request.clone().with_encoder_options(EncoderOptions {
-        max_prefix_bytes: GPU_STRING_PREFIX_BYTES,
-    })
+    request.clone().with_encoder_options(gpu_encoder_options())
 }
 
 /// `batch` without the evaluated key columns [`InMemorySorter::sort_input`] appended after the

@@ -980,11 +980,18 @@ fn backend_matches_reference_on_random_tables() {
         let strategy = Strategy::ALL[rng.random_range(0..Strategy::ALL.len())];
         let limit = rng.random_bool(0.2).then(|| rng.random_range(0..=n + 1));
         let max_prefix_bytes = [0, 2, 8][rng.random_range(0..3)];
+        // Values whole up to some length, past the prefix (as GPU sorts take them).
+        let whole_values_up_to = [0, 0, 4, 64][rng.random_range(0..4)];
         let request = SortRequest::new(&c.batch, &c.spec)
             .with_strategy(Some(strategy))
             .with_limit(limit)
-            .with_encoder_options(EncoderOptions { max_prefix_bytes });
-        let what = format!("seed {seed} case {i}: {n} rows, {strategy}, limit {limit:?}, prefix {max_prefix_bytes}");
+            .with_encoder_options(EncoderOptions {
+                max_prefix_bytes,
+                whole_values_up_to,
+            });
+        let what = format!(
+            "seed {seed} case {i}: {n} rows, {strategy}, limit {limit:?}, prefix {max_prefix_bytes}, whole {whole_values_up_to}"
+        );
         let out = b.sort(&request).unwrap_or_else(|e| panic!("{what}: {e}"));
         assert_matches_reference(&c.batch, &c.spec, limit, &out, &what);
         let on_cpu = cpu.sort(&request).unwrap();
@@ -1230,7 +1237,10 @@ fn device_key_encoding_of_views_matches_the_host_encoder() {
             )
             .unwrap();
             for max_prefix_bytes in [0, 3, 8, 32] {
-                let opts = EncoderOptions { max_prefix_bytes };
+                let opts = EncoderOptions {
+                    max_prefix_bytes,
+                    ..Default::default()
+                };
                 for mask in 0..4u32 {
                     let (desc, nulls_first) = (mask & 1 == 1, mask & 2 == 2);
                     let what =
@@ -1639,7 +1649,10 @@ fn backend_orders_tied_string_prefixes_on_the_device() {
                     for max_prefix_bytes in [2, 8].into_iter().take(take(2)) {
                         let request = SortRequest::new(&batch, &spec)
                             .with_strategy(Some([Strategy::SRTS_DIRECT, Strategy::SRTS_INDIRECT][t % 2]))
-                            .with_encoder_options(EncoderOptions { max_prefix_bytes });
+                            .with_encoder_options(EncoderOptions {
+                                max_prefix_bytes,
+                                ..Default::default()
+                            });
                         let what = format!(
                             "{shape} {data_type} desc {descending} nulls first {nulls_first} {spec:?} prefix {max_prefix_bytes}"
                         );

@@ -580,8 +580,15 @@ mod tests {
                 if later {
                     keys.push(SortKey::new(1, false, false));
                 }
-                let enc =
-                    KeyEncoder::try_new(&batch, &SortSpec::new(keys), &EncoderOptions { max_prefix_bytes: 2 }).unwrap();
+                let enc = KeyEncoder::try_new(
+                    &batch,
+                    &SortSpec::new(keys),
+                    &EncoderOptions {
+                        max_prefix_bytes: 2,
+                        ..Default::default()
+                    },
+                )
+                .unwrap();
                 let encoded = enc.encode();
                 let mut order: Vec<u32> = (0..n as u32).collect();
                 order.sort_by_key(|&r| encoded.words.iter().map(|w| w[r as usize]).collect::<Vec<_>>());

@@ -32,16 +32,21 @@ fn run(seed_default: u64, num_cases: usize, size: impl Fn(&mut rand::rngs::Small
         let strategy = Strategy::ALL[rng.random_range(0..Strategy::ALL.len())];
         let limit = rng.random_bool(0.2).then(|| rng.random_range(0..=n + 1));
         let max_prefix_bytes = [0, 1, 3, 8, 8, 16][rng.random_range(0..6)];
+        // Values whole up to some length, past the prefix (as GPU sorts take them).
+        let whole_values_up_to = [0, 0, 4, 64][rng.random_range(0..4)];
         let backend = &backends[rng.random_range(0..backends.len())];
         let request = SortRequest::new(&c.batch, &c.spec)
             .with_strategy(Some(strategy))
             .with_limit(limit)
-            .with_encoder_options(EncoderOptions { max_prefix_bytes });
+            .with_encoder_options(EncoderOptions {
+                max_prefix_bytes,
+                whole_values_up_to,
+            });
         if std::env::var("GPUSORT_FUZZ_ONLY").is_ok_and(|only| only != case.to_string()) {
             continue;
         }
         let what = format!(
-            "seed {seed} case {case}: {n} rows, {strategy}, limit {limit:?}, prefix {max_prefix_bytes}, {backend:?}"
+            "seed {seed} case {case}: {n} rows, {strategy}, limit {limit:?}, prefix {max_prefix_bytes}, whole {whole_values_up_to}, {backend:?}"
         );
         let out = backend.sort(&request).unwrap_or_else(|e| panic!("{what}: {e}"));
         assert_matches_reference(&c.batch, &c.spec, limit, &out, &what);

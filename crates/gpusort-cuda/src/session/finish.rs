@@ -47,6 +47,9 @@ struct HostKeys {
 /// for ordering tied rows.
 struct DeviceKeys {
     columns: Vec<(usize, DeviceKeyType)>,
+    /// The session's encoder options, less whole values where they would take the key past
+    /// [`KEY_MAX_WORDS`].
+    encoder: EncoderOptions,
     max_words: usize,
     bytes_stats: Vec<Option<BytesColumnStats>>,
     tie_columns: Option<Vec<SortColumn>>,
@@ -300,7 +303,7 @@ impl GpuSortSession {
         let start = Instant::now();
         let key_columns = || self.spec.keys().iter().map(|k| k.column);
         let mut on_host: Vec<usize> = match &device_keys {
-            Some(d) if !d.inexact(&self.encoder) => vec![],
+            Some(d) if !d.inexact() => vec![],
             _ => key_columns().collect(),
         };
         on_host.extend((0..self.schema.fields().len()).filter(|c| !self.columns.iter().any(|(i, _)| i == c)));
@@ -311,7 +314,7 @@ impl GpuSortSession {
         let host_column = |c: usize| Arc::clone(&concatenated[on_host.binary_search(&c).expect("a host column")]);
         let keys = match device_keys {
             Some(mut d) => {
-                if d.inexact(&self.encoder) {
+                if d.inexact() {
                     let columns = (self.spec.keys().iter())
                         .map(|k| SortColumn {
                             values: host_column(k.column),
@@ -769,8 +772,16 @@ impl GpuSortSession {
                 }
             });
         }
+        // Values whole where the options take them so and the key still fits the device's
+        // words; else the prefixes whose words were counted above.
+        let whole = KeyLayout::device_words(&self.spec, &self.schema, &self.encoder, &bytes_stats);
+        let (encoder, max_words) = match whole {
+            Some(words) if words <= KEY_MAX_WORDS => (self.encoder.clone(), words),
+            _ => (self.encoder.without_whole_values(), max_words),
+        };
         Ok(Some(DeviceKeys {
             columns,
+            encoder,
             max_words,
             bytes_stats,
             tie_columns: None,
@@ -914,7 +925,7 @@ impl GpuSortSession {
                 None => ColumnStats::Native(native_stats.next().expect("a native column's bounds")),
             })
             .collect();
-        let layout = KeyLayout::from_column_stats(&self.spec, &column_stats, &self.encoder)?;
+        let layout = KeyLayout::from_column_stats(&self.spec, &column_stats, &d.encoder)?;
         // The buffers' uploads and the kernel run on the one stream, in order.
         let encoded = gpu.encode_device_keys(&key_columns, &layout, n)?;
         Ok((layout, encoded, views))
@@ -1066,8 +1077,8 @@ fn tails_for_device(
 impl DeviceKeys {
     /// Whether a view column's values are longer than the key's prefix holds (past their
     /// common prefix): tied rows then need their whole values compared.
-    fn inexact(&self, options: &EncoderOptions) -> bool {
-        self.bytes_stats.iter().flatten().any(|s| !s.is_exact(options))
+    fn inexact(&self) -> bool {
+        self.bytes_stats.iter().flatten().any(|s| !s.is_exact(&self.encoder))
     }
 }
 

@@ -41,7 +41,10 @@ fn sort_with(b: &RecordBatch, spec: &SortSpec, strategy: Strategy, max_prefix_by
         .sort(
             &SortRequest::new(b, spec)
                 .with_strategy(Some(strategy))
-                .with_encoder_options(EncoderOptions { max_prefix_bytes }),
+                .with_encoder_options(EncoderOptions {
+                    max_prefix_bytes,
+                    ..Default::default()
+                }),
         )
         .unwrap()
 }

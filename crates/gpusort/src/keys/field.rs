@@ -348,12 +348,12 @@ pub(crate) struct BytesShape {
 }
 
 impl BytesShape {
-    pub(crate) fn new(lcp: usize, lengths: Option<(usize, usize)>, max_prefix: usize) -> Self {
+    pub(crate) fn new(lcp: usize, lengths: Option<(usize, usize)>, options: &EncoderOptions) -> Self {
         let (lcp, (min_len, max_len)) = match lengths {
             Some(l) => (lcp, l),
             None => (0, (0, 0)),
         };
-        let prefix = (max_len - lcp).min(max_prefix);
+        let prefix = options.prefix_bytes(max_len - lcp);
         // The capped length grows with the length: its bounds are those of the bounds.
         let cap = |l: usize| (l - lcp).min(prefix + 1) as u32;
         let (len_min, len_max) = (cap(min_len), cap(max_len));
@@ -382,7 +382,7 @@ impl BytesShape {
 }
 
 impl<S: BytesSource> BytesField<S> {
-    fn new(src: S, len: usize, nulls: Option<&NullBuffer>, descending: bool, max_prefix: usize) -> Self {
+    fn new(src: S, len: usize, nulls: Option<&NullBuffer>, descending: bool, options: &EncoderOptions) -> Self {
         // A reference value: every common prefix is a prefix of it.
         let reference = (0..len)
             .find(|&i| nulls.is_none_or(|n| n.is_valid(i)))
@@ -393,11 +393,7 @@ impl<S: BytesSource> BytesField<S> {
                 .map(|c| BytesScan::of(&src, c * CHUNK..len.min((c + 1) * CHUNK), nulls, r))
                 .reduce(|| BytesScan::empty(r.len()), BytesScan::fold)
         });
-        let shape = BytesShape::new(
-            scan.map_or(0, |s| s.lcp),
-            scan.map(|s| (s.min_len, s.max_len)),
-            max_prefix,
-        );
+        let shape = BytesShape::new(scan.map_or(0, |s| s.lcp), scan.map(|s| (s.min_len, s.max_len)), options);
         Self { src, shape, descending }
     }
 
@@ -624,7 +620,7 @@ fn bytes<S: BytesSource>(
     descending: bool,
     opts: &EncoderOptions,
 ) -> Box<dyn FieldEncoder> {
-    Box::new(BytesField::new(src, len, nulls, descending, opts.max_prefix_bytes))
+    Box::new(BytesField::new(src, len, nulls, descending, opts))
 }
 
 fn build_values(

@@ -280,7 +280,10 @@ fn strings_with_small_prefixes_tie_only_when_truncated() {
     for max_prefix_bytes in [0, 1, 2, 3, 8] {
         check_columns(
             vec![Arc::new(StringArray::from(strings()))],
-            &EncoderOptions { max_prefix_bytes },
+            &EncoderOptions {
+                max_prefix_bytes,
+                ..Default::default()
+            },
         );
     }
 }
@@ -657,8 +660,30 @@ fn bytes_stats_lay_out_the_encoders_field() {
         let stats = bytes_column_stats(&refs).unwrap();
         assert_eq!(stats.rows, col.len());
         assert_eq!(stats.valid_rows, col.len() - col.null_count());
-        for max_prefix_bytes in [0, 1, 4, 8, 32, 100] {
-            let opts = EncoderOptions { max_prefix_bytes };
+        let longest = stats.max_len - stats.common_prefix;
+        for (max_prefix_bytes, whole_values_up_to) in
+            [(0, 0), (1, 0), (4, 0), (8, 0), (32, 0), (100, 0), (1, 64), (4, 3)]
+        {
+            let opts = EncoderOptions {
+                max_prefix_bytes,
+                whole_values_up_to,
+            };
+            // Whole values where the longest fits; else the prefix.
+            assert_eq!(
+                opts.prefix_bytes(longest),
+                if longest <= whole_values_up_to {
+                    longest
+                } else {
+                    longest.min(max_prefix_bytes)
+                }
+            );
+            if stats.valid_rows > 0 && longest <= whole_values_up_to {
+                assert!(
+                    stats.is_exact(&opts),
+                    "{} whole up to {whole_values_up_to}",
+                    col.data_type()
+                );
+            }
             for mask in 0..4u32 {
                 let spec = SortSpec::new([SortKey::new(0, mask & 1 == 1, mask & 2 == 2)]);
                 let layout = KeyEncoder::try_new(&batch, &spec, &opts).unwrap().layout().clone();
@@ -676,8 +701,15 @@ fn bytes_stats_lay_out_the_encoders_field() {
                     col.data_type()
                 );
                 if matches!(col.data_type(), DataType::Utf8View | DataType::BinaryView) {
-                    let most = KeyLayout::device_max_words(&spec, batch.schema().as_ref(), &opts).unwrap();
-                    assert!(layout.num_words() <= most, "{layout:?} > {most} words");
+                    let schema = batch.schema();
+                    let narrow = opts.without_whole_values();
+                    let narrow_layout =
+                        KeyLayout::from_column_stats(&spec, &[ColumnStats::Bytes(stats)], &narrow).unwrap();
+                    let most = KeyLayout::device_max_words(&spec, schema.as_ref(), &opts).unwrap();
+                    assert!(narrow_layout.num_words() <= most, "{narrow_layout:?} > {most} words");
+                    let words = KeyLayout::device_words(&spec, schema.as_ref(), &opts, &[Some(stats)]).unwrap();
+                    assert!(layout.num_words() <= words, "{layout:?} > {words} words");
+                    assert!(words <= layout.num_words() + 1, "{words} words bound {layout:?}");
                 }
             }
         }
