@@ -43,24 +43,29 @@ impl FromStr for CompressOn {
 /// the CPU's zstd (`writer_props --whole`, stop 23).
 pub const DEFAULT_FRAME_BYTES: usize = 64 << 10;
 
-/// zstd on the GPU through nvCOMP: each page cut into frames of `frame_bytes`, compressed all
-/// at once, and each page's frames concatenated (a zstd stream of several frames, which every
-/// zstd decoder reads as one).
+/// Bytes of pages the GPU takes at once (see [`share_pages`]): 128 frames of
+/// [`DEFAULT_FRAME_BYTES`], about one an SM, and a few milliseconds of nvCOMP's time.
+pub const GPU_BATCH_BYTES: usize = 8 << 20;
+
+/// zstd on the GPU through nvCOMP and on the CPU at once, each taking the pages the other has
+/// not (see [`share_pages`]): on the GPU each page is cut into frames of `frame_bytes`,
+/// compressed in batches, and its frames concatenated (a zstd stream of several frames, which
+/// every zstd decoder reads as one).
 #[derive(Debug)]
 pub struct NvcompZstd {
     gpu: ZstdCompressor,
     frame_bytes: usize,
     level: i32,
-    /// The pages' bytes the GPU takes (0.0 to 1.0); the CPU compresses the rest meanwhile.
+    /// The most of the pages' bytes the GPU takes (0.0 to 1.0, from the first page).
     gpu_share: f64,
     cpu: CpuZstd,
 }
 
-/// The share of a row group's page bytes nvCOMP compresses while the CPU compresses the rest
-/// at the level asked for: all of them. nvCOMP's zstd ran at about 2.4 GB/s on the H100, about
-/// what 16 cores of zstd(3) do, but the writer's cores are busy encoding: on lineitem SF10
-/// (`writer_props --whole`, one run) all pages on the GPU took 5.28 s, three quarters 5.61 s,
-/// half 5.98 s, a quarter 6.37 s, and the CPU alone 5.65 s.
+/// The most of a row group's page bytes nvCOMP may compress: all of them. What it does take
+/// is what it gets through while the CPU's threads compress from the other end (stop 38; with
+/// a fixed split, stop 23's `writer_props --whole` on lineitem SF10 took 5.28 s with every page
+/// on the GPU, 5.61 s with three quarters, 5.98 s with half, 5.65 s on the CPU alone: nvCOMP's
+/// zstd ran at about 2.4 GB/s on the H100, and the parquet crate's encoder kept the cores busy).
 pub const DEFAULT_GPU_SHARE: f64 = 1.0;
 
 impl NvcompZstd {
@@ -83,8 +88,8 @@ impl NvcompZstd {
         })
     }
 
-    /// With `share` of the pages' bytes compressed on the GPU (clamped to 0..=1), the rest on
-    /// the CPU at the same time.
+    /// With at most `share` of the pages' bytes compressed on the GPU (clamped to 0..=1), the
+    /// rest on the CPU at the same time.
     pub fn with_gpu_share(mut self, share: f64) -> Self {
         self.gpu_share = share.clamp(0.0, 1.0);
         self
@@ -105,35 +110,108 @@ impl PageCompressor for NvcompZstd {
         format!("zstd on the GPU (nvCOMP {})", self.gpu.version())
     }
 
-    /// The first pages, up to the GPU's share of the bytes, go to nvCOMP (on a thread of
-    /// their own); the others are compressed by the CPU meanwhile.
+    /// The GPU (on a thread of its own) and the CPU's threads share the pages as
+    /// [`share_pages`] does, the GPU taking at most its share of the bytes.
     fn compress(&self, pages: &[&[u8]]) -> Result<Vec<Vec<u8>>, ParquetError> {
-        let split = gpu_pages(pages, self.gpu_share);
-        let (on_gpu, on_cpu) = pages.split_at(split);
         // Where the device memory budget has no room now (the sorts hold it), the CPU.
         let gpu = |frames: &[&[u8]]| match self.gpu.try_compress(frames) {
             Ok(Some(out)) => Ok(out),
             Ok(None) => self.cpu.compress(frames),
             Err(e) => Err(ParquetError::External(Box::new(e))),
         };
-        if on_cpu.is_empty() {
-            return in_frames(on_gpu, self.frame_bytes, gpu);
-        }
-        let (gpu_frames, cpu_frames) = std::thread::scope(|scope| {
-            let gpu_side = (!on_gpu.is_empty()).then(|| scope.spawn(|| in_frames(on_gpu, self.frame_bytes, gpu)));
-            let cpu_frames = self.cpu.compress(on_cpu);
-            let gpu_frames = match gpu_side {
-                Some(handle) => handle
-                    .join()
-                    .unwrap_or_else(|_| Err(ParquetError::General("the nvCOMP thread panicked".into()))),
-                None => Ok(vec![]),
-            };
-            (gpu_frames, cpu_frames)
-        });
-        let mut frames = gpu_frames?;
-        frames.extend(cpu_frames?);
-        Ok(frames)
+        share_pages(
+            pages,
+            gpu_pages(pages, self.gpu_share),
+            GPU_BATCH_BYTES,
+            |batch| in_frames(batch, self.frame_bytes, gpu),
+            || self.cpu.compressor(),
+            |compressor, page| self.cpu.compress_one(compressor, page),
+        )
     }
+}
+
+/// `pages` compressed by a GPU and the CPU's threads at once, each taking the next pages the
+/// other has not: the GPU (`gpu`, on a thread of its own) a batch of about `batch_bytes` from
+/// the front, at most the first `gpu_limit` pages in all; the rayon pool's threads (`cpu`, with
+/// a state from `init` each) one page at a time from the back; until they meet. Each side's
+/// share is what it gets through meanwhile: a GPU contended by other row groups, or CPUs busy
+/// encoding, take less. The calling thread waits for the GPU's last batch at most.
+pub fn share_pages<S>(
+    pages: &[&[u8]],
+    gpu_limit: usize,
+    batch_bytes: usize,
+    gpu: impl Fn(&[&[u8]]) -> Result<Vec<Vec<u8>>, ParquetError> + Sync,
+    init: impl Fn() -> S + Sync + Send,
+    cpu: impl Fn(&mut S, &[u8]) -> Result<Vec<u8>, ParquetError> + Sync + Send,
+) -> Result<Vec<Vec<u8>>, ParquetError> {
+    use rayon::prelude::*;
+    use std::sync::{Mutex, OnceLock};
+    let n = pages.len();
+    // The next page the GPU takes, and the first the CPU has taken.
+    let ends = Mutex::new((0usize, n));
+    let lock = || ends.lock().unwrap_or_else(|p| p.into_inner());
+    let out: Vec<OnceLock<Vec<u8>>> = (0..n).map(|_| OnceLock::new()).collect();
+    let gpu_side = || -> Result<(), ParquetError> {
+        loop {
+            let (start, end) = {
+                let mut e = lock();
+                let (start, mut end, mut bytes) = (e.0, e.0, 0);
+                while end < e.1.min(gpu_limit) && (end == start || bytes + pages[end].len() <= batch_bytes) {
+                    bytes += pages[end].len();
+                    end += 1;
+                }
+                e.0 = end;
+                (start, end)
+            };
+            if start == end {
+                return Ok(());
+            }
+            let frames = gpu(&pages[start..end])?;
+            if frames.len() != end - start {
+                return Err(ParquetError::General(format!(
+                    "the GPU returned {} frames for {} pages",
+                    frames.len(),
+                    end - start
+                )));
+            }
+            for (slot, frame) in out[start..end].iter().zip(frames) {
+                let _ = slot.set(frame);
+            }
+        }
+    };
+    let (gpu_done, cpu_done) = std::thread::scope(|scope| {
+        let gpu_thread = (gpu_limit > 0).then(|| scope.spawn(gpu_side));
+        let cpu_done = (0..n)
+            .into_par_iter()
+            .map_init(&init, |state, _| {
+                let i = {
+                    let mut e = lock();
+                    if e.1 <= e.0 {
+                        return Ok(());
+                    }
+                    e.1 -= 1;
+                    e.1
+                };
+                let _ = out[i].set(cpu(state, pages[i])?);
+                Ok(())
+            })
+            .collect::<Result<(), ParquetError>>();
+        let gpu_done = match gpu_thread {
+            Some(t) => t
+                .join()
+                .unwrap_or_else(|_| Err(ParquetError::General("the nvCOMP thread panicked".into()))),
+            None => Ok(()),
+        };
+        (gpu_done, cpu_done)
+    });
+    gpu_done?;
+    cpu_done?;
+    out.into_iter()
+        .map(|o| {
+            o.into_inner()
+                .ok_or_else(|| ParquetError::General("a page was not compressed".into()))
+        })
+        .collect()
 }
 
 /// How many of `pages`, from the first, make up `share` of their bytes (at least one page when
@@ -367,6 +445,75 @@ mod tests {
         assert_eq!(gpu_pages(&refs, 0.41), 3);
         assert_eq!(gpu_pages(&refs, 1.0), 3);
         assert_eq!(gpu_pages(&[], 0.5), 0);
+    }
+
+    /// Every page comes back compressed once, in order, whichever side took it; the GPU takes
+    /// no page past its limit, and batches of about the bytes asked; an error of either side
+    /// is the result.
+    #[test]
+    fn the_gpu_and_the_cpu_share_the_pages_from_both_ends() {
+        use std::sync::Mutex;
+        let pages: Vec<Vec<u8>> = (0..200u32)
+            .map(|i| vec![(i % 251) as u8; 100 + (i as usize * 37) % 900])
+            .collect();
+        let refs: Vec<&[u8]> = pages.iter().map(|p| p.as_slice()).collect();
+        for (limit, gpu_ms) in [(200, 0), (200, 2), (50, 0), (0, 0), (1, 5)] {
+            let batches = Mutex::new(vec![]);
+            let out = share_pages(
+                &refs,
+                limit,
+                2000,
+                |batch| {
+                    batches
+                        .lock()
+                        .unwrap()
+                        .push((batch.len(), batch.iter().map(|p| p.len()).sum::<usize>()));
+                    std::thread::sleep(std::time::Duration::from_millis(gpu_ms));
+                    Ok(batch.iter().map(|p| zstd::bulk::compress(p, 1).unwrap()).collect())
+                },
+                || (),
+                |_, page| Ok(zstd::bulk::compress(page, 3).unwrap()),
+            )
+            .unwrap();
+            assert_eq!(out.len(), pages.len());
+            for (frame, page) in out.iter().zip(&pages) {
+                assert_eq!(&zstd::stream::decode_all(&frame[..]).unwrap(), page);
+            }
+            let batches = batches.into_inner().unwrap();
+            let taken: usize = batches.iter().map(|b| b.0).sum();
+            assert!(taken <= limit, "limit {limit}: the GPU took {taken}");
+            assert!(batches.iter().all(|&(n, bytes)| n == 1 || bytes <= 2000), "{batches:?}");
+            if limit == 0 {
+                assert!(batches.is_empty());
+            }
+        }
+        let failing = share_pages(
+            &refs,
+            200,
+            2000,
+            |_| Err(ParquetError::General("no GPU".into())),
+            || (),
+            // Slow enough that the GPU takes a batch before the CPU has taken every page.
+            |_, page| {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+                Ok(page.to_vec())
+            },
+        );
+        assert!(failing.unwrap_err().to_string().contains("no GPU"));
+        let failing = share_pages(
+            &refs,
+            0,
+            2000,
+            |batch| Ok(batch.iter().map(|p| p.to_vec()).collect()),
+            || (),
+            |_, _| Err(ParquetError::General("no zstd".into())),
+        );
+        assert!(failing.unwrap_err().to_string().contains("no zstd"));
+        assert!(
+            share_pages(&[], 5, 10, |_| unreachable!(), || (), |_, _| unreachable!())
+                .unwrap()
+                .is_empty()
+        );
     }
 
     #[test]

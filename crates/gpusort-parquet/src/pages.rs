@@ -73,6 +73,25 @@ impl CpuZstd {
         assert!((1..=22).contains(&level), "the zstd level must be 1 to 22, not {level}");
         Self { level }
     }
+
+    /// A compressor of this level, for [`Self::compress_one`] (one a thread).
+    pub fn compressor(&self) -> std::io::Result<zstd::bulk::Compressor<'static>> {
+        zstd::bulk::Compressor::new(self.level)
+    }
+
+    /// `page` compressed by `compressor` (from [`Self::compressor`]).
+    pub fn compress_one(
+        &self,
+        compressor: &mut std::io::Result<zstd::bulk::Compressor<'static>>,
+        page: &[u8],
+    ) -> Result<Vec<u8>> {
+        match compressor {
+            Ok(compressor) => compressor
+                .compress(page)
+                .map_err(|e| ParquetError::External(Box::new(e))),
+            Err(e) => Err(ParquetError::General(format!("starting zstd: {e}"))),
+        }
+    }
 }
 
 impl PageCompressor for CpuZstd {
@@ -85,15 +104,11 @@ impl PageCompressor for CpuZstd {
     }
 
     fn compress(&self, pages: &[&[u8]]) -> Result<Vec<Vec<u8>>> {
-        let external = |e: std::io::Error| ParquetError::External(Box::new(e));
         pages
             .par_iter()
             .map_init(
-                || zstd::bulk::Compressor::new(self.level),
-                |compressor, page| match compressor {
-                    Ok(compressor) => compressor.compress(page).map_err(external),
-                    Err(e) => Err(ParquetError::General(format!("starting zstd: {e}"))),
-                },
+                || self.compressor(),
+                |compressor, page| self.compress_one(compressor, page),
             )
             .collect()
     }
