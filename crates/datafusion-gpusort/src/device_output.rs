@@ -93,20 +93,26 @@ impl DeviceOutput {
                     (false, true) => (self.rows.next_batch(self.range_rows)).map(|b| b.map(|b| vec![b])),
                 };
                 let range = range.map_err(sort_error)?;
-                if let Some(cut) = cutting.take() {
-                    for slice in cut.slices()? {
-                        if tx.blocking_send(Ok(slice)).is_err() {
-                            // The consumer is gone.
-                            return Ok(());
-                        }
-                    }
+                // The consumer is gone: nothing more to send.
+                if let Some(cut) = cutting.take()
+                    && !send(&tx, cut)?
+                {
+                    return Ok(());
                 }
                 let Some(range) = range else { break };
                 self.metrics.device_ranges.add(1);
                 let range = (range.into_iter())
                     .map(|b| drop_extended_columns(b, self.width))
                     .collect::<Result<Vec<_>>>()?;
-                cutting = Some(Cut::start(range, slicer, &done));
+                // A range cut already goes out now; one being compacted while the next comes.
+                match Cut::start(range, slicer, &done) {
+                    cut @ Cut::Done(_) => {
+                        if !send(&tx, cut)? {
+                            return Ok(());
+                        }
+                    }
+                    cut @ Cut::Running(_) => cutting = Some(cut),
+                }
             }
             self.metrics.record(self.rows.stats(), Some(&self.device));
             log::debug!(target: "gpusort::timeline", "GpuSortExec: last range handed out");
@@ -168,6 +174,16 @@ impl Cut {
             }),
         }
     }
+}
+
+/// Sends `cut`'s batches on `tx`, once cut; false when the consumer is gone.
+fn send(tx: &tokio::sync::mpsc::Sender<Result<RecordBatch>>, cut: Cut) -> Result<bool> {
+    for slice in cut.slices()? {
+        if tx.blocking_send(Ok(slice)).is_err() {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 fn sort_error(e: gpusort_cuda::CudaSortError) -> datafusion::error::DataFusionError {

@@ -421,8 +421,9 @@ fn view_batches(rng: &mut SmallRng, batches: usize) -> Vec<RecordBatch> {
                 match rng.random_range(0..10) {
                     0 => s.append_null(),
                     1..=4 => s.append_value(format!("s{}", rng.random_range(0..50))),
+                    // Longer than a GPU sort's key holds whole (GPU_WHOLE_STRING_BYTES).
                     _ => s.append_value(format!(
-                        "a long value shared by many rows {:04} of {i}",
+                        "a long value shared by many rows, longer than a key holds whole: {:04} of {i}",
                         rng.random_range(0..300)
                     )),
                 }
@@ -563,6 +564,58 @@ fn view_columns_move_on_the_device_with_the_data_buffers_of_every_batch() {
         !ties_on_device || device_tie_groups > 0,
         "seed {seed}: no case ordered tie groups on the device"
     );
+}
+
+/// String keys of 33 to 48 bytes past their common prefix go into a GPU sort's key whole
+/// (`GPU_WHOLE_STRING_BYTES`): no rows tie on a truncated prefix, and the order is the CPU's;
+/// one value longer than that and the prefix is 32 bytes again, the ties ordered after.
+#[test]
+fn string_keys_of_up_to_48_bytes_go_into_the_key_whole() {
+    let Some(gpu) = backend() else { return };
+    let (mut rng, seed) = rng_from_env(0x3e1e_0064);
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("s", DataType::Utf8View, true),
+        Field::new("u", DataType::UInt64, false),
+    ]));
+    for (case, longest) in [(0, 40), (1, 48), (2, 49)] {
+        let n = 20_000;
+        let values: Vec<Option<String>> = (0..n)
+            .map(|r| {
+                (r % 97 != 0).then(|| {
+                    // Values that share their first 36 bytes in groups, and differ after.
+                    let head = format!("{:02}", rng.random_range(0..20));
+                    let len = rng.random_range(34..=longest);
+                    let tail: String = (head.len()..len)
+                        .map(|j| {
+                            if j < 36 {
+                                'x'
+                            } else {
+                                (b'a' + rng.random_range(0..3u8)) as char
+                            }
+                        })
+                        .collect();
+                    format!("{head}{tail}")
+                })
+            })
+            .collect();
+        let s = arrow::array::StringViewArray::from_iter(values.iter().map(|v| v.as_deref()));
+        let u = arrow::array::UInt64Array::from_iter_values((0..n as u64).map(|r| r % 7));
+        let batch = RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(s), Arc::new(u)]).unwrap();
+        let parts: Vec<RecordBatch> = (0..n).step_by(4096).map(|o| batch.slice(o, 4096.min(n - o))).collect();
+        for spec in [
+            SortSpec::new([SortKey::sql(0, false), SortKey::sql(1, false)]),
+            SortSpec::new([SortKey::new(0, true, true), SortKey::sql(1, true)]),
+        ] {
+            let what = format!("seed {seed} case {case}: values of up to {longest} bytes, {spec:?}");
+            let out = check_session(gpu, &batch, &spec, &parts, 1 << 20, None, &what);
+            assert!(out.stats.keys_on_device, "{what}: the key encoded on the device");
+            if longest <= gpusort_cuda::GPU_WHOLE_STRING_BYTES {
+                assert_eq!(out.stats.tie_groups, 0, "{what}: no ties on a truncated prefix");
+            } else {
+                assert!(out.stats.tie_groups > 0, "{what}: prefixes of 32 bytes tie");
+            }
+        }
+    }
 }
 
 /// Sorts `parts` through a session and hands the rows out in ranges of the sizes `sizes` (in

@@ -96,10 +96,11 @@ pub const GPU_STRING_PREFIX_BYTES: usize = 32;
 
 /// Bytes of a string or binary sort key (after the column's common prefix) up to which a GPU
 /// sort encodes its values whole, past [`GPU_STRING_PREFIX_BYTES`], where the key's words
-/// still fit what the device encodes (`KEY_MAX_WORDS`): TPC-H's `l_comment` (10-43 bytes)
-/// then ties on no prefix, and the 2.8M groups tied on 32 bytes are not ordered afterwards
-/// (~0.35 s and the column's concatenation on the host, for a few more radix passes).
-pub const GPU_WHOLE_STRING_BYTES: usize = 64;
+/// still fit what the device encodes (`KEY_MAX_WORDS`, 16: 48 bytes and two 64-bit keys do):
+/// TPC-H's `l_comment` (10-43 bytes) then ties on no prefix, and the 2.8M groups tied on 32
+/// bytes are not ordered afterwards (~0.35 s and the column's concatenation on the host, for
+/// a few more radix passes).
+pub const GPU_WHOLE_STRING_BYTES: usize = 48;
 
 /// The key encoder's options of a GPU sort.
 pub fn gpu_encoder_options() -> EncoderOptions {
