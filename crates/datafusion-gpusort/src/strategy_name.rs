@@ -8,8 +8,8 @@ use arrow::datatypes::{DataType, Schema};
 use gpusort::Strategy;
 use gpusort::keys::{may_encode_inexactly, native_ordinal_kind};
 use gpusort::plan::RecordMove;
-use gpusort_cuda::GPU_STRING_PREFIX_BYTES;
 use gpusort_cuda::shapes::KernelShapes;
+use gpusort_cuda::{GPU_STRING_PREFIX_BYTES, GPU_WHOLE_STRING_BYTES};
 
 use crate::device::gpu_backend;
 
@@ -74,10 +74,10 @@ fn device_name(planned: Strategy, ordinal: usize, schema: &Schema, key_types: &[
 }
 
 /// `name` (what a sort planned as `planned` runs), followed by `indirect` (the name of the
-/// indirect strategy, `None` where no GPU sorts) when `planned` moves records directly and a key may be longer than the
-/// [`GPU_STRING_PREFIX_BYTES`] the device sorts by: rows whose prefixes tie are then ordered on
-/// the host, which needs the permutation before the columns move, so the session sorts
-/// indirectly (its `plan_device` decides from the data, as this name says).
+/// indirect strategy, `None` where no GPU sorts) when `planned` moves records directly and a key may be longer than its
+/// key field holds whole ([`GPU_WHOLE_STRING_BYTES`] at most, else the [`GPU_STRING_PREFIX_BYTES`]
+/// the device sorts by): rows whose prefixes tie are then ordered by the permutation, so the
+/// session sorts indirectly (its `plan_device` decides from the data, as this name says).
 pub(crate) fn with_string_switch(
     name: String,
     planned: Strategy,
@@ -90,7 +90,9 @@ pub(crate) fn with_string_switch(
             .any(|t| may_encode_inexactly(t, GPU_STRING_PREFIX_BYTES));
     match switches.then(indirect).flatten() {
         Some(indirect) => {
-            format!("{name}; {indirect} where a key's values differ past their first {GPU_STRING_PREFIX_BYTES} bytes")
+            format!(
+                "{name}; {indirect} where a key's values are longer than its key holds whole (up to {GPU_WHOLE_STRING_BYTES} bytes)"
+            )
         }
         None => name,
     }
@@ -190,7 +192,7 @@ mod tests {
         ] {
             assert_eq!(
                 name(Strategy::SRTS_DIRECT, &[DataType::Int32, t.clone()]),
-                "srts-direct; srts-indirect where a key's values differ past their first 32 bytes",
+                "srts-direct; srts-indirect where a key's values are longer than its key holds whole (up to 48 bytes)",
                 "{t}"
             );
             assert_eq!(

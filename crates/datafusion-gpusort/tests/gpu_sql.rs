@@ -72,9 +72,9 @@ async fn gpu_order_by_matches_stock_datafusion_for_every_strategy() {
     }
 }
 
-/// A direct sort over a string key runs indirectly where the key's values are longer than the
-/// device's 32-byte prefix (tied prefixes are ordered on the host, by the permutation), and the
-/// plan names both; with short strings it stays direct.
+/// A direct sort over a string key runs indirectly where the key's values are longer than its
+/// key holds whole (48 bytes; past that the device's 32-byte prefixes tie, ordered by the
+/// permutation), and the plan names both; with strings of up to 48 bytes it stays direct.
 #[tokio::test]
 async fn gpu_direct_sorts_of_long_strings_run_indirect_as_the_plan_says() {
     if !gpu_present() {
@@ -89,8 +89,13 @@ async fn gpu_direct_sorts_of_long_strings_run_indirect_as_the_plan_says() {
     let tables = [
         (
             "long",
-            "CAST(a AS VARCHAR) || repeat('y', 40) || CAST(c AS VARCHAR)",
+            "CAST(a AS VARCHAR) || repeat('y', 60) || CAST(c AS VARCHAR)",
             "srts-indirect",
+        ),
+        (
+            "whole",
+            "CAST(a AS VARCHAR) || repeat('y', 30) || CAST(c AS VARCHAR)",
+            "srts-direct",
         ),
         ("short", "CAST(a AS VARCHAR)", "srts-direct"),
     ];
@@ -99,7 +104,9 @@ async fn gpu_direct_sorts_of_long_strings_run_indirect_as_the_plan_says() {
         ours.sql(&create).await.unwrap().collect().await.unwrap();
         let text = analyze(&ours, &format!("SELECT * FROM {name} ORDER BY s DESC, a")).await;
         assert!(
-            text.contains("strategy=srts-direct; srts-indirect where a key's values differ past their first 32 bytes"),
+            text.contains(
+                "strategy=srts-direct; srts-indirect where a key's values are longer than its key holds whole (up to 48 bytes)"
+            ),
             "{name}: {text}"
         );
         assert!(text.contains(&format!("path=gpu cuda:0 {runs}")), "{name}: {text}");
