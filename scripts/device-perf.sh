@@ -9,6 +9,8 @@
 #   samples-L.txt.xz  every sample (time, thread, symbol), to cut by the timeline's phases
 #   timeline-L.txt    the tool's timeline (the same process)
 #
+# scripts/perf_phases.py cuts the samples by the timeline's phases (on the development machine).
+#
 #   SF=10 LISTS=3,1 bash scripts/device-perf.sh
 set -u
 . "$(dirname "$0")/device-unpack.sh"
