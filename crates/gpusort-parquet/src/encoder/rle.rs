@@ -6,30 +6,32 @@
 //! with zeros; readers know the number of values from the page header.
 
 /// Appends `values` (each below `2^bit_width`) to `out`, RLE / bit-packing hybrid encoded.
+///
+/// A run is written as one where it covers a whole group of eight counted from the end of the
+/// last run (the literals before it then fill whole groups): the groups are looked at in that
+/// alignment, and one of eight equal values is extended as far as its value repeats.
 pub fn encode(values: &[u32], bit_width: u8, out: &mut Vec<u8>) {
     debug_assert!(bit_width <= 32);
     debug_assert!(bit_width == 32 || values.iter().all(|&v| u64::from(v) < 1u64 << bit_width));
-    let mut literal_start = 0;
-    let mut i = 0;
     let n = values.len();
-    while i < n {
-        let value = values[i];
-        let mut run_end = i + 1;
+    let mut literal_start = 0;
+    let mut group = 0;
+    while group + 8 <= n {
+        let g: &[u32; 8] = values[group..group + 8].try_into().expect("eight values");
+        let value = g[0];
+        // All eight equal (compared at once, without a branch per value).
+        if g.iter().fold(0, |acc, &v| acc | (v ^ value)) != 0 {
+            group += 8;
+            continue;
+        }
+        let mut run_end = group + 8;
         while run_end < n && values[run_end] == value {
             run_end += 1;
         }
-        if run_end - i >= 8 {
-            // A run can start only where the literals before it fill whole groups: its first
-            // values complete the last group.
-            let fill = (8 - (i - literal_start) % 8) % 8;
-            if run_end - i >= fill + 8 {
-                let rle_start = i + fill;
-                pack(&values[literal_start..rle_start], bit_width, out);
-                put_rle(value, run_end - rle_start, bit_width, out);
-                literal_start = run_end;
-            }
-        }
-        i = run_end;
+        pack(&values[literal_start..group], bit_width, out);
+        put_rle(value, run_end - group, bit_width, out);
+        literal_start = run_end;
+        group = run_end;
     }
     pack(&values[literal_start..], bit_width, out);
 }
@@ -63,30 +65,47 @@ fn pack(values: &[u32], bit_width: u8, out: &mut Vec<u8>) {
     let groups = values.len().div_ceil(8);
     put_varint(((groups as u64) << 1) | 1, out);
     let width = usize::from(bit_width);
-    out.reserve(groups * width);
+    // Each group is stored as a whole word of 8, 16 or 32 bytes, of which the next group
+    // overwrites what is past its `width` bytes: room for the last word's excess, then cut.
+    let start = out.len();
+    out.resize(start + groups * width + 32, 0);
+    let dst = &mut out[start..];
     let mut chunks = values.chunks_exact(8);
-    for group in chunks.by_ref() {
-        pack_group(group.try_into().expect("eight values"), bit_width, out);
+    for (k, group) in chunks.by_ref().enumerate() {
+        pack_group(
+            group.try_into().expect("eight values"),
+            bit_width,
+            &mut dst[k * width..],
+        );
     }
     let rest = chunks.remainder();
     if !rest.is_empty() {
         let mut group = [0u32; 8];
         group[..rest.len()].copy_from_slice(rest);
-        pack_group(&group, bit_width, out);
+        pack_group(&group, bit_width, &mut dst[(groups - 1) * width..]);
     }
+    out.truncate(start + groups * width);
 }
 
-/// Eight values in `bit_width` bytes.
+/// Eight values in `bit_width` bytes, written at the start of `dst` (which has room for 32),
+/// the bytes after them overwritten.
 #[inline]
-fn pack_group(group: &[u32; 8], bit_width: u8, out: &mut Vec<u8>) {
+fn pack_group(group: &[u32; 8], bit_width: u8, dst: &mut [u8]) {
     let width = u32::from(bit_width);
-    if width <= 16 {
+    if width <= 8 {
+        // Eight values of up to 8 bits fit one 64-bit word.
+        let mut word = 0u64;
+        for (k, &v) in group.iter().enumerate() {
+            word |= u64::from(v) << (k as u32 * width);
+        }
+        dst[..8].copy_from_slice(&word.to_le_bytes());
+    } else if width <= 16 {
         // Eight values of up to 16 bits fit one 128-bit word.
         let mut word = 0u128;
         for (k, &v) in group.iter().enumerate() {
             word |= u128::from(v) << (k as u32 * width);
         }
-        out.extend_from_slice(&word.to_le_bytes()[..width as usize]);
+        dst[..16].copy_from_slice(&word.to_le_bytes());
     } else {
         // Four values of up to 32 bits fit 128 bits; the second half starts where the first
         // ends, which may be within a byte.
@@ -98,17 +117,15 @@ fn pack_group(group: &[u32; 8], bit_width: u8, out: &mut Vec<u8>) {
         for (k, &v) in group[4..].iter().enumerate() {
             high |= u128::from(v) << (k as u32 * width);
         }
-        // 8 * width bits in all, at most 256: write the low 4 * width bits then the rest.
+        // 8 * width bits in all, at most 256: the low 4 * width bits, then the rest.
         let low_bits = 4 * width;
-        let mut bytes = [0u8; 32];
-        bytes[..16].copy_from_slice(&(word | high.checked_shl(low_bits).unwrap_or(0)).to_le_bytes());
+        dst[..16].copy_from_slice(&(word | high.checked_shl(low_bits).unwrap_or(0)).to_le_bytes());
         let rest = if low_bits == 128 {
             high
         } else {
             high >> (128 - low_bits)
         };
-        bytes[16..].copy_from_slice(&rest.to_le_bytes());
-        out.extend_from_slice(&bytes[..width as usize]);
+        dst[16..32].copy_from_slice(&rest.to_le_bytes());
     }
 }
 
