@@ -52,8 +52,8 @@ pub struct EncoderOptions {
     /// many bytes goes into the key whole, even past `max_prefix_bytes`: no rows tie on a
     /// truncated prefix, so none need their values compared. 0 (the default): only
     /// `max_prefix_bytes`. Worth it where a key byte costs less than comparing tied rows does
-    /// (on a GPU: a 32-bit key word is a few milliseconds a 60M rows, ordering TPC-H
-    /// `l_comment`'s 2.8M groups tied on 32 bytes ~0.35 s).
+    /// (on a GPU a 32-bit key word costs a few milliseconds over 60M rows, while ordering
+    /// TPC-H `l_comment`'s 2.8M groups tied on 32 bytes took ~0.35 s).
     pub whole_values_up_to: usize,
 }
 
