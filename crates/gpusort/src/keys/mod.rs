@@ -299,18 +299,13 @@ impl KeyLayout {
         options: &EncoderOptions,
     ) -> Option<usize> {
         use arrow::datatypes::DataType;
-        let mut bits = 0usize;
-        for k in spec.keys() {
-            let data_type = schema.fields().get(k.column)?.data_type();
-            bits += 1 + match data_type {
-                DataType::Utf8View | DataType::BinaryView => {
-                    let prefix = options.max_prefix_bytes;
-                    8 * prefix + (usize::BITS - (prefix + 1).leading_zeros()) as usize
-                }
-                t => 8 * native_ordinal_kind(t)?.native_width()? as usize,
-            };
-        }
-        Some(bits.div_ceil(32))
+        key_words_of(spec, schema, |_, data_type| match data_type {
+            DataType::Utf8View | DataType::BinaryView => {
+                let prefix = options.max_prefix_bytes;
+                Some(8 * prefix + (usize::BITS - (prefix + 1).leading_zeros()) as usize)
+            }
+            t => native_bits(t),
+        })
     }
 
     /// Most words a key of `spec` over columns of `schema` takes, encoded with `options`, when
@@ -328,28 +323,37 @@ impl KeyLayout {
         if bytes.len() != spec.len() {
             return None;
         }
-        let mut bits = 0usize;
-        for (k, stats) in spec.keys().iter().zip(bytes) {
-            let data_type = schema.fields().get(k.column)?.data_type();
-            bits += 1 + match stats {
-                Some(s) => s.shape(options).value_bits() as usize,
-                None => 8 * native_ordinal_kind(data_type)?.native_width()? as usize,
-            };
-        }
-        Some(bits.div_ceil(32))
+        key_words_of(spec, schema, |i, data_type| match &bytes[i] {
+            Some(s) => Some(s.shape(options).value_bits() as usize),
+            None => native_bits(data_type),
+        })
     }
 
     /// Most words a key of `spec` over columns of `schema` can take when every sort column is
     /// [native](native_ordinal_kind) (a null flag and every bit of the type per field), else
     /// `None`.
     pub fn native_max_words(spec: &SortSpec, schema: &arrow::datatypes::Schema) -> Option<usize> {
-        let mut bits = 0usize;
-        for k in spec.keys() {
-            let kind = native_ordinal_kind(schema.fields().get(k.column)?.data_type())?;
-            bits += 1 + 8 * kind.native_width()? as usize;
-        }
-        Some(bits.div_ceil(32))
+        key_words_of(spec, schema, |_, data_type| native_bits(data_type))
     }
+}
+
+/// The 32-bit words of a key of `spec` over columns of `schema` whose `i`-th field takes a
+/// null flag and `value_bits(i, its type)` bits; `None` where a field's bits are not known.
+fn key_words_of(
+    spec: &SortSpec,
+    schema: &arrow::datatypes::Schema,
+    value_bits: impl Fn(usize, &arrow::datatypes::DataType) -> Option<usize>,
+) -> Option<usize> {
+    let mut bits = 0usize;
+    for (i, k) in spec.keys().iter().enumerate() {
+        bits += 1 + value_bits(i, schema.fields().get(k.column)?.data_type())?;
+    }
+    Some(bits.div_ceil(32))
+}
+
+/// Every bit of a [native](native_ordinal_kind) type; `None` for other types.
+fn native_bits(data_type: &arrow::datatypes::DataType) -> Option<usize> {
+    Some(8 * native_ordinal_kind(data_type)?.native_width()? as usize)
 }
 
 /// What a sort column of a native type (see [`native_ordinal_kind`]) contributes to its key
