@@ -43,9 +43,38 @@ impl FromStr for CompressOn {
 /// the CPU's zstd (`writer_props --whole`, stop 23).
 pub const DEFAULT_FRAME_BYTES: usize = 64 << 10;
 
-/// Bytes of pages the GPU takes at once (see [`share_pages`]): 128 frames of
-/// [`DEFAULT_FRAME_BYTES`], about one an SM, and a few milliseconds of nvCOMP's time.
-pub const GPU_BATCH_BYTES: usize = 8 << 20;
+/// How the GPU takes a row group's pages (see [`share_pages`]): calls of about `bytes` of
+/// pages, `calls` of them at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuBatches {
+    /// Bytes of pages a call of nvCOMP's takes.
+    pub bytes: usize,
+    /// Calls a row group has in flight at once (each on a thread and stream of its own).
+    pub calls: usize,
+}
+
+/// nvCOMP's batches unless told otherwise: 8 MiB (128 frames of [`DEFAULT_FRAME_BYTES`]),
+/// one at a time.
+pub const GPU_BATCHES: GpuBatches = GpuBatches {
+    bytes: 8 << 20,
+    calls: 1,
+};
+
+/// `GPUSORT_NVCOMP_BATCHES` (`MiB,calls`, e.g. `32,2`): the batches nvCOMP takes, for
+/// measuring.
+pub const NVCOMP_BATCHES_ENV: &str = "GPUSORT_NVCOMP_BATCHES";
+
+/// `MiB,calls` as [`GpuBatches`].
+fn parse_batches(v: &str) -> Result<GpuBatches, String> {
+    let bad = || format!("{NVCOMP_BATCHES_ENV}={v}: expected MiB,calls such as 32,2");
+    let (mib, calls) = v.split_once(',').ok_or_else(bad)?;
+    let mib: usize = mib.trim().parse().map_err(|_| bad())?;
+    let calls: usize = calls.trim().parse().map_err(|_| bad())?;
+    if !(1..=1024).contains(&mib) || !(1..=64).contains(&calls) {
+        return Err(bad());
+    }
+    Ok(GpuBatches { bytes: mib << 20, calls })
+}
 
 /// zstd on the GPU through nvCOMP and on the CPU at once, each taking the pages the other has
 /// not (see [`share_pages`]): on the GPU each page is cut into frames of `frame_bytes`,
@@ -58,6 +87,7 @@ pub struct NvcompZstd {
     level: i32,
     /// The most of the pages' bytes the GPU takes (0.0 to 1.0, from the first page).
     gpu_share: f64,
+    batches: GpuBatches,
     cpu: CpuZstd,
 }
 
@@ -84,6 +114,7 @@ impl NvcompZstd {
             frame_bytes,
             level,
             gpu_share: DEFAULT_GPU_SHARE,
+            batches: GPU_BATCHES,
             cpu: CpuZstd::new(level),
         })
     }
@@ -92,6 +123,15 @@ impl NvcompZstd {
     /// rest on the CPU at the same time.
     pub fn with_gpu_share(mut self, share: f64) -> Self {
         self.gpu_share = share.clamp(0.0, 1.0);
+        self
+    }
+
+    /// With nvCOMP taking the pages in `batches`.
+    pub fn with_batches(mut self, batches: GpuBatches) -> Self {
+        self.batches = GpuBatches {
+            bytes: batches.bytes.max(1),
+            calls: batches.calls.max(1),
+        };
         self
     }
 
@@ -122,7 +162,7 @@ impl PageCompressor for NvcompZstd {
         share_pages(
             pages,
             gpu_pages(pages, self.gpu_share),
-            GPU_BATCH_BYTES,
+            self.batches,
             |batch| in_frames(batch, self.frame_bytes, gpu),
             || self.cpu.compressor(),
             |compressor, page| self.cpu.compress_one(compressor, page),
@@ -131,15 +171,16 @@ impl PageCompressor for NvcompZstd {
 }
 
 /// `pages` compressed by a GPU and the CPU's threads at once, each taking the next pages the
-/// other has not: the GPU (`gpu`, on a thread of its own) a batch of about `batch_bytes` from
-/// the front, at most the first `gpu_limit` pages in all; the rayon pool's threads (`cpu`, with
-/// a state from `init` each) one page at a time from the back; until they meet. Each side's
-/// share is what it gets through meanwhile: a GPU contended by other row groups, or CPUs busy
-/// encoding, take less. The calling thread waits for the GPU's last batch at most.
+/// other has not: the GPU (`gpu`, called from `batches.calls` threads of its own at once) a
+/// batch of about `batches.bytes` from the front, at most the first `gpu_limit` pages in all;
+/// the rayon pool's threads (`cpu`, with a state from `init` each) one page at a time from the
+/// back; until they meet. Each side's share is what it gets through meanwhile: a GPU contended
+/// by other row groups, or CPUs busy encoding, take less. The calling thread waits for the
+/// GPU's last batches at most.
 pub fn share_pages<S>(
     pages: &[&[u8]],
     gpu_limit: usize,
-    batch_bytes: usize,
+    batches: GpuBatches,
     gpu: impl Fn(&[&[u8]]) -> Result<Vec<Vec<u8>>, ParquetError> + Sync,
     init: impl Fn() -> S + Sync + Send,
     cpu: impl Fn(&mut S, &[u8]) -> Result<Vec<u8>, ParquetError> + Sync + Send,
@@ -156,7 +197,7 @@ pub fn share_pages<S>(
             let (start, end) = {
                 let mut e = lock();
                 let (start, mut end, mut bytes) = (e.0, e.0, 0);
-                while end < e.1.min(gpu_limit) && (end == start || bytes + pages[end].len() <= batch_bytes) {
+                while end < e.1.min(gpu_limit) && (end == start || bytes + pages[end].len() <= batches.bytes) {
                     bytes += pages[end].len();
                     end += 1;
                 }
@@ -180,7 +221,8 @@ pub fn share_pages<S>(
         }
     };
     let (gpu_done, cpu_done) = std::thread::scope(|scope| {
-        let gpu_thread = (gpu_limit > 0).then(|| scope.spawn(gpu_side));
+        let calls = if gpu_limit > 0 { batches.calls.max(1) } else { 0 };
+        let gpu_threads: Vec<_> = (0..calls).map(|_| scope.spawn(&gpu_side)).collect();
         let cpu_done = (0..n)
             .into_par_iter()
             .map_init(&init, |state, _| {
@@ -196,12 +238,10 @@ pub fn share_pages<S>(
                 Ok(())
             })
             .collect::<Result<(), ParquetError>>();
-        let gpu_done = match gpu_thread {
-            Some(t) => t
-                .join()
-                .unwrap_or_else(|_| Err(ParquetError::General("the nvCOMP thread panicked".into()))),
-            None => Ok(()),
-        };
+        let gpu_done = gpu_threads.into_iter().try_for_each(|t| {
+            t.join()
+                .unwrap_or_else(|_| Err(ParquetError::General("an nvCOMP thread panicked".into())))
+        });
         (gpu_done, cpu_done)
     });
     gpu_done?;
@@ -296,7 +336,12 @@ pub fn choose(on: CompressOn, codec: Codec, gpu: PagesGpu) -> Result<PagePath, S
     let opened = match (on, gpu) {
         (CompressOn::Cpu, _) => Err("--compress-on cpu".to_string()),
         (_, Err(why)) => Err(why),
-        (_, Ok(n)) => NvcompZstd::try_new(n, DEFAULT_FRAME_BYTES, level.compression_level()),
+        (_, Ok(n)) => NvcompZstd::try_new(n, DEFAULT_FRAME_BYTES, level.compression_level()).and_then(|z| {
+            match std::env::var(NVCOMP_BATCHES_ENV) {
+                Ok(v) => Ok(z.with_batches(parse_batches(&v)?)),
+                Err(_) => Ok(z),
+            }
+        }),
     };
     match opened {
         Ok(pages) => Ok(PagePath {
@@ -416,6 +461,7 @@ impl PageCompressor for DeferredZstd {
 mod tests {
     use super::*;
     use parquet::file::properties::WriterVersion;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// zstd on the CPU in frames of `.0` bytes: what [`NvcompZstd`] makes, without a GPU.
     #[derive(Debug)]
@@ -457,18 +503,22 @@ mod tests {
             .map(|i| vec![(i % 251) as u8; 100 + (i as usize * 37) % 900])
             .collect();
         let refs: Vec<&[u8]> = pages.iter().map(|p| p.as_slice()).collect();
-        for (limit, gpu_ms) in [(200, 0), (200, 2), (50, 0), (0, 0), (1, 5)] {
+        let cases = [(200, 0, 1), (200, 2, 1), (50, 0, 1), (0, 0, 1), (1, 5, 1), (200, 2, 3), (50, 1, 4), (0, 0, 2)];
+        for (limit, gpu_ms, calls) in cases {
             let batches = Mutex::new(vec![]);
+            let (running, most) = (AtomicUsize::new(0), AtomicUsize::new(0));
             let out = share_pages(
                 &refs,
                 limit,
-                2000,
+                GpuBatches { bytes: 2000, calls },
                 |batch| {
+                    most.fetch_max(running.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
                     batches
                         .lock()
                         .unwrap()
                         .push((batch.len(), batch.iter().map(|p| p.len()).sum::<usize>()));
                     std::thread::sleep(std::time::Duration::from_millis(gpu_ms));
+                    running.fetch_sub(1, Ordering::SeqCst);
                     Ok(batch.iter().map(|p| zstd::bulk::compress(p, 1).unwrap()).collect())
                 },
                 || (),
@@ -483,14 +533,16 @@ mod tests {
             let taken: usize = batches.iter().map(|b| b.0).sum();
             assert!(taken <= limit, "limit {limit}: the GPU took {taken}");
             assert!(batches.iter().all(|&(n, bytes)| n == 1 || bytes <= 2000), "{batches:?}");
+            assert!(most.into_inner() <= calls, "more than {calls} calls at once");
             if limit == 0 {
                 assert!(batches.is_empty());
             }
         }
+        let one = GpuBatches { bytes: 2000, calls: 1 };
         let failing = share_pages(
             &refs,
             200,
-            2000,
+            GpuBatches { bytes: 2000, calls: 2 },
             |_| Err(ParquetError::General("no GPU".into())),
             || (),
             // Slow enough that the GPU takes a batch before the CPU has taken every page.
@@ -503,17 +555,26 @@ mod tests {
         let failing = share_pages(
             &refs,
             0,
-            2000,
+            one,
             |batch| Ok(batch.iter().map(|p| p.to_vec()).collect()),
             || (),
             |_, _| Err(ParquetError::General("no zstd".into())),
         );
         assert!(failing.unwrap_err().to_string().contains("no zstd"));
         assert!(
-            share_pages(&[], 5, 10, |_| unreachable!(), || (), |_, _| unreachable!())
+            share_pages(&[], 5, one, |_| unreachable!(), || (), |_, _| unreachable!())
                 .unwrap()
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn nvcomp_batches_parse() {
+        assert_eq!(parse_batches("32,2"), Ok(GpuBatches { bytes: 32 << 20, calls: 2 }));
+        assert_eq!(parse_batches(" 8 , 1 "), Ok(GPU_BATCHES));
+        for bad in ["32", "0,1", "8,0", "x,2", "8,65", "2048,1"] {
+            assert!(parse_batches(bad).unwrap_err().contains("MiB,calls"), "{bad}");
+        }
     }
 
     #[test]
