@@ -257,11 +257,15 @@ impl Pages {
         }
     }
 
-    /// The codec and where it ran, for the summary.
+    /// The codec and where it ran, for the summary (with the GPU's share of the bytes).
     fn label(&self) -> String {
-        match self {
+        let label = match self {
             Self::Deferred(d) => d.name(),
             Self::Now(path) => path.label.clone(),
+        };
+        match self.compressor().and_then(|c| c.report()) {
+            Some(report) => format!("{label}: {report}"),
+            None => label,
         }
     }
 }

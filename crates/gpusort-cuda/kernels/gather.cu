@@ -309,17 +309,34 @@ __device__ __forceinline__ bool view_is_long(const uint4& v, const u32* valid, s
     return v.x > 12 && (valid == nullptr || (valid[i >> 5] >> (i & 31) & 1u));
 }
 
-// views_block_bytes: rows [0, rows) of `views` in blocks of `block_rows` rows, a thread block a
-// block (blockDim.x a multiple of 32): each long value's offset among its block's out-of-line
-// bytes (offsets[i]; 0 for the others) and each block's out-of-line bytes in all
-// (block_bytes[b]). The host lays the blocks out one after another from these.
+// A block of output rows is scanned in tiles of at most `tile_rows` rows, a thread block a
+// tile (a block of a million rows scanned by one thread block took ~4 ms a column): tile t is
+// the (t % tiles_per_block)-th tile of output block t / tiles_per_block, and ends at its block's
+// end. Tiles of one block are in row order, so the block's bytes are its tiles' one after
+// another.
+__device__ __forceinline__ u32 view_tiles_per_block(u32 block_rows, u32 tile_rows) {
+    return (block_rows + tile_rows - 1) / tile_rows;
+}
+
+__device__ __forceinline__ size_t view_tile_of(size_t row, u32 block_rows, u32 tile_rows) {
+    const size_t b = row / block_rows;
+    return b * view_tiles_per_block(block_rows, tile_rows) + (row - b * block_rows) / tile_rows;
+}
+
+// views_block_bytes: rows [0, rows) of `views` in blocks of `block_rows` rows, in tiles of
+// `tile_rows` (see above), a thread block a tile (blockDim.x a multiple of 32): each long
+// value's offset among its tile's out-of-line bytes (offsets[i]; 0 for the others) and each
+// tile's out-of-line bytes in all (tile_bytes[t]). The host lays the tiles out one after
+// another from these.
 extern "C" __global__ void views_block_bytes(const uint4* __restrict__ views, const u32* __restrict__ valid, u32 rows,
-                                             u32 block_rows, u32* __restrict__ offsets,
-                                             u64* __restrict__ block_bytes) {
+                                             u32 block_rows, u32 tile_rows, u32* __restrict__ offsets,
+                                             u64* __restrict__ tile_bytes) {
     __shared__ u64 warp_sums[32];
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    const size_t first = (size_t)blockIdx.x * block_rows;
-    const size_t end = min((size_t)rows, first + block_rows);
+    const u32 per_block = view_tiles_per_block(block_rows, tile_rows);
+    const size_t block_first = (size_t)(blockIdx.x / per_block) * block_rows;
+    const size_t first = block_first + (size_t)(blockIdx.x % per_block) * tile_rows;
+    const size_t end = min(min((size_t)rows, block_first + block_rows), first + tile_rows);
     u64 running = 0;
     for (size_t base = first; base < end; base += blockDim.x) {
         const size_t i = base + threadIdx.x;
@@ -352,18 +369,20 @@ extern "C" __global__ void views_block_bytes(const uint4* __restrict__ views, co
         running += warp_sums[warps - 1];
         __syncthreads();
     }
-    if (threadIdx.x == 0) block_bytes[blockIdx.x] = running;
+    if (threadIdx.x == 0) tile_bytes[blockIdx.x] = running;
 }
 
 // views_compact: the views of rows [0, rows) rewritten for their block's own buffer (index 0,
-// offset offsets[i]; short and invalid values as they are, invalid long ones emptied) into
-// out_views, and each long value's bytes copied from buffers[index] + offset to
-// out_bytes + block_base[block] + offsets[i]. A warp takes 32 rows and copies their values one
-// after another, 32 lanes a value.
+// offset tile_in_block[tile] + offsets[i]; short and invalid values as they are, invalid long
+// ones emptied) into out_views, and each long value's bytes copied from buffers[index] + offset
+// to out_bytes + tile_base[tile] + offsets[i] (tiles as views_block_bytes cuts them;
+// tile_in_block: where a tile's bytes start in its block's, tile_base: in out_bytes). A warp
+// takes 32 rows and copies their values one after another, 32 lanes a value.
 extern "C" __global__ void views_compact(const uint4* __restrict__ views, const u32* __restrict__ valid, u32 rows,
-                                         u32 block_rows, const u32* __restrict__ offsets,
-                                         const u64* __restrict__ block_base, const u64* __restrict__ buffers,
-                                         uint4* __restrict__ out_views, u8* __restrict__ out_bytes) {
+                                         u32 block_rows, u32 tile_rows, const u32* __restrict__ offsets,
+                                         const u64* __restrict__ tile_base, const u32* __restrict__ tile_in_block,
+                                         const u64* __restrict__ buffers, uint4* __restrict__ out_views,
+                                         u8* __restrict__ out_bytes) {
     const u32 lane = threadIdx.x & 31;
     const size_t warp = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const size_t warps = ((size_t)gridDim.x * blockDim.x) >> 5;
@@ -377,9 +396,10 @@ extern "C" __global__ void views_compact(const uint4* __restrict__ views, const 
             long_value = view_is_long(v, valid, mine);
             uint4 out = v;
             if (long_value) {
+                const size_t tile = view_tile_of(mine, block_rows, tile_rows);
                 to = offsets[mine];
                 out.z = 0;
-                out.w = to;
+                out.w = tile_in_block[tile] + to;
             } else if (v.x > 12) {
                 out = make_uint4(0, 0, 0, 0);
             }
@@ -394,7 +414,7 @@ extern "C" __global__ void views_compact(const uint4* __restrict__ views, const 
             const u32 at = __shfl_sync(0xffffffffu, to, r);
             const size_t row = base + r;
             const u8* src = reinterpret_cast<const u8*>(buffers[buffer]) + offset;
-            u8* dst = out_bytes + block_base[row / block_rows] + at;
+            u8* dst = out_bytes + tile_base[view_tile_of(row, block_rows, tile_rows)] + at;
             for (u32 k = lane; k < len; k += 32) dst[k] = src[k];
         }
     }

@@ -739,7 +739,7 @@ fn views_compacted_on_the_device_hold_only_their_own_batch_bytes() {
     );
     let (mut rng, seed) = rng_from_env(0xc0_4ac7);
     let mut compacted_batches = 0;
-    for case in 0..12 {
+    for case in 0..14 {
         let parts = view_batches(&mut rng, 40);
         let schema = parts[0].schema();
         let batch = arrow::compute::concat_batches(&schema, &parts).unwrap();
@@ -753,7 +753,16 @@ fn views_compacted_on_the_device_hold_only_their_own_batch_bytes() {
         ][case % 3]
             .clone();
         let limit = (case % 4 == 3).then(|| batch.num_rows() / 3);
-        let (range_rows, batch_rows) = [(999, 37), (5000, 1000), (4096, 1), (70_000, 8192), (3000, 3000)][case % 5];
+        // Batches of over 8,192 rows are laid out in several tiles each (`VIEW_TILE_ROWS`).
+        let (range_rows, batch_rows) = [
+            (999, 37),
+            (5000, 1000),
+            (4096, 1),
+            (70_000, 8192),
+            (3000, 3000),
+            (70_000, 20_000),
+            (30_000, 30_000),
+        ][case % 7];
         let what = format!(
             "seed {seed} case {case}: {} rows, {spec:?}, limit {limit:?}, ranges of {range_rows}, batches of {batch_rows}",
             batch.num_rows()

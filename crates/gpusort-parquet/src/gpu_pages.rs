@@ -89,6 +89,8 @@ pub struct NvcompZstd {
     gpu_share: f64,
     batches: GpuBatches,
     cpu: CpuZstd,
+    /// Bytes of pages the CPU compressed.
+    cpu_bytes: std::sync::atomic::AtomicU64,
 }
 
 /// The most of a row group's page bytes nvCOMP may compress: all of them. What it does take
@@ -116,6 +118,7 @@ impl NvcompZstd {
             gpu_share: DEFAULT_GPU_SHARE,
             batches: GPU_BATCHES,
             cpu: CpuZstd::new(level),
+            cpu_bytes: Default::default(),
         })
     }
 
@@ -165,8 +168,26 @@ impl PageCompressor for NvcompZstd {
             self.batches,
             |batch| in_frames(batch, self.frame_bytes, gpu),
             || self.cpu.compressor(),
-            |compressor, page| self.cpu.compress_one(compressor, page),
+            |compressor, page| {
+                self.cpu_bytes
+                    .fetch_add(page.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                self.cpu.compress_one(compressor, page)
+            },
         )
+    }
+
+    /// The GPU's share of the bytes, e.g. `78% of the bytes on the GPU in 61 calls`.
+    fn report(&self) -> Option<String> {
+        let gpu = self.stats();
+        let cpu = self.cpu_bytes.load(std::sync::atomic::Ordering::Relaxed);
+        let total = gpu.bytes_in + cpu;
+        (total > 0).then(|| {
+            format!(
+                "{:.0}% of the bytes on the GPU in {} calls",
+                100.0 * gpu.bytes_in as f64 / total as f64,
+                gpu.calls
+            )
+        })
     }
 }
 
@@ -455,6 +476,10 @@ impl PageCompressor for DeferredZstd {
     fn compress(&self, pages: &[&[u8]]) -> Result<Vec<Vec<u8>>, ParquetError> {
         self.chosen().1.compress(pages)
     }
+
+    fn report(&self) -> Option<String> {
+        self.chosen.get().and_then(|(_, c)| c.report())
+    }
 }
 
 #[cfg(test)]
@@ -605,9 +630,9 @@ mod tests {
         crate::pages::tests::write(&expected, None, WriterVersion::PARQUET_1_0)
             .await
             .unwrap();
-        for share in [1.0, 0.5, 0.0] {
+        for (share, calls) in [(1.0, 1), (1.0, 3), (0.5, 2), (0.0, 1)] {
             let pages = match NvcompZstd::try_new(0, 512, 3) {
-                Ok(p) => p.with_gpu_share(share),
+                Ok(p) => p.with_gpu_share(share).with_batches(GpuBatches { bytes: 4096, calls }),
                 Err(why) if std::env::var("GPUSORT_REQUIRE_NVCOMP").as_deref() == Ok("1") => {
                     panic!("GPUSORT_REQUIRE_NVCOMP=1 but {why}")
                 }
@@ -620,7 +645,7 @@ mod tests {
                 Err(why) => return eprintln!("nvcomp_pages_read_as_the_parquet_crates did not run: {why}"),
             };
             let pages = Arc::new(pages);
-            let actual = dir.path().join(format!("nvcomp-{share}.parquet"));
+            let actual = dir.path().join(format!("nvcomp-{share}-{calls}.parquet"));
             crate::pages::tests::write(&actual, Some(Arc::clone(&pages) as _), WriterVersion::PARQUET_1_0)
                 .await
                 .unwrap();
@@ -631,6 +656,11 @@ mod tests {
                 "share {share}: {:?}",
                 pages.stats()
             );
+            let report = pages.report().unwrap();
+            assert!(report.ends_with(&format!("in {} calls", pages.stats().calls)), "{report}");
+            if share == 0.0 {
+                assert!(report.starts_with("0% of the bytes on the GPU"), "{report}");
+            }
         }
     }
 

@@ -55,6 +55,11 @@ pub trait PageCompressor: Send + Sync + std::fmt::Debug {
     fn name(&self) -> String;
     /// One compressed buffer per input, in order.
     fn compress(&self, pages: &[&[u8]]) -> Result<Vec<Vec<u8>>, ParquetError>;
+    /// What it did so far, for the summary where there is more to say than [`Self::name`]
+    /// (e.g. the GPU's share of the bytes).
+    fn report(&self) -> Option<String> {
+        None
+    }
 }
 
 /// zstd on the CPU: the pages compressed in parallel on rayon's threads, one zstd frame each.

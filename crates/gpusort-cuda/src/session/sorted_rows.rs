@@ -122,6 +122,9 @@ pub struct SortedRows {
     rows: usize,
     next: usize,
     stats: SortStats,
+    /// Of the last range's start of downloads: the time in host buffers' allocation and in the
+    /// views' compaction on the device (for the timeline).
+    start_parts: [Duration; 2],
 }
 
 impl std::fmt::Debug for SortedRows {
@@ -146,6 +149,7 @@ impl SortedRows {
             rows: 0,
             next: 0,
             stats,
+            start_parts: Default::default(),
         }
     }
 
@@ -197,6 +201,7 @@ impl SortedRows {
             rows,
             next: 0,
             stats,
+            start_parts: Default::default(),
         }
     }
 
@@ -296,9 +301,11 @@ impl SortedRows {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         log::debug!(
             target: "gpusort::timeline",
-            "session: rows {first}..{} handed out (downloads started {:.2} ms, host gather {:.2}, downloads done {:.2})",
+            "session: rows {first}..{} handed out (downloads started {:.2} ms [host buffers {:.2}, views compacted {:.2}], host gather {:.2}, downloads done {:.2})",
             first + rows,
             ms(started),
+            ms(self.start_parts[0]),
+            ms(self.start_parts[1]),
             ms(gathered - started),
             ms(downloaded - gathered),
         );
@@ -346,6 +353,7 @@ impl SortedRows {
         events[0].record(gpu.stream())?;
         let before = d.copies.from_device;
         let mut out = vec![];
+        let (mut in_alloc, mut in_compact) = (Duration::ZERO, Duration::ZERO);
         for (k, c) in self.device_columns.iter().enumerate() {
             let dev = match plan.direct {
                 true => &sorted.table.columns[k].data,
@@ -364,16 +372,22 @@ impl SortedRows {
                 (Some(block_rows), true, Some(Some(b))) if gpu.options().compact_views => Some((block_rows, &b.table)),
                 _ => None,
             };
+            let t = Instant::now();
             let compacted = match buffers {
                 Some((block_rows, table)) => {
                     gpu.compact_views(dev, first, rows, dev_bits.as_ref(), block_rows, table)?
                 }
                 None => None,
             };
+            in_compact += t.elapsed();
+            let t = Instant::now();
             let mut values = pool.transfer_buffer(rows * c.width);
+            in_alloc += t.elapsed();
             let compacted = match compacted {
                 Some(views) => {
+                    let t = Instant::now();
                     let mut bytes = pool.transfer_buffer(*views.bases.last().expect("the end") as usize);
+                    in_alloc += t.elapsed();
                     // SAFETY: read only after the stream passed the copies (finish_downloads);
                     // the device buffers are freed in stream order, after them.
                     unsafe {
@@ -404,6 +418,7 @@ impl SortedRows {
             });
         }
         events[1].record(gpu.stream())?;
+        self.start_parts = [in_alloc, in_compact];
         self.stats.bytes_from_device += d.copies.from_device - before;
         Ok((out, Some(events)))
     }
@@ -511,7 +526,11 @@ impl SortedRows {
             }
             self.stats.device_time = Some(device_time);
             drop(d);
-            log::debug!(target: "gpusort::timeline", "session: device memory released");
+            log::debug!(
+                target: "gpusort::timeline",
+                "session: device memory released (pinned pool: {:?})",
+                PinnedPool::global().stats()
+            );
         }
         if let Some(columns) = self.host.take() {
             rayon::spawn(move || drop(columns));
