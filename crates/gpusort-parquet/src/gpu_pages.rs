@@ -81,7 +81,10 @@ fn parse_batches(v: &str) -> Result<GpuBatches, String> {
     if !(1..=1024).contains(&mib) || !(1..=64).contains(&calls) {
         return Err(bad());
     }
-    Ok(GpuBatches { bytes: mib << 20, calls })
+    Ok(GpuBatches {
+        bytes: mib << 20,
+        calls,
+    })
 }
 
 /// zstd on the GPU through nvCOMP and on the CPU at once, each taking the pages the other has
@@ -251,7 +254,7 @@ pub fn share_pages<S>(
     };
     let (gpu_done, cpu_done) = std::thread::scope(|scope| {
         let calls = if gpu_limit > 0 { batches.calls.max(1) } else { 0 };
-        let gpu_threads: Vec<_> = (0..calls).map(|_| scope.spawn(&gpu_side)).collect();
+        let gpu_threads: Vec<_> = (0..calls).map(|_| scope.spawn(gpu_side)).collect();
         let cpu_done = (0..n)
             .into_par_iter()
             .map_init(&init, |state, _| {
@@ -536,7 +539,16 @@ mod tests {
             .map(|i| vec![(i % 251) as u8; 100 + (i as usize * 37) % 900])
             .collect();
         let refs: Vec<&[u8]> = pages.iter().map(|p| p.as_slice()).collect();
-        let cases = [(200, 0, 1), (200, 2, 1), (50, 0, 1), (0, 0, 1), (1, 5, 1), (200, 2, 3), (50, 1, 4), (0, 0, 2)];
+        let cases = [
+            (200, 0, 1),
+            (200, 2, 1),
+            (50, 0, 1),
+            (0, 0, 1),
+            (1, 5, 1),
+            (200, 2, 3),
+            (50, 1, 4),
+            (0, 0, 2),
+        ];
         for (limit, gpu_ms, calls) in cases {
             let batches = Mutex::new(vec![]);
             let (running, most) = (AtomicUsize::new(0), AtomicUsize::new(0));
@@ -603,7 +615,13 @@ mod tests {
 
     #[test]
     fn nvcomp_batches_parse() {
-        assert_eq!(parse_batches("32,2"), Ok(GpuBatches { bytes: 32 << 20, calls: 2 }));
+        assert_eq!(
+            parse_batches("32,2"),
+            Ok(GpuBatches {
+                bytes: 32 << 20,
+                calls: 2
+            })
+        );
         assert_eq!(parse_batches(" 64 , 2 "), Ok(GPU_BATCHES));
         for bad in ["32", "0,1", "8,0", "x,2", "8,65", "2048,1"] {
             assert!(parse_batches(bad).unwrap_err().contains("MiB,calls"), "{bad}");
@@ -665,7 +683,10 @@ mod tests {
                 pages.stats()
             );
             let report = pages.report().unwrap();
-            assert!(report.ends_with(&format!("in {} calls", pages.stats().calls)), "{report}");
+            assert!(
+                report.ends_with(&format!("in {} calls", pages.stats().calls)),
+                "{report}"
+            );
             if share == 0.0 {
                 assert!(report.starts_with("0% of the bytes on the GPU"), "{report}");
             }
