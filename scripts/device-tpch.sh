@@ -10,9 +10,14 @@
 #   SF=10 LISTS=1,2,3 CONTENDERS=gpu,cpu,duckdb RUNS=2 EXTRA="" bash scripts/device-tpch.sh
 set -u
 . "$(dirname "$0")/device-unpack.sh"
+# Each wheel where it is carried and not yet installed (an earlier call's device-setup.sh may
+# have installed tpchgen-cli and left DuckDB to this call, or the other way round).
+mkdir -p /tmp/site
 if [ ! -d /tmp/site/duckdb ]; then
-  mkdir -p /tmp/site && tar xf .gpu/duckdb.tar -C /tmp/site &&
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/tpchgen_cli-*.whl || exit 1
+  tar xf .gpu/duckdb.tar -C /tmp/site || { echo "DuckDB: no .gpu/duckdb.tar(.xz) carried"; exit 1; }
+fi
+if [ ! -x /tmp/site/bin/tpchgen-cli ] && ls .gpu/tpchgen_cli-*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/tpchgen_cli-*.whl || exit 1
 fi
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
