@@ -68,6 +68,49 @@ pub const GPU_BATCHES: GpuBatches = GpuBatches {
     calls: 2,
 };
 
+/// nvCOMP calls one writer has in flight at once, over all its row groups: each holds its
+/// pages packed in pinned memory and about twice their bytes on the device, so 16 row groups
+/// of two 64 MiB calls each would hold ~2 GiB pinned. Four calls in flight were the bench's
+/// fastest (3.8 GB/s, `nvcomp` bench, stop 39); on lineitem a writer seldom had more than two.
+pub const GPU_CALLS_IN_FLIGHT: usize = 4;
+
+/// At most `max` holders at once ([`Self::enter`] waits for a place).
+#[derive(Debug)]
+struct CallGate {
+    max: usize,
+    running: std::sync::Mutex<usize>,
+    freed: std::sync::Condvar,
+}
+
+/// A place in a [`CallGate`], given back when dropped.
+struct CallPlace<'a>(&'a CallGate);
+
+impl CallGate {
+    fn new(max: usize) -> Self {
+        Self {
+            max: max.max(1),
+            running: std::sync::Mutex::new(0),
+            freed: std::sync::Condvar::new(),
+        }
+    }
+
+    fn enter(&self) -> CallPlace<'_> {
+        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        while *running >= self.max {
+            running = self.freed.wait(running).unwrap_or_else(|p| p.into_inner());
+        }
+        *running += 1;
+        CallPlace(self)
+    }
+}
+
+impl Drop for CallPlace<'_> {
+    fn drop(&mut self) {
+        *self.0.running.lock().unwrap_or_else(|p| p.into_inner()) -= 1;
+        self.0.freed.notify_one();
+    }
+}
+
 /// `GPUSORT_NVCOMP_BATCHES` (`MiB,calls`, e.g. `32,2`): the batches nvCOMP takes instead of
 /// [`GPU_BATCHES`] (`scripts/device-nvcomp-batches.sh` measures them).
 pub const NVCOMP_BATCHES_ENV: &str = "GPUSORT_NVCOMP_BATCHES";
@@ -99,6 +142,8 @@ pub struct NvcompZstd {
     /// The most of the pages' bytes the GPU takes (0.0 to 1.0, from the first page).
     gpu_share: f64,
     batches: GpuBatches,
+    /// Calls in flight over all row groups ([`GPU_CALLS_IN_FLIGHT`]).
+    in_flight: CallGate,
     cpu: CpuZstd,
     /// Bytes of pages the CPU compressed.
     cpu_bytes: std::sync::atomic::AtomicU64,
@@ -128,6 +173,7 @@ impl NvcompZstd {
             level,
             gpu_share: DEFAULT_GPU_SHARE,
             batches: GPU_BATCHES,
+            in_flight: CallGate::new(GPU_CALLS_IN_FLIGHT),
             cpu: CpuZstd::new(level),
             cpu_bytes: Default::default(),
         })
@@ -168,7 +214,10 @@ impl PageCompressor for NvcompZstd {
     /// [`share_pages`] does, the GPU taking at most its share of the bytes.
     fn compress(&self, pages: &[&[u8]]) -> Result<Vec<Vec<u8>>, ParquetError> {
         // Where the device memory budget has no room now (the sorts hold it), the CPU.
-        let gpu = |frames: &[&[u8]]| match self.gpu.try_compress(frames) {
+        let gpu = |frames: &[&[u8]]| match {
+            let _place = self.in_flight.enter();
+            self.gpu.try_compress(frames)
+        } {
             Ok(Some(out)) => Ok(out),
             Ok(None) => self.cpu.compress(frames),
             Err(e) => Err(ParquetError::External(Box::new(e))),
@@ -611,6 +660,31 @@ mod tests {
                 .unwrap()
                 .is_empty()
         );
+    }
+
+    /// Every caller gets through, never more than the gate's places at once.
+    #[test]
+    fn the_call_gate_holds_at_most_its_places() {
+        let gate = CallGate::new(3);
+        let (running, most, done) = (AtomicUsize::new(0), AtomicUsize::new(0), AtomicUsize::new(0));
+        std::thread::scope(|s| {
+            for _ in 0..12 {
+                s.spawn(|| {
+                    for _ in 0..5 {
+                        let _place = gate.enter();
+                        most.fetch_max(running.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                        running.fetch_sub(1, Ordering::SeqCst);
+                        done.fetch_add(1, Ordering::SeqCst);
+                    }
+                });
+            }
+        });
+        assert_eq!(done.into_inner(), 60);
+        let most = most.into_inner();
+        assert!((1..=3).contains(&most), "{most} at once");
+        assert_eq!(*gate.running.lock().unwrap(), 0);
+        assert_eq!(CallGate::new(0).max, 1);
     }
 
     #[test]
