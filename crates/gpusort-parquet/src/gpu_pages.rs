@@ -214,13 +214,16 @@ impl PageCompressor for NvcompZstd {
     /// [`share_pages`] does, the GPU taking at most its share of the bytes.
     fn compress(&self, pages: &[&[u8]]) -> Result<Vec<Vec<u8>>, ParquetError> {
         // Where the device memory budget has no room now (the sorts hold it), the CPU.
-        let gpu = |frames: &[&[u8]]| match {
-            let _place = self.in_flight.enter();
-            self.gpu.try_compress(frames)
-        } {
-            Ok(Some(out)) => Ok(out),
-            Ok(None) => self.cpu.compress(frames),
-            Err(e) => Err(ParquetError::External(Box::new(e))),
+        let gpu = |frames: &[&[u8]]| {
+            let compressed = {
+                let _place = self.in_flight.enter();
+                self.gpu.try_compress(frames)
+            };
+            match compressed {
+                Ok(Some(out)) => Ok(out),
+                Ok(None) => self.cpu.compress(frames),
+                Err(e) => Err(ParquetError::External(Box::new(e))),
+            }
         };
         share_pages(
             pages,
