@@ -71,7 +71,8 @@ pub const GPU_BATCHES: GpuBatches = GpuBatches {
 /// nvCOMP calls one writer has in flight at once, over all its row groups: each holds its
 /// pages packed in pinned memory and about twice their bytes on the device, so 16 row groups
 /// of two 64 MiB calls each would hold ~2 GiB pinned. Four calls in flight were the bench's
-/// fastest (3.8 GB/s, `nvcomp` bench, stop 39); on lineitem a writer seldom had more than two.
+/// fastest (3.8 GB/s, `nvcomp` bench, stop 39); on lineitem a writer had 3-5 in flight for a
+/// fifth of its writing phase, more than 4 for 5 ms.
 pub const GPU_CALLS_IN_FLIGHT: usize = 4;
 
 /// At most `max` holders at once ([`Self::enter`] waits for a place).
