@@ -211,8 +211,9 @@ impl PageCompressor for NvcompZstd {
         format!("zstd on the GPU (nvCOMP {})", self.gpu.version())
     }
 
-    /// The GPU (on a thread of its own) and the CPU's threads share the pages as
-    /// [`share_pages`] does, the GPU taking at most its share of the bytes.
+    /// The GPU (from `batches.calls` threads of its own, at most [`GPU_CALLS_IN_FLIGHT`] calls
+    /// of this compressor at once) and the CPU's threads share the pages as [`share_pages`]
+    /// does, the GPU taking at most its share of the bytes.
     fn compress(&self, pages: &[&[u8]]) -> Result<Vec<Vec<u8>>, ParquetError> {
         // Where the device memory budget has no room now (the sorts hold it), the CPU.
         let gpu = |frames: &[&[u8]]| {
@@ -222,7 +223,12 @@ impl PageCompressor for NvcompZstd {
             };
             match compressed {
                 Ok(Some(out)) => Ok(out),
-                Ok(None) => self.cpu.compress(frames),
+                Ok(None) => {
+                    let bytes: usize = frames.iter().map(|f| f.len()).sum();
+                    self.cpu_bytes
+                        .fetch_add(bytes as u64, std::sync::atomic::Ordering::Relaxed);
+                    self.cpu.compress(frames)
+                }
                 Err(e) => Err(ParquetError::External(Box::new(e))),
             }
         };
@@ -240,7 +246,8 @@ impl PageCompressor for NvcompZstd {
         )
     }
 
-    /// The GPU's share of the bytes, e.g. `78% of the bytes on the GPU in 61 calls`.
+    /// The GPU's share of the bytes, e.g. `78% of the bytes on the GPU in 61 calls` (batches
+    /// the device memory budget refused count as the CPU's).
     fn report(&self) -> Option<String> {
         let gpu = self.stats();
         let cpu = self.cpu_bytes.load(std::sync::atomic::Ordering::Relaxed);
