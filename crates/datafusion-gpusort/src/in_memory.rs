@@ -378,7 +378,7 @@ impl InMemorySorter {
         // Rows that will come down in ranges: every view column's values are laid out on the
         // device for them (not only a view key's), where the device memory allows.
         let kept = limit.unwrap_or(usize::MAX).min(session.num_rows());
-        let session = session.with_output_views(range_rows > 0 && kept > range_rows);
+        let session = (session.with_output_views(range_rows > 0 && kept > range_rows)).with_output_ranges(range_rows);
         let out = blocking(move || {
             let _timer = timer.timer();
             let device = gpusort::SortBackend::name(gpu.as_ref());

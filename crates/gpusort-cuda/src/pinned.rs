@@ -568,6 +568,55 @@ impl PinnedPool {
         HostBuffer::heap(len)
     }
 
+    /// Pins blocks ahead of their requests: afterwards the free lists hold at least as many
+    /// blocks of each class as `lens` has requests of it (a length listed twice wants two
+    /// blocks). Missing blocks are allocated up to the limit, evicting nothing; the first
+    /// refusal ends it. Returns the bytes newly pinned.
+    ///
+    /// Why: a new block costs ~10-50 ms (faulting and registering its pages, slower while the
+    /// cores are busy), so a caller whose requests are known ahead, the sorted rows handed out
+    /// a range at a time, pins the next ranges' blocks on a thread of its own instead of on
+    /// its path.
+    pub fn ensure_free(&self, lens: &[usize]) -> usize {
+        let mut wanted: BTreeMap<usize, usize> = BTreeMap::new();
+        for &len in lens.iter().filter(|&&l| l > 0) {
+            *wanted.entry(class_size(len)).or_default() += 1;
+        }
+        let Some(allocator) = self.shared.allocator() else {
+            return 0;
+        };
+        let mut pinned = 0;
+        for (size, want) in wanted {
+            loop {
+                {
+                    let mut state = self.shared.state();
+                    let have = state.free.get(&size).map_or(0, Vec::len);
+                    if have >= want || state.pinned_bytes + size > state.limit {
+                        break;
+                    }
+                    // Counted now, so that concurrent requests stay under the limit.
+                    state.pinned_bytes += size;
+                }
+                match allocator.allocate(size) {
+                    Ok(ptr) => {
+                        let mut state = self.shared.state();
+                        state.allocated += 1;
+                        state.free.entry(size).or_default().push(BlockPtr(ptr));
+                        state.free_bytes += size;
+                        pinned += size;
+                    }
+                    Err(e) => {
+                        let mut state = self.shared.state();
+                        state.pinned_bytes -= size;
+                        state.last_error = Some(e);
+                        return pinned;
+                    }
+                }
+            }
+        }
+        pinned
+    }
+
     fn pinned(&self, block: BlockPtr, size: usize, len: usize) -> HostBuffer {
         HostBuffer {
             ptr: block.0,
@@ -851,6 +900,39 @@ mod tests {
         pool.set_limit(2 << 20);
         assert_eq!(pool.stats().pinned_bytes, 2 << 20);
         assert_eq!(a.live_bytes.load(Ordering::SeqCst), 2 << 20);
+    }
+
+    #[test]
+    fn blocks_pinned_ahead_serve_the_requests_they_were_pinned_for() {
+        let (pool, a) = pool(16 << 20);
+        // Two blocks of one class (two lengths of it), one of another; zero wants nothing.
+        let pinned = pool.ensure_free(&[1 << 20, (1 << 20) - 4096, 3 << 20, 0]);
+        assert_eq!(pinned, 2 * (1 << 20) + (3 << 20));
+        let s = pool.stats();
+        assert_eq!((s.allocated, s.free_bytes, s.pinned_bytes), (3, pinned, pinned));
+        // Already there: nothing more.
+        assert_eq!(pool.ensure_free(&[1 << 20, 3 << 20]), 0);
+        let (x, y, z) = (pool.alloc(1 << 20), pool.alloc(1 << 20), pool.alloc(3 << 20));
+        assert!(x.is_pinned() && y.is_pinned() && z.is_pinned());
+        let s = pool.stats();
+        assert_eq!((s.allocated, s.reused, s.free_bytes), (3, 3, 0));
+        // One more of the first class; the limit stops it short of a second 8 MiB block.
+        assert_eq!(pool.ensure_free(&[1 << 20, 8 << 20, 8 << 20]), (1 << 20) + (8 << 20));
+        assert_eq!(pool.stats().pinned_bytes, 14 << 20);
+        assert_eq!(a.live_bytes.load(Ordering::SeqCst), 14 << 20);
+        drop((x, y, z));
+        // A refusal ends it and says why.
+        let refusing = Arc::new(CountingAllocator {
+            fail_over: Some(1 << 20),
+            ..Default::default()
+        });
+        let pool = PinnedPool::with_allocator(1 << 30, refusing);
+        // Classes go smallest first: 64 KiB and 1 MiB pinned, 2 MiB refused.
+        assert_eq!(pool.ensure_free(&[1 << 20, 2 << 20, 1000]), (1 << 20) + MIN_BLOCK);
+        assert!(pool.last_error().unwrap().contains("refused"));
+        assert_eq!(pool.stats().pinned_bytes, (1 << 20) + MIN_BLOCK);
+        // No allocator: nothing pinned.
+        assert_eq!(PinnedPool::new(1 << 30).ensure_free(&[1 << 20]), 0);
     }
 
     #[test]

@@ -20,6 +20,7 @@ use gpusort::ties::{TailGroups, TieBitmaps, TruncationTest};
 use gpusort::{EncoderOptions, KeyEncoder, SortKey, SortOutput, SortSpec, SortStats};
 use rayon::prelude::*;
 
+use super::range_blocks::RangeBlocks;
 use super::sorted_rows::SortedRows;
 use super::upload::{DeviceSegment, Uploaded};
 use super::{GpuColumn, GpuSortSession};
@@ -251,6 +252,7 @@ impl GpuSortSession {
             "session: {} bytes of the device budget held",
             plan.reservation.bytes()
         );
+        let blocks = self.range_blocks(&plan, limit);
 
         // The device phase: one sort at a time on the sort stream.
         let waiting = Instant::now();
@@ -271,7 +273,29 @@ impl GpuSortSession {
         drop(device);
         stats.sort_time = start.elapsed();
         log::debug!(target: "gpusort::timeline", "session: sorted rows on the device");
-        Ok(SortedRows::new(self, host, plan, sorted, copies, limit, stats))
+        Ok(SortedRows::new(self, host, plan, sorted, copies, limit, stats, blocks))
+    }
+
+    /// The blocks the sorted rows' ranges come down into: for a caller that takes more than
+    /// one range ([`Self::with_output_ranges`]), planned and pinned ahead now, while the device
+    /// sorts; else learnt from the first range.
+    fn range_blocks(&self, plan: &DevicePlan, limit: usize) -> RangeBlocks {
+        let range_rows = self.output_ranges;
+        if range_rows == 0 || limit <= range_rows {
+            return RangeBlocks::new(plan.columns.len());
+        }
+        let widths: Vec<usize> = plan.columns.iter().map(|c| c.width).collect();
+        // With output views, every view column is laid out on the device (a view key's too).
+        let views: Vec<(usize, usize)> = match self.output_views && self.gpu.options().compact_views {
+            true => (plan.columns.iter().enumerate())
+                .filter(|(k, _)| self.view_lists.get(*k).is_some_and(Option::is_some))
+                .map(|(k, c)| (k, c.index))
+                .collect(),
+            false => vec![],
+        };
+        let blocks = RangeBlocks::planned(&widths, &plan.nullable, &views, &self.batches, range_rows);
+        blocks.pin_ahead((limit - range_rows).div_ceil(range_rows));
+        blocks
     }
 
     /// The sorted rows' device columns in order (gathered through the permutation unless the

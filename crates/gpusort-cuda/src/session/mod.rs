@@ -79,6 +79,7 @@ use crate::gpu::Gpu;
 use crate::memory::DeviceBudget;
 
 mod finish;
+mod range_blocks;
 mod sorted_rows;
 mod upload;
 
@@ -184,6 +185,8 @@ pub struct GpuSortSession {
     /// The rows pushed are sorted runs of these many rows, in push order (empty: not known).
     sorted_runs: Vec<usize>,
     output_views: bool,
+    /// Rows a range the caller takes the sorted rows in (0: not known).
+    output_ranges: usize,
     /// Device columns (index, width), chosen at the first push.
     columns: Vec<(usize, usize)>,
     /// Each device column's data buffers of the batches pushed, for view columns.
@@ -236,6 +239,7 @@ impl GpuSortSession {
             want_permutation: true,
             sorted_runs: vec![],
             output_views: false,
+            output_ranges: 0,
             columns: vec![],
             view_lists: vec![],
             batches: vec![],
@@ -300,6 +304,15 @@ impl GpuSortSession {
     /// off, nothing goes up.
     pub fn with_output_views(mut self, on: bool) -> Self {
         self.output_views = on;
+        self
+    }
+
+    /// The caller takes the sorted rows in ranges of `rows` rows
+    /// ([`SortedRows::next_batches`]): the pinned host blocks of the first ranges are pinned
+    /// while the device sorts, on a thread of their own (0: not known, pinned ahead from the
+    /// first range on).
+    pub fn with_output_ranges(mut self, rows: usize) -> Self {
+        self.output_ranges = rows;
         self
     }
 

@@ -21,6 +21,7 @@ use rayon::prelude::*;
 
 use super::GpuSortSession;
 use super::finish::{DevicePlan, HostSide, Sorted};
+use super::range_blocks::{Part, RANGES_AHEAD, RangeBlocks};
 use crate::error::Result;
 use crate::gpu::Gpu;
 use crate::pinned::{HostBuffer, PinnedPool};
@@ -125,6 +126,8 @@ pub struct SortedRows {
     /// Of the last range's start of downloads: the time in host buffers' allocation and in the
     /// views' compaction on the device (for the timeline).
     start_parts: [Duration; 2],
+    /// The pinned blocks the ranges come down into.
+    blocks: RangeBlocks,
 }
 
 impl std::fmt::Debug for SortedRows {
@@ -150,10 +153,13 @@ impl SortedRows {
             next: 0,
             stats,
             start_parts: Default::default(),
+            blocks: RangeBlocks::new(0),
         }
     }
 
-    /// The first `rows` rows of `sorted` (put in order on the device) to hand out.
+    /// The first `rows` rows of `sorted` (put in order on the device) to hand out, into
+    /// `blocks` (pinned ahead, or not yet known).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         mut session: GpuSortSession,
         host: HostSide,
@@ -162,6 +168,7 @@ impl SortedRows {
         copies: Transfers,
         rows: usize,
         mut stats: SortStats,
+        blocks: RangeBlocks,
     ) -> Self {
         stats.bytes_to_device += copies.to_device;
         stats.bytes_from_device = copies.from_device;
@@ -202,6 +209,7 @@ impl SortedRows {
             next: 0,
             stats,
             start_parts: Default::default(),
+            blocks,
         }
     }
 
@@ -292,6 +300,8 @@ impl SortedRows {
         let start = Instant::now();
         let (device_sorted, downloads) = self.start_downloads(first, rows, compact)?;
         let started = start.elapsed();
+        let later = (self.rows - first - rows).div_ceil(max_rows.max(1));
+        self.blocks.pin_ahead(later.min(RANGES_AHEAD));
         let host_sorted = self.gather_on_host(first, rows)?;
         let gathered = start.elapsed();
         self.finish_downloads(downloads)?;
@@ -346,7 +356,6 @@ impl SortedRows {
         let Some(d) = self.device.as_mut() else {
             return Ok((vec![], None));
         };
-        let pool = PinnedPool::global();
         let _device = d.device_lock.lock().unwrap_or_else(|p| p.into_inner());
         let (gpu, plan, sorted) = (&d.gpu, &d.plan, &d.sorted);
         let events = [gpu.event()?, gpu.event()?];
@@ -381,12 +390,13 @@ impl SortedRows {
             };
             in_compact += t.elapsed();
             let t = Instant::now();
-            let mut values = pool.transfer_buffer(rows * c.width);
+            let mut values = self.blocks.take(k, Part::Values, rows * c.width);
             in_alloc += t.elapsed();
             let compacted = match compacted {
                 Some(views) => {
                     let t = Instant::now();
-                    let mut bytes = pool.transfer_buffer(*views.bases.last().expect("the end") as usize);
+                    let len = *views.bases.last().expect("the end") as usize;
+                    let mut bytes = self.blocks.take(k, Part::Bytes, len);
                     in_alloc += t.elapsed();
                     // SAFETY: read only after the stream passed the copies (finish_downloads);
                     // the device buffers are freed in stream order, after them.
@@ -405,7 +415,7 @@ impl SortedRows {
             let bits = match dev_bits {
                 None => None,
                 Some(dev_bits) => {
-                    let mut host = pool.alloc(rows.div_ceil(32) * 4);
+                    let mut host = self.blocks.take(k, Part::Bits, rows.div_ceil(32) * 4);
                     // SAFETY: as above; `dev_bits` is freed in stream order, after the copy.
                     unsafe { d.copies.download(&dev_bits, &mut host) }?;
                     Some(host)
@@ -442,13 +452,20 @@ impl SortedRows {
             true => &[],
             false => &self.perm.as_words()[first..first + rows],
         };
-        Ok((0..self.schema.fields().len())
-            .into_par_iter()
-            .map(|c| match gathered.iter().find(|(i, _)| *i == c) {
-                Some((_, column)) => gather_column(column, head).map(Some),
-                None => Ok(None),
-            })
-            .collect::<gpusort::Result<Vec<Option<ArrayRef>>>>()?)
+        let mut columns = vec![None; self.schema.fields().len()];
+        // Only the host's columns go to rayon's pool: a range with none (every column on the
+        // device) would otherwise wait its turn behind the writer's tasks for nothing.
+        let sorted = match gathered.as_slice() {
+            [] => vec![],
+            [(c, column)] => vec![(*c, gather_column(column, head)?)],
+            _ => (gathered.par_iter())
+                .map(|(c, column)| Ok((*c, gather_column(column, head)?)))
+                .collect::<gpusort::Result<Vec<_>>>()?,
+        };
+        for (c, column) in sorted {
+            columns[c] = Some(column);
+        }
+        Ok(columns)
     }
 
     /// The range's columns in schema order: the host's gathered columns and the device's

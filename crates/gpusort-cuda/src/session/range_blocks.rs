@@ -1,0 +1,223 @@
+//! [`RangeBlocks`]: the pinned host blocks that [`SortedRows`](super::SortedRows)' ranges come
+//! down into, each column's part always of one size class, and pinned ahead of the ranges on
+//! a thread of their own.
+//!
+//! # Why
+//!
+//! A range's blocks come from the [`PinnedPool`], and return to it when the consumer drops the
+//! range's arrays (a Parquet writer: once the range's row group is written, 10-20 ranges
+//! later). Until the pool holds that many ranges' blocks, each range pinned new ones on its
+//! way down: on TPC-H lineitem SF10 (an H200, stop 39, run 5) 19 of 58 ranges waited 10-82 ms
+//! for them, 0.56 s of the 1.7 s that the ranges took to come down, while the writer had idle
+//! cores. Two things take that off the ranges' path:
+//!
+//! - **One class a part.** A column's values, validity bits and compacted view bytes each ask
+//!   for the largest class that part needed yet (a range with fewer rows or shorter strings
+//!   takes a block of the same class), so every range reuses the blocks of the ones before.
+//! - **Pinned ahead.** After each range starts down, a thread of its own makes sure the pool
+//!   has [`RANGES_AHEAD`] more ranges' blocks free ([`PinnedPool::ensure_free`]); a session told
+//!   its ranges ([`GpuSortSession::with_output_ranges`](super::GpuSortSession::with_output_ranges))
+//!   starts that while the device sorts, from the sizes it plans (the view bytes estimated
+//!   from a sample of the input's batches).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::datatypes::DataType;
+
+use crate::pinned::{HostBuffer, PinnedPool, class_size};
+
+/// Ranges whose blocks are kept pinned ahead of the range coming down (at most a quarter of the
+/// pool's limit): the writer of `gpusort sort` takes a range every ~5-30 ms, and pinning one
+/// of TPC-H lineitem's (~225 MB) takes ~20-50 ms.
+pub(super) const RANGES_AHEAD: usize = 8;
+
+/// Input batches sampled for the view bytes a range's compacted columns hold.
+const SAMPLED_BATCHES: usize = 64;
+
+/// Of a column's range: its values, its validity bits, its compacted views' bytes.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Part {
+    Values = 0,
+    Bits = 1,
+    Bytes = 2,
+}
+
+/// The size classes of each device column's range parts (see the module docs).
+pub(super) struct RangeBlocks {
+    /// Per device column, by [`Part`]: the class of its blocks (0: none asked for yet).
+    sizes: Vec<[usize; 3]>,
+    /// Whether a thread is pinning blocks ahead now.
+    pinning: Arc<AtomicBool>,
+}
+
+impl RangeBlocks {
+    /// No sizes known yet, for `columns` device columns.
+    pub(super) fn new(columns: usize) -> Self {
+        Self {
+            sizes: vec![[0; 3]; columns],
+            pinning: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// The sizes planned for ranges of `range_rows` rows of device columns of `widths`: their
+    /// values, the bits of the `nullable` ones, and for the `views` columns (device column,
+    /// input column) the long values' bytes of a range, estimated from a sample of `batches`.
+    pub(super) fn planned(
+        widths: &[usize],
+        nullable: &[usize],
+        views: &[(usize, usize)],
+        batches: &[RecordBatch],
+        range_rows: usize,
+    ) -> Self {
+        let mut blocks = Self::new(widths.len());
+        for (k, &width) in widths.iter().enumerate() {
+            blocks.sizes[k][Part::Values as usize] = class_size(range_rows * width);
+        }
+        for &k in nullable {
+            blocks.sizes[k][Part::Bits as usize] = class_size(range_rows.div_ceil(32) * 4);
+        }
+        for &(k, column) in views {
+            let bytes = long_bytes_per_row(batches, column) * range_rows as f64;
+            // A margin over the sample's mean, so that most ranges fit the planned class.
+            let bytes = (bytes * 1.05) as usize;
+            if bytes > 0 {
+                blocks.sizes[k][Part::Bytes as usize] = class_size(bytes);
+            }
+        }
+        blocks
+    }
+
+    /// A buffer of `len` bytes for `part` of device column `k`: a block of the largest class
+    /// that part asked for yet (so the next range reuses it), pinned where the pool can.
+    pub(super) fn take(&mut self, k: usize, part: Part, len: usize) -> HostBuffer {
+        if len == 0 {
+            return HostBuffer::heap(0);
+        }
+        let size = &mut self.sizes[k][part as usize];
+        *size = class_size(len.max(*size));
+        let mut buffer = PinnedPool::global().transfer_buffer(*size);
+        buffer.truncate(len);
+        buffer
+    }
+
+    /// Makes sure, on a thread of its own, that the pool holds `ranges` more ranges' blocks
+    /// free (at most [`RANGES_AHEAD`], and a quarter of the pool's limit); nothing when such a
+    /// thread is still at it.
+    pub(super) fn pin_ahead(&self, ranges: usize) {
+        let pool = PinnedPool::global();
+        let set: Vec<usize> = self.sizes.iter().flatten().copied().filter(|&s| s > 0).collect();
+        let set_bytes: usize = set.iter().sum();
+        let ranges = ranges.min(RANGES_AHEAD).min(pool.limit() / 4 / set_bytes.max(1));
+        if ranges == 0 || self.pinning.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let lens: Vec<usize> = (0..ranges).flat_map(|_| set.iter().copied()).collect();
+        let pinning = Arc::clone(&self.pinning);
+        let spawned = std::thread::Builder::new()
+            .name("gpusort-pin-ahead".into())
+            .spawn(move || {
+                let start = Instant::now();
+                let pinned = PinnedPool::global().ensure_free(&lens);
+                if pinned > 0 {
+                    log::debug!(
+                        target: "gpusort::timeline",
+                        "session: {pinned} bytes pinned ahead for {ranges} ranges in {:.1} ms",
+                        start.elapsed().as_secs_f64() * 1e3
+                    );
+                }
+                pinning.store(false, Ordering::Release);
+            });
+        if spawned.is_err() {
+            self.pinning.store(false, Ordering::Release);
+        }
+    }
+}
+
+/// The mean bytes of long (out-of-line) values a row of view column `column` holds, over up to
+/// [`SAMPLED_BATCHES`] of `batches` spread evenly; 0 for other columns.
+fn long_bytes_per_row(batches: &[RecordBatch], column: usize) -> f64 {
+    let step = batches.len().div_ceil(SAMPLED_BATCHES).max(1);
+    let (mut rows, mut bytes) = (0usize, 0usize);
+    for batch in batches.iter().step_by(step) {
+        let array = batch.column(column);
+        let views = match array.data_type() {
+            DataType::Utf8View => array.as_string_view().views(),
+            DataType::BinaryView => array.as_binary_view().views(),
+            _ => return 0.0,
+        };
+        rows += array.len();
+        bytes += (views.iter().enumerate())
+            .filter(|(i, _)| array.is_valid(*i))
+            .map(|(_, v)| *v as u32 as usize)
+            .filter(|&len| len > 12)
+            .sum::<usize>();
+    }
+    if rows == 0 { 0.0 } else { bytes as f64 / rows as f64 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{ArrayRef, Int64Array, StringViewArray};
+    use arrow::datatypes::{Field, Schema};
+
+    fn batch(strings: &[Option<&str>]) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("i", DataType::Int64, false),
+            Field::new("s", DataType::Utf8View, true),
+        ]));
+        let ints: ArrayRef = Arc::new(Int64Array::from_iter_values(0..strings.len() as i64));
+        let views: ArrayRef = Arc::new(StringViewArray::from(strings.to_vec()));
+        RecordBatch::try_new(schema, vec![ints, views]).unwrap()
+    }
+
+    #[test]
+    fn planned_sizes_are_the_classes_of_a_range() {
+        let long = "a string longer than twelve"; // 27 bytes
+        let batches = vec![
+            batch(&[Some(long), Some("short"), None, Some(long)]),
+            batch(&[Some(long), Some(long), Some("tiny"), Some("")]),
+        ];
+        // Columns: i64 (8 bytes), a view (16), a nullable u32 (4).
+        let blocks = RangeBlocks::planned(&[8, 16, 4], &[2], &[(1, 1)], &batches, 1000);
+        assert_eq!(blocks.sizes[0], [class_size(8000), 0, 0]);
+        // Four long values of eight rows: 13.5 bytes a row, 5% over.
+        assert_eq!(blocks.sizes[1], [class_size(16_000), 0, class_size(14_175)]);
+        assert_eq!(blocks.sizes[2], [class_size(4000), class_size(128), 0]);
+        // Not a view column, or no long values: no bytes planned.
+        let blocks = RangeBlocks::planned(&[8, 16], &[], &[(0, 0)], &batches, 1000);
+        assert_eq!(blocks.sizes[0][Part::Bytes as usize], 0);
+        let short = vec![batch(&[Some("a"), None])];
+        assert_eq!(long_bytes_per_row(&short, 1), 0.0);
+        assert_eq!(long_bytes_per_row(&[], 1), 0.0);
+    }
+
+    #[test]
+    fn a_part_keeps_the_largest_class_it_asked_for() {
+        let mut blocks = RangeBlocks::new(2);
+        // The global pool has no GPU here: heap buffers, of the lengths asked for.
+        let b = blocks.take(0, Part::Values, 1_000_000);
+        assert_eq!(b.len(), 1_000_000);
+        assert_eq!(blocks.sizes[0][0], class_size(1_000_000));
+        // A smaller request keeps the class; a larger one raises it.
+        assert_eq!(blocks.take(0, Part::Values, 10).len(), 10);
+        assert_eq!(blocks.sizes[0][0], class_size(1_000_000));
+        blocks.take(0, Part::Values, 3_000_000);
+        assert_eq!(blocks.sizes[0][0], class_size(3_000_000));
+        // Nothing asked: no class.
+        assert!(blocks.take(1, Part::Bytes, 0).is_empty());
+        assert_eq!(blocks.sizes[1], [0; 3]);
+        // No allocator: pinning ahead pins nothing and leaves no thread at it.
+        blocks.pin_ahead(4);
+        for _ in 0..1000 {
+            if !blocks.pinning.load(Ordering::Acquire) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(!blocks.pinning.load(Ordering::Acquire));
+    }
+}
