@@ -14,7 +14,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
 use datafusion_gpusort::{ByteSize, DeviceChoice, DeviceList, GpuSortConfig, SessionStateBuilderExt, StrategyChoice};
 
-use crate::error::{CliError, Result};
+use crate::error::{CliError, Result, one_line};
 use crate::inputs::Inputs;
 use crate::interrupt::SpillDir;
 use crate::order_by::OrderBy;
@@ -242,12 +242,15 @@ fn spill_base(args: &PlanArgs) -> Result<PathBuf> {
     Ok(base)
 }
 
-/// The session: DataFusion's defaults, gpusort's rule and options, a memory pool of `pool`
+/// The session: DataFusion's defaults (and its `DATAFUSION_*` environment variables, e.g.
+/// `DATAFUSION_EXECUTION_BATCH_SIZE`), gpusort's rule and options, a memory pool of `pool`
 /// bytes (DataFusion's greedy pool, which names the largest consumers when it runs out), spill
 /// files in `spill_dir` (else `--temp-dir`, else the system's temporary directory) up to
 /// `--disk-limit`.
 pub fn session(args: &PlanArgs, spill_dir: Option<&Path>, pool: Option<usize>) -> Result<SessionContext> {
-    let config = SessionConfig::new().with_option_extension(args.gpusort_config());
+    let config = SessionConfig::from_env()
+        .map_err(|e| CliError::Usage(format!("a DATAFUSION_* environment variable: {}", one_line(&e.to_string()))))?
+        .with_option_extension(args.gpusort_config());
     let mut runtime = RuntimeEnvBuilder::new();
     if let Some(limit) = pool {
         runtime = runtime.with_memory_limit(limit, 1.0);

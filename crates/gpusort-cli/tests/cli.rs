@@ -290,10 +290,19 @@ fn nulls_strings_small_row_groups_and_snappy_quietly() {
             "cpu",
             "--quiet",
         ])
+        // DataFusion's variables apply: the input is read in batches of 777 rows.
+        .env("DATAFUSION_EXECUTION_BATCH_SIZE", "777")
         .assert()
         .success()
         .stdout("")
         .stderr("");
+    // One it cannot read is a usage error that names it.
+    gpusort()
+        .args(["sort", s(&input_path), "-o", s(&dir.path().join("x.parquet")), "-k", "id"])
+        .env("DATAFUSION_EXECUTION_BATCH_SIZE", "many")
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("DATAFUSION_").and(predicate::str::contains("many")));
     let (output, meta) = read_parquet(&out);
     let keys = [
         ("city", false, true),

@@ -71,6 +71,10 @@ pub struct GpuOptions {
     /// buffers are ([`SortedRows::next_batches`](crate::SortedRows::next_batches)), instead of
     /// by the caller on the host (off with `GPUSORT_COMPACT_VIEWS=0`).
     pub compact_views: bool,
+    /// The pinned host blocks of sorted rows handed out in ranges are pinned ahead of the
+    /// ranges, on a thread of their own (`session/range_blocks.rs`; off with
+    /// `GPUSORT_PIN_AHEAD=0`: each range pins what the pool lacks on its way down).
+    pub pin_ahead: bool,
 }
 
 /// Where a GPU sort orders the rows whose keys tie on a truncated string prefix (when every
@@ -127,6 +131,7 @@ impl Default for GpuOptions {
             direct_max_fields: DIRECT_MAX_FIELDS,
             tie_views: true,
             compact_views: true,
+            pin_ahead: true,
         }
     }
 }
@@ -215,6 +220,7 @@ impl GpuOptions {
             },
             tie_views: var("GPUSORT_TIE_VIEWS").as_deref() != Some("0"),
             compact_views: var("GPUSORT_COMPACT_VIEWS").as_deref() != Some("0"),
+            pin_ahead: var("GPUSORT_PIN_AHEAD").as_deref() != Some("0"),
         })
     }
 

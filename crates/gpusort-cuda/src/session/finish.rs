@@ -280,9 +280,9 @@ impl GpuSortSession {
     /// one range ([`Self::with_output_ranges`]), planned and pinned ahead now, while the device
     /// sorts; else learnt from the first range.
     fn range_blocks(&self, plan: &DevicePlan, limit: usize) -> RangeBlocks {
-        let range_rows = self.output_ranges;
-        if range_rows == 0 || limit <= range_rows {
-            return RangeBlocks::new(plan.columns.len());
+        let (range_rows, ahead) = (self.output_ranges, self.gpu.options().pin_ahead);
+        if range_rows == 0 || limit <= range_rows || !ahead {
+            return RangeBlocks::new(plan.columns.len()).with_pin_ahead(ahead);
         }
         let widths: Vec<usize> = plan.columns.iter().map(|c| c.width).collect();
         // With output views, every view column is laid out on the device (a view key's too).

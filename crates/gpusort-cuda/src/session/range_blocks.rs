@@ -51,6 +51,8 @@ pub(super) struct RangeBlocks {
     sizes: Vec<[usize; 3]>,
     /// Whether a thread is pinning blocks ahead now.
     pinning: Arc<AtomicBool>,
+    /// Whether blocks are pinned ahead at all ([`GpuOptions::pin_ahead`](crate::GpuOptions::pin_ahead)).
+    ahead: bool,
 }
 
 impl RangeBlocks {
@@ -59,7 +61,14 @@ impl RangeBlocks {
         Self {
             sizes: vec![[0; 3]; columns],
             pinning: Arc::new(AtomicBool::new(false)),
+            ahead: true,
         }
+    }
+
+    /// Pins blocks ahead ([`Self::pin_ahead`]) only when `on`.
+    pub(super) fn with_pin_ahead(mut self, on: bool) -> Self {
+        self.ahead = on;
+        self
     }
 
     /// The sizes planned for ranges of `range_rows` rows of device columns of `widths`: their
@@ -111,7 +120,7 @@ impl RangeBlocks {
         let set: Vec<usize> = self.sizes.iter().flatten().copied().filter(|&s| s > 0).collect();
         let set_bytes: usize = set.iter().sum();
         let ranges = ranges.min(RANGES_AHEAD).min(pool.limit() / 4 / set_bytes.max(1));
-        if ranges == 0 || self.pinning.swap(true, Ordering::AcqRel) {
+        if !self.ahead || ranges == 0 || self.pinning.swap(true, Ordering::AcqRel) {
             return;
         }
         let lens: Vec<usize> = (0..ranges).flat_map(|_| set.iter().copied()).collect();
@@ -210,7 +219,12 @@ mod tests {
         // Nothing asked: no class.
         assert!(blocks.take(1, Part::Bytes, 0).is_empty());
         assert_eq!(blocks.sizes[1], [0; 3]);
+        // Off: no thread starts.
+        let blocks = blocks.with_pin_ahead(false);
+        blocks.pin_ahead(4);
+        assert!(!blocks.pinning.load(Ordering::Acquire));
         // No allocator: pinning ahead pins nothing and leaves no thread at it.
+        let blocks = blocks.with_pin_ahead(true);
         blocks.pin_ahead(4);
         for _ in 0..1000 {
             if !blocks.pinning.load(Ordering::Acquire) {
