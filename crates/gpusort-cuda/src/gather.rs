@@ -10,6 +10,7 @@ use crate::error::{CudaSortError, Result};
 use crate::gpu::{Gpu, rows_u32};
 use crate::kernels::{GATHER_ROWS, PACK_ROWS};
 use crate::lanes::record_piece;
+use crate::pinned::{HostBuffer, PinnedPool};
 use crate::profile::Profile;
 use crate::table::{DeviceColumn, DeviceTable};
 
@@ -97,7 +98,7 @@ fn view_tile_layout(tile_bytes: &[u64], per_block: usize) -> Option<(Vec<u64>, V
     Some((tile_base, tile_in_block, block_base))
 }
 
-/// Sorted views laid out for output batches of `block_rows` rows ([`Gpu::compact_views`]):
+/// Sorted views laid out for output batches of `block_rows` rows ([`Gpu::lay_out_views`]):
 /// the views, each long value's naming buffer 0 of its block at its offset there, the blocks'
 /// out-of-line bytes one after another, and where each block's bytes start (one more entry:
 /// the end).
@@ -110,23 +111,39 @@ pub struct CompactedViews {
     pub bases: Vec<u64>,
 }
 
+/// The first step of laying out sorted views ([`Gpu::count_view_bytes`]): each tile's
+/// out-of-line bytes on their way to the host, each row's offset in its tile on the device, and
+/// what the second step ([`Gpu::lay_out_views`]) needs to know of the range.
+pub struct ViewBytes {
+    /// A word a tile, read once the stream passed the copy.
+    totals: HostBuffer,
+    tiles: usize,
+    per_block: usize,
+    offsets: CudaSlice<u32>,
+    /// The range's first view on the device, and its validity bits (0: none).
+    src: u64,
+    valid: u64,
+    rows: usize,
+    n32: u32,
+    block32: u32,
+    tile32: u32,
+}
+
 impl Gpu {
-    /// Rows `first..first + rows` of the 16-byte views of a string or binary view column
-    /// (valid where `valid`'s bits of the range are set, when given), whose data buffer
-    /// addresses `buffers` lists by buffer index: the views and their values' out-of-line
-    /// bytes, each block of `block_rows` rows holding its own (what Arrow's `gc` makes of each
-    /// output batch, with the device's memory reading the values). Synchronizes the stream
-    /// once, to size the bytes. `None` when a block's bytes pass 4 GiB (a view's offset is 32
-    /// bits): the caller compacts on the host.
-    pub fn compact_views(
+    /// The first of two steps that lay out rows `first..first + rows` of the 16-byte views of
+    /// a string or binary view column (valid where `valid`'s bits of the range are set, when
+    /// given) for output batches of `block_rows` rows, as Arrow's `gc` of each batch would:
+    /// every tile of [`VIEW_TILE_ROWS`] rows counts its long values' bytes, and the counts
+    /// start down to the host. Then, once the stream has passed the copy (a caller laying
+    /// out several columns synchronizes once for all of them), [`Self::lay_out_views`].
+    pub fn count_view_bytes(
         &self,
         views: &CudaSlice<u8>,
         first: usize,
         rows: usize,
         valid: Option<&CudaSlice<u8>>,
         block_rows: usize,
-        buffers: &CudaSlice<u64>,
-    ) -> Result<Option<CompactedViews>> {
+    ) -> Result<ViewBytes> {
         assert!(
             16 * (first + rows) <= views.len(),
             "views {first}..{} of {} bytes",
@@ -165,38 +182,69 @@ impl Gpu {
                 .arg(&tile_bytes_p)
                 .launch(one_a_tile)?
         };
-        let totals = s.clone_dtoh(&tile_bytes)?;
-        let Some((tile_base, tile_in_block, bases)) = view_tile_layout(&totals, per_block) else {
+        let mut totals = PinnedPool::global().alloc(8 * tiles);
+        self.context().bind_to_thread()?;
+        // SAFETY: `totals` holds a word a tile and is read only after the stream synchronizes
+        // (`lay_out_views`' contract); `tile_bytes` is freed in stream order, after the copy.
+        unsafe { cudarc::driver::result::memcpy_dtoh_async(totals.as_mut_slice(), tile_bytes_p, s.cu_stream())? };
+        Ok(ViewBytes {
+            totals,
+            tiles,
+            per_block,
+            offsets,
+            src,
+            valid: valid_p,
+            rows,
+            n32,
+            block32,
+            tile32,
+        })
+    }
+
+    /// The second step of [`Self::count_view_bytes`], once the stream has passed its copy (the
+    /// caller synchronized it): the views, each long value's naming buffer 0 of its block at its
+    /// offset there, and the blocks' bytes, read from the data buffers whose device addresses
+    /// `buffers` lists by buffer index. `None` when a block's bytes pass 4 GiB (a view's offset
+    /// is 32 bits): the caller compacts on the host.
+    pub fn lay_out_views(&self, counted: ViewBytes, buffers: &CudaSlice<u64>) -> Result<Option<CompactedViews>> {
+        let s = &self.stream;
+        let words = &counted.totals.as_slice()[..8 * counted.tiles];
+        let totals: Vec<u64> = (words.chunks_exact(8))
+            .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
+            .collect();
+        let Some((tile_base, tile_in_block, bases)) = view_tile_layout(&totals, counted.per_block) else {
             return Ok(None);
         };
         let total = *bases.last().expect("the end") as usize;
         let tile_base_dev = s.clone_htod(&tile_base)?;
         let tile_in_block_dev = s.clone_htod(&tile_in_block)?;
-        let out_views = self.alloc_bytes(16 * rows.max(1))?;
+        let out_views = self.alloc_bytes(16 * counted.rows.max(1))?;
         let bytes = self.alloc_bytes(total.max(1))?;
-        let (tile_base_p, tile_in_block_p, buffers_p, out_views_p, bytes_p) = (
+        let (offsets_p, tile_base_p, tile_in_block_p, buffers_p, out_views_p, bytes_p) = (
+            counted.offsets.device_ptr(s).0,
             tile_base_dev.device_ptr(s).0,
             tile_in_block_dev.device_ptr(s).0,
             buffers.device_ptr(s).0,
             out_views.device_ptr(s).0,
             bytes.device_ptr(s).0,
         );
-        // SAFETY: as above; `buffers` holds the address of every buffer a valid long view of
-        // the range names, `out_views` 16 bytes a row, `bytes` every tile's bytes at its base.
+        // SAFETY: as in `count_view_bytes`; `buffers` holds the address of every buffer a valid
+        // long view of the range names, `out_views` 16 bytes a row, `bytes` every tile's bytes
+        // at its base.
         unsafe {
             s.launch_builder(&self.kernels()?.views_compact)
-                .arg(&src)
-                .arg(&valid_p)
-                .arg(&n32)
-                .arg(&block32)
-                .arg(&tile32)
+                .arg(&counted.src)
+                .arg(&counted.valid)
+                .arg(&counted.n32)
+                .arg(&counted.block32)
+                .arg(&counted.tile32)
                 .arg(&offsets_p)
                 .arg(&tile_base_p)
                 .arg(&tile_in_block_p)
                 .arg(&buffers_p)
                 .arg(&out_views_p)
                 .arg(&bytes_p)
-                .launch(self.grid_for(rows.max(1)))?
+                .launch(self.grid_for(counted.rows.max(1)))?
         };
         Ok(Some(CompactedViews {
             views: out_views,

@@ -78,7 +78,14 @@ impl Gpu {
         // Sorts order their work on their own stream; cudarc's per-buffer events are not needed.
         // SAFETY: every buffer of this context is used on `stream` or synchronized explicitly.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.new_stream()?;
+        let stream = match options.stream_priority {
+            true => {
+                ctx.bind_to_thread()?;
+                let (_, highest) = cudarc::driver::result::stream::get_priority_range()?;
+                ctx.new_stream_with_priority(highest)?
+            }
+            false => ctx.new_stream()?,
+        };
         let shapes = Self::shapes_for(&info, &options);
         let tuning = shapes.tuning(&options.tuning);
         let kernels = LoadingKernels::start(

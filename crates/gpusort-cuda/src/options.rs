@@ -75,6 +75,10 @@ pub struct GpuOptions {
     /// ranges, on a thread of their own (`session/range_blocks.rs`; off with
     /// `GPUSORT_PIN_AHEAD=0`: each range pins what the pool lacks on its way down).
     pub pin_ahead: bool,
+    /// Sorts run on a stream of the device's highest priority, so that their kernels (a sorted
+    /// range's views laid out as it comes down) take SMs before those of nvCOMP's compression
+    /// sharing the device (off with `GPUSORT_STREAM_PRIORITY=0`: the default priority).
+    pub stream_priority: bool,
 }
 
 /// Where a GPU sort orders the rows whose keys tie on a truncated string prefix (when every
@@ -132,6 +136,7 @@ impl Default for GpuOptions {
             tie_views: true,
             compact_views: true,
             pin_ahead: true,
+            stream_priority: true,
         }
     }
 }
@@ -221,6 +226,7 @@ impl GpuOptions {
             tie_views: var("GPUSORT_TIE_VIEWS").as_deref() != Some("0"),
             compact_views: var("GPUSORT_COMPACT_VIEWS").as_deref() != Some("0"),
             pin_ahead: var("GPUSORT_PIN_AHEAD").as_deref() != Some("0"),
+            stream_priority: var("GPUSORT_STREAM_PRIORITY").as_deref() != Some("0"),
         })
     }
 
@@ -291,9 +297,12 @@ mod tests {
             ("GPUSORT_MERGE", "odd-even"),
             ("GPUSORT_DEVICE_TIES", "0"),
             ("GPUSORT_IPT", "12"),
+            ("GPUSORT_PIN_AHEAD", "0"),
+            ("GPUSORT_STREAM_PRIORITY", "0"),
         ]))
         .unwrap();
         assert!(o.profile && !o.onesweep && !o.pair_lanes && !o.device_keys && !o.device_views && !o.presorted);
+        assert!(!o.pin_ahead && !o.stream_priority);
         assert_eq!(o.device_ties, DeviceTies::Never);
         assert_eq!(o.merge, Some(MergeMethod::OddEven));
         assert_eq!(

@@ -361,8 +361,11 @@ impl SortedRows {
         let events = [gpu.event()?, gpu.event()?];
         events[0].record(gpu.stream())?;
         let before = d.copies.from_device;
-        let mut out = vec![];
         let (mut in_alloc, mut in_compact) = (Duration::ZERO, Duration::ZERO);
+        // First each column's validity bits and, for views laid out on the device, their
+        // bytes counted; one synchronization for all of them; then the layouts and the copies.
+        let t = Instant::now();
+        let mut columns = vec![];
         for (k, c) in self.device_columns.iter().enumerate() {
             let dev = match plan.direct {
                 true => &sorted.table.columns[k].data,
@@ -377,20 +380,30 @@ impl SortedRows {
                 }
                 Some(bits) => Some(gpu.gather_bitmap(bits, 0, &sorted.perm_dev, first, rows)?),
             };
-            let buffers = match (compact, c.view_data.is_some(), sorted.view_buffers.get(k)) {
-                (Some(block_rows), true, Some(Some(b))) if gpu.options().compact_views => Some((block_rows, &b.table)),
+            let counted = match (compact, c.view_data.is_some(), sorted.view_buffers.get(k)) {
+                (Some(block_rows), true, Some(Some(b))) if gpu.options().compact_views => Some((
+                    gpu.count_view_bytes(dev, first, rows, dev_bits.as_ref(), block_rows)?,
+                    &b.table,
+                )),
                 _ => None,
             };
+            columns.push((dev, dev_bits, counted));
+        }
+        if columns.iter().any(|(_, _, counted)| counted.is_some()) {
+            gpu.stream().synchronize()?;
+        }
+        in_compact += t.elapsed();
+        let mut out = vec![];
+        for (k, (dev, dev_bits, counted)) in columns.into_iter().enumerate() {
             let t = Instant::now();
-            let compacted = match buffers {
-                Some((block_rows, table)) => {
-                    gpu.compact_views(dev, first, rows, dev_bits.as_ref(), block_rows, table)?
-                }
+            let compacted = match counted {
+                Some((counted, table)) => gpu.lay_out_views(counted, table)?,
                 None => None,
             };
             in_compact += t.elapsed();
+            let width = self.device_columns[k].width;
             let t = Instant::now();
-            let mut values = self.blocks.take(k, Part::Values, rows * c.width);
+            let mut values = self.blocks.take(k, Part::Values, rows * width);
             in_alloc += t.elapsed();
             let compacted = match compacted {
                 Some(views) => {
@@ -408,7 +421,7 @@ impl SortedRows {
                 }
                 None => {
                     // SAFETY: read only after the stream passed the copy (finish_downloads).
-                    unsafe { d.copies.download_at(dev, first * c.width, &mut values) }?;
+                    unsafe { d.copies.download_at(dev, first * width, &mut values) }?;
                     None
                 }
             };
