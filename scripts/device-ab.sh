@@ -7,7 +7,8 @@
 #
 #   VARIANTS="GPUSORT_PIN_AHEAD=0 GPUSORT_PIN_AHEAD=1" LISTS="1 3" ROUNDS=2 bash scripts/device-ab.sh
 #
-# A variant of several variables joins them with commas: "GPUSORT_PIN_AHEAD=0,GPUSORT_X=1".
+# A variant of several variables joins them with commas: "GPUSORT_PIN_AHEAD=0,GPUSORT_X=1";
+# BIN=NAME in a variant runs .gpu/NAME instead of .gpu/gpusort (another build, carried beside it).
 set -u
 . "$(dirname "$0")/device-unpack.sh"
 input=/tmp/tpch/sf${SF:-10}/lineitem.parquet
@@ -19,7 +20,9 @@ for round in $(seq "${ROUNDS:-2}"); do
   for list in ${LISTS:-1 3}; do
     for v in ${VARIANTS:?VARIANTS names the settings to compare}; do
       rm -f /tmp/ab.parquet
-      line=$(env ${v//,/ } .gpu/gpusort sort "$input" -k "${order[$list]}" -o /tmp/ab.parquet \
+      bin=gpusort
+      case ",$v," in *,BIN=*) bin=$(echo ",$v," | sed -E 's/.*,BIN=([^,]*),.*/\1/') ;; esac
+      line=$(env ${v//,/ } .gpu/$bin sort "$input" -k "${order[$list]}" -o /tmp/ab.parquet \
         ${TIMELINE:+--timeline} 2>&1)
       echo "$line" > "/tmp/ab-logs/r$round-l$list-${v//[,=]/_}.log"
       echo "round $round list $list $v: $(echo "$line" | grep -E '^ +time' | sed 's/^ *//') | $(stat -c %s /tmp/ab.parquet 2>/dev/null) bytes"
