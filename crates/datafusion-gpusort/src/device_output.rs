@@ -101,15 +101,22 @@ impl DeviceOutput {
                 }
                 let Some(range) = range else { break };
                 self.metrics.device_ranges.add(1);
+                let start = std::time::Instant::now();
                 let range = (range.into_iter())
                     .map(|b| drop_extended_columns(b, self.width))
                     .collect::<Result<Vec<_>>>()?;
                 // A range cut already goes out now; one being compacted while the next comes.
                 match Cut::start(range, slicer, &done) {
                     cut @ Cut::Done(_) => {
+                        let cut_ms = start.elapsed().as_secs_f64() * 1e3;
                         if !send(&tx, cut)? {
                             return Ok(());
                         }
+                        log::debug!(
+                            target: "gpusort::timeline",
+                            "GpuSortExec: range cut in {cut_ms:.2} ms, sent in {:.2} ms",
+                            start.elapsed().as_secs_f64() * 1e3 - cut_ms
+                        );
                     }
                     cut @ Cut::Running(_) => cutting = Some(cut),
                 }

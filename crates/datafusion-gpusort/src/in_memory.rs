@@ -100,7 +100,9 @@ impl Slicer {
                 Ok(slice)
             }
         };
-        if count < PARALLEL_SLICES {
+        // Slices alone cost a microsecond each: only compacting them is worth rayon's pool (a
+        // range's 128 slices waited there behind other work).
+        if count < PARALLEL_SLICES || !self.compact_views {
             (0..count).map(slice).collect()
         } else {
             (0..count).into_par_iter().map(slice).collect()

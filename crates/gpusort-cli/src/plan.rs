@@ -249,7 +249,12 @@ fn spill_base(args: &PlanArgs) -> Result<PathBuf> {
 /// `--disk-limit`.
 pub fn session(args: &PlanArgs, spill_dir: Option<&Path>, pool: Option<usize>) -> Result<SessionContext> {
     let config = SessionConfig::from_env()
-        .map_err(|e| CliError::Usage(format!("a DATAFUSION_* environment variable: {}", one_line(&e.to_string()))))?
+        .map_err(|e| {
+            CliError::Usage(format!(
+                "a DATAFUSION_* environment variable: {}",
+                one_line(&e.to_string())
+            ))
+        })?
         .with_option_extension(args.gpusort_config());
     let mut runtime = RuntimeEnvBuilder::new();
     if let Some(limit) = pool {

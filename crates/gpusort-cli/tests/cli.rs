@@ -298,7 +298,14 @@ fn nulls_strings_small_row_groups_and_snappy_quietly() {
         .stderr("");
     // One it cannot read is a usage error that names it.
     gpusort()
-        .args(["sort", s(&input_path), "-o", s(&dir.path().join("x.parquet")), "-k", "id"])
+        .args([
+            "sort",
+            s(&input_path),
+            "-o",
+            s(&dir.path().join("x.parquet")),
+            "-k",
+            "id",
+        ])
         .env("DATAFUSION_EXECUTION_BATCH_SIZE", "many")
         .assert()
         .code(2)

@@ -259,14 +259,20 @@ impl SortedRows {
         let batches: Vec<(usize, usize)> = (0..rows.div_ceil(batch_rows))
             .map(|b| (b * batch_rows, batch_rows.min(rows - b * batch_rows)))
             .collect();
-        let batches = batches
-            .into_par_iter()
-            .enumerate()
-            .map(|(b, (start, len))| {
-                let columns = columns.iter().map(|c| c.block(b, start, len)).collect();
-                self.batch_of(columns, len)
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let batch = |(b, (start, len)): (usize, (usize, usize))| {
+            let columns = columns.iter().map(|c| c.block(b, start, len)).collect();
+            self.batch_of(columns, len)
+        };
+        // One batch (a writer's whole range) is made here, not on rayon's pool, where it would
+        // wait behind other work; several copy their blocks' bytes on all cores.
+        let batches = match batches.len() {
+            1 => batches.into_iter().enumerate().map(batch).collect::<Result<Vec<_>>>()?,
+            _ => batches
+                .into_par_iter()
+                .enumerate()
+                .map(batch)
+                .collect::<Result<Vec<_>>>()?,
+        };
         Ok(Some(batches))
     }
 
