@@ -10,11 +10,7 @@
 # A variant of several variables joins them with commas: "GPUSORT_PIN_AHEAD=0,GPUSORT_X=1";
 # BIN=NAME in a variant runs .gpu/NAME instead of .gpu/gpusort (another build, carried beside it).
 set -u
-. "$(dirname "$0")/device-unpack.sh"
-input=/tmp/tpch/sf${SF:-10}/lineitem.parquet
-declare -A order=([1]="l_shipdate, l_orderkey, l_linenumber"
-  [2]="l_returnflag, l_linestatus, l_extendedprice DESC, l_orderkey, l_linenumber"
-  [3]="l_comment, l_orderkey, l_linenumber")
+. "$(dirname "$0")/device-lineitem.sh"
 mkdir -p /tmp/ab-logs
 for round in $(seq "${ROUNDS:-2}"); do
   for list in ${LISTS:-1 3}; do

@@ -6,11 +6,7 @@
 #
 #   VARIANTS="cpu 8,1 32,2" LISTS="3 1" ROUNDS=2 bash scripts/device-nvcomp-batches.sh
 set -u
-. "$(dirname "$0")/device-unpack.sh"
-input=/tmp/tpch/sf${SF:-10}/lineitem.parquet
-declare -A order=([1]="l_shipdate, l_orderkey, l_linenumber"
-  [2]="l_returnflag, l_linestatus, l_extendedprice DESC, l_orderkey, l_linenumber"
-  [3]="l_comment, l_orderkey, l_linenumber")
+. "$(dirname "$0")/device-lineitem.sh"
 for round in $(seq "${ROUNDS:-2}"); do
   for list in ${LISTS:-3 1}; do
     for v in ${VARIANTS:-cpu 8,1 16,2 32,2 32,4 64,2}; do
