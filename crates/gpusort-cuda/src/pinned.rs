@@ -362,6 +362,23 @@ impl Shared {
         }
     }
 
+    /// A new block of `size` bytes, already counted in `pinned_bytes`: counted as allocated, or
+    /// on a refusal uncounted, with the reason kept.
+    fn allocate_counted(&self, allocator: &dyn HostAllocator, size: usize) -> Option<BlockPtr> {
+        match allocator.allocate(size) {
+            Ok(ptr) => {
+                self.state().allocated += 1;
+                Some(BlockPtr(ptr))
+            }
+            Err(e) => {
+                let mut state = self.state();
+                state.pinned_bytes -= size;
+                state.last_error = Some(e);
+                None
+            }
+        }
+    }
+
     /// A block of `size` bytes back from a buffer.
     fn give_back(&self, block: BlockPtr, size: usize) {
         let mut state = self.state();
@@ -531,17 +548,13 @@ impl PinnedPool {
             victims
         };
         self.shared.release(victims);
-        let allocator = allocator.expect("checked above");
-        match allocator.allocate(size) {
-            Ok(ptr) => {
-                self.shared.state().allocated += 1;
-                self.pinned(BlockPtr(ptr), size, len)
-            }
-            Err(e) => {
-                let mut state = self.shared.state();
-                state.pinned_bytes -= size;
-                state.unpinned += 1;
-                state.last_error = Some(e);
+        match self
+            .shared
+            .allocate_counted(allocator.expect("checked above").as_ref(), size)
+        {
+            Some(block) => self.pinned(block, size, len),
+            None => {
+                self.shared.state().unpinned += 1;
                 HostBuffer::heap(len)
             }
         }
@@ -597,21 +610,13 @@ impl PinnedPool {
                     // Counted now, so that concurrent requests stay under the limit.
                     state.pinned_bytes += size;
                 }
-                match allocator.allocate(size) {
-                    Ok(ptr) => {
-                        let mut state = self.shared.state();
-                        state.allocated += 1;
-                        state.free.entry(size).or_default().push(BlockPtr(ptr));
-                        state.free_bytes += size;
-                        pinned += size;
-                    }
-                    Err(e) => {
-                        let mut state = self.shared.state();
-                        state.pinned_bytes -= size;
-                        state.last_error = Some(e);
-                        return pinned;
-                    }
-                }
+                let Some(block) = self.shared.allocate_counted(allocator.as_ref(), size) else {
+                    return pinned;
+                };
+                let mut state = self.shared.state();
+                state.free.entry(size).or_default().push(block);
+                state.free_bytes += size;
+                pinned += size;
             }
         }
         pinned
