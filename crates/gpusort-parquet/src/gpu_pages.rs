@@ -75,6 +75,18 @@ pub const GPU_BATCHES: GpuBatches = GpuBatches {
 /// fifth of its writing phase, more than 4 for 5 ms.
 pub const GPU_CALLS_IN_FLIGHT: usize = 4;
 
+/// `GPUSORT_NVCOMP_IN_FLIGHT` (1 to 64): the calls one writer has in flight at once instead of
+/// [`GPU_CALLS_IN_FLIGHT`] (`scripts/device-ab.sh` compares them).
+pub const NVCOMP_IN_FLIGHT_ENV: &str = "GPUSORT_NVCOMP_IN_FLIGHT";
+
+/// [`NVCOMP_IN_FLIGHT_ENV`]'s value as a number of calls.
+fn parse_in_flight(v: &str) -> Result<usize, String> {
+    match v.trim().parse::<usize>() {
+        Ok(n) if (1..=64).contains(&n) => Ok(n),
+        _ => Err(format!("{NVCOMP_IN_FLIGHT_ENV}={v}: expected 1 to 64 calls")),
+    }
+}
+
 /// At most `max` holders at once ([`Self::enter`] waits for a place).
 #[derive(Debug)]
 struct CallGate {
@@ -193,6 +205,12 @@ impl NvcompZstd {
             bytes: batches.bytes.max(1),
             calls: batches.calls.max(1),
         };
+        self
+    }
+
+    /// With at most `calls` nvCOMP calls in flight at once over all row groups.
+    pub fn with_calls_in_flight(mut self, calls: usize) -> Self {
+        self.in_flight = CallGate::new(calls);
         self
     }
 
@@ -429,8 +447,12 @@ pub fn choose(on: CompressOn, codec: Codec, gpu: PagesGpu) -> Result<PagePath, S
         (CompressOn::Cpu, _) => Err("--compress-on cpu".to_string()),
         (_, Err(why)) => Err(why),
         (_, Ok(n)) => NvcompZstd::try_new(n, DEFAULT_FRAME_BYTES, level.compression_level()).and_then(|z| {
-            match std::env::var(NVCOMP_BATCHES_ENV) {
-                Ok(v) => Ok(z.with_batches(parse_batches(&v)?)),
+            let z = match std::env::var(NVCOMP_BATCHES_ENV) {
+                Ok(v) => z.with_batches(parse_batches(&v)?),
+                Err(_) => z,
+            };
+            match std::env::var(NVCOMP_IN_FLIGHT_ENV) {
+                Ok(v) => Ok(z.with_calls_in_flight(parse_in_flight(&v)?)),
                 Err(_) => Ok(z),
             }
         }),
@@ -710,6 +732,10 @@ mod tests {
         assert_eq!(parse_batches(" 64 , 2 "), Ok(GPU_BATCHES));
         for bad in ["32", "0,1", "8,0", "x,2", "8,65", "2048,1"] {
             assert!(parse_batches(bad).unwrap_err().contains("MiB,calls"), "{bad}");
+        }
+        assert_eq!(parse_in_flight(" 8 "), Ok(8));
+        for bad in ["0", "65", "x", ""] {
+            assert!(parse_in_flight(bad).unwrap_err().contains("1 to 64"), "{bad}");
         }
     }
 

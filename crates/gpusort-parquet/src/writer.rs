@@ -47,9 +47,23 @@ pub const DEFAULT_ROW_GROUP_SIZE: usize = 1024 * 1024;
 /// groups as threads keep every core busy even when one column is all that is left of each;
 /// fewer left most cores idle (two row groups of 16 columns on 16 cores: the writer ran at the
 /// speed of two cores on TPC-H lineitem). A row group in flight holds its encoded pages; its
-/// rows are slices of the sorted output, not copies.
-fn row_groups_in_flight() -> usize {
-    rayon::current_num_threads().clamp(2, 16)
+/// rows are slices of the sorted output, not copies. [`ROW_GROUPS_ENV`] sets another number.
+fn row_groups_in_flight() -> Result<usize, ParquetError> {
+    match std::env::var(ROW_GROUPS_ENV) {
+        Ok(v) => parse_row_groups(&v).map_err(ParquetError::General),
+        Err(_) => Ok(rayon::current_num_threads().clamp(2, 16)),
+    }
+}
+
+/// `GPUSORT_WRITER_ROW_GROUPS` (2 to 256): the row groups the writer has in flight instead of
+/// one per thread (`scripts/device-ab.sh` compares them).
+pub const ROW_GROUPS_ENV: &str = "GPUSORT_WRITER_ROW_GROUPS";
+
+fn parse_row_groups(v: &str) -> Result<usize, String> {
+    match v.trim().parse::<usize>() {
+        Ok(n) if (2..=256).contains(&n) => Ok(n),
+        _ => Err(format!("{ROW_GROUPS_ENV}={v}: expected 2 to 256 row groups")),
+    }
 }
 
 /// Bytes the output file is written in at once (see [`SortedParquetWriter::try_new`]).
@@ -378,9 +392,10 @@ impl SortedParquetWriter {
             &progress,
             Arc::new(pool),
         );
+        let in_flight = row_groups_in_flight()?;
         let thread = std::thread::Builder::new()
             .name("gpusort-writer".into())
-            .spawn(move || write_row_groups(file_writer, encoder, receiver))
+            .spawn(move || write_row_groups(file_writer, encoder, receiver, in_flight))
             .map_err(|e| ParquetError::External(Box::new(e)))?;
         Ok(Self {
             schema,
@@ -616,7 +631,7 @@ impl Encoder {
 }
 
 /// The writer thread: starts encoding each row group received (its columns in parallel, up to
-/// [`row_groups_in_flight`] row groups at once) and hands it to an appender thread, which
+/// `in_flight_max` row groups at once, see [`row_groups_in_flight`]) and hands it to an appender thread, which
 /// appends them in order ([`append_in_order`]). Returns the number of row groups.
 ///
 /// Why two threads: appending a row group writes its ~25 MB to the file (5-20 ms). When one
@@ -627,9 +642,9 @@ fn write_row_groups<W: Write + Send>(
     file_writer: SerializedFileWriter<W>,
     encoder: Encoder,
     mut receiver: mpsc::Receiver<RowGroup>,
+    in_flight_max: usize,
 ) -> Result<usize, ParquetError> {
     // In flight: those queued here, the one the appender waits for, the one being handed over.
-    let in_flight_max = row_groups_in_flight();
     let (started, to_append) = std_mpsc::sync_channel::<std_mpsc::Receiver<Encoded>>(in_flight_max.saturating_sub(2));
     let failed = AtomicBool::new(false);
     std::thread::scope(|scope| {
@@ -737,6 +752,14 @@ mod tests {
     use arrow::datatypes::Field;
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     use std::fs::File;
+
+    #[test]
+    fn row_groups_in_flight_parse() {
+        assert_eq!(parse_row_groups(" 32 "), Ok(32));
+        for bad in ["1", "257", "x", ""] {
+            assert!(parse_row_groups(bad).unwrap_err().contains("2 to 256"), "{bad}");
+        }
+    }
 
     #[test]
     fn codecs_parse_with_their_levels() {

@@ -259,6 +259,14 @@ fn upload_segments(
     jobs: mpsc::Receiver<SegmentJob>,
 ) -> Result<Uploaded> {
     gpu.context().bind_to_thread()?;
+    let stagers = match gpu.options().stage_threads {
+        0 => None,
+        n => rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .thread_name(|i| format!("gpusort-stage-{i}"))
+            .build()
+            .ok(),
+    };
     let pool = PinnedPool::global();
     let mut out = Uploaded::default();
     let mut copies = Transfers::new(stream);
@@ -277,7 +285,10 @@ fn upload_segments(
                 e.synchronize()?;
             }
             let start = Instant::now();
-            let nullable = stage(layout, &job.parts, buf.as_mut_slice());
+            let nullable = match &stagers {
+                Some(threads) => threads.install(|| stage(layout, &job.parts, buf.as_mut_slice())),
+                None => stage(layout, &job.parts, buf.as_mut_slice()),
+            };
             let staged = start.elapsed();
             let device_bytes = out.device_bytes + segment_device_bytes(layout, job.rows, &nullable);
             if device_bytes > available {
