@@ -79,12 +79,15 @@ pub struct GpuOptions {
     /// range's views laid out as it comes down) take SMs before those of nvCOMP's compression
     /// sharing the device (off with `GPUSORT_STREAM_PRIORITY=0`: the default priority).
     pub stream_priority: bool,
-    /// Threads of its own that stage each uploaded segment's columns into pinned memory; 0:
-    /// rayon's global pool (`GPUSORT_STAGE_THREADS`, 0 to 64). While the input is read, the
-    /// global pool's threads wait for cores behind the readers' (stop 40: a segment took 10-50
-    /// ms to stage while reading, 1 ms after, and four fifths were left to stage then).
-    pub stage_threads: usize,
+    /// Uploaded segments staged into pinned memory at once, each on a thread of its own over
+    /// rayon's pool (`GPUSORT_STAGE_AHEAD`, 1 to 16; see `session/upload.rs`): while the input
+    /// is read, one segment at a time fell behind the readers.
+    pub stage_ahead: usize,
 }
+
+/// Segments staged at once unless `GPUSORT_STAGE_AHEAD` says otherwise
+/// ([`GpuOptions::stage_ahead`]).
+pub const STAGE_AHEAD: usize = 3;
 
 /// Where a GPU sort orders the rows whose keys tie on a truncated string prefix (when every
 /// later sort field is exact; otherwise the host compares whole values).
@@ -142,7 +145,7 @@ impl Default for GpuOptions {
             compact_views: true,
             pin_ahead: true,
             stream_priority: true,
-            stage_threads: 0,
+            stage_ahead: STAGE_AHEAD,
         }
     }
 }
@@ -233,10 +236,10 @@ impl GpuOptions {
             compact_views: var("GPUSORT_COMPACT_VIEWS").as_deref() != Some("0"),
             pin_ahead: var("GPUSORT_PIN_AHEAD").as_deref() != Some("0"),
             stream_priority: var("GPUSORT_STREAM_PRIORITY").as_deref() != Some("0"),
-            stage_threads: match var("GPUSORT_STAGE_THREADS") {
-                None => 0,
-                Some(v) => v.trim().parse::<usize>().ok().filter(|n| *n <= 64).ok_or_else(|| {
-                    CudaSortError::Unsupported(format!("GPUSORT_STAGE_THREADS={v} (0 to 64 threads)"))
+            stage_ahead: match var("GPUSORT_STAGE_AHEAD") {
+                None => STAGE_AHEAD,
+                Some(v) => v.trim().parse::<usize>().ok().filter(|n| (1..=16).contains(n)).ok_or_else(|| {
+                    CudaSortError::Unsupported(format!("GPUSORT_STAGE_AHEAD={v} (1 to 16 segments)"))
                 })?,
             },
         })
@@ -311,11 +314,13 @@ mod tests {
             ("GPUSORT_IPT", "12"),
             ("GPUSORT_PIN_AHEAD", "0"),
             ("GPUSORT_STREAM_PRIORITY", "0"),
-            ("GPUSORT_STAGE_THREADS", "4"),
+            ("GPUSORT_STAGE_AHEAD", "1"),
         ]))
         .unwrap();
-        assert_eq!(o.stage_threads, 4);
-        assert!(GpuOptions::from_vars(|n: &str| (n == "GPUSORT_STAGE_THREADS").then(|| "65".to_string())).is_err());
+        assert_eq!(o.stage_ahead, 1);
+        for bad in ["0", "17", "x"] {
+            assert!(GpuOptions::from_vars(|n: &str| (n == "GPUSORT_STAGE_AHEAD").then(|| bad.to_string())).is_err());
+        }
         assert!(o.profile && !o.onesweep && !o.pair_lanes && !o.device_keys && !o.device_views && !o.presorted);
         assert!(!o.pin_ahead && !o.stream_priority);
         assert_eq!(o.device_ties, DeviceTies::Never);
