@@ -238,9 +238,12 @@ impl GpuOptions {
             stream_priority: var("GPUSORT_STREAM_PRIORITY").as_deref() != Some("0"),
             stage_ahead: match var("GPUSORT_STAGE_AHEAD") {
                 None => STAGE_AHEAD,
-                Some(v) => v.trim().parse::<usize>().ok().filter(|n| (1..=16).contains(n)).ok_or_else(|| {
-                    CudaSortError::Unsupported(format!("GPUSORT_STAGE_AHEAD={v} (1 to 16 segments)"))
-                })?,
+                Some(v) => v
+                    .trim()
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=16).contains(n))
+                    .ok_or_else(|| CudaSortError::Unsupported(format!("GPUSORT_STAGE_AHEAD={v} (1 to 16 segments)")))?,
             },
         })
     }

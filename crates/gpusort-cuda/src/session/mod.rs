@@ -7,15 +7,17 @@
 //! [`SEGMENT_BYTES`] of fixed-width payload, a multiple of 64 rows). When [`GpuSortSession::push`]
 //! completes a segment it hands it to the session's **uploader thread**, which
 //!
-//! 1. takes the next of [`STAGING_DEPTH`] pinned staging buffers (from the [`PinnedPool`]),
-//!    waiting for the copy that last read it;
-//! 2. copies the segment's rows of every device column into it on all cores, ByField: each
-//!    column's values at their row offsets, then the validity bits of the columns that have
-//!    nulls in the segment;
-//! 3. starts one host-to-device copy per column (and bitmap) on the session's **copy stream**
-//!    into device memory of its own.
+//! 1. takes the next of its pinned staging buffers (from the [`PinnedPool`]; `stage_ahead +
+//!    STAGING_DEPTH - 1` of them, see [`STAGING_DEPTH`]), waiting for the copy that last read it;
+//! 2. copies the segment's rows of every device column into it on a thread of its own over
+//!    all cores, ByField: each column's values at their row offsets, then the validity bits of
+//!    the columns that have nulls in the segment; up to `GpuOptions::stage_ahead` segments are
+//!    staged at once;
+//! 3. in order, starts one host-to-device copy per column (and bitmap) on the session's
+//!    **copy stream** into device memory of its own.
 //!
-//! So while batch `k` arrives, segment `j` is staged and segment `j - 1` crosses PCIe.
+//! So while batch `k` arrives, segments `j..j + stage_ahead` are staged and segment `j - 1`
+//! crosses PCIe.
 //!
 //! Device columns are the fixed-width ones of 1 to 16 bytes ([`fixed_width`]) except
 //! dictionaries (batches may each bring their own dictionary), and string and binary views
@@ -113,7 +115,8 @@ pub fn gpu_encoder_options() -> EncoderOptions {
 
 /// Pinned staging bytes of one segment (its rows: this over the bytes of a row of payload).
 pub const SEGMENT_BYTES: usize = 32 << 20;
-/// Staging buffers in flight: one being filled, the others crossing PCIe.
+/// Staging buffers with one segment staged at a time: one being filled, the others crossing
+/// PCIe. Each more segment staged at once takes one more.
 pub const STAGING_DEPTH: usize = 3;
 /// Segments hold a multiple of this many rows, so their validity bits start on a byte.
 const SEGMENT_ALIGN: usize = 64;

@@ -285,8 +285,7 @@ fn upload_segments(
         timings: vec![],
     };
     let result = std::thread::scope(|scope| -> Result<()> {
-        let mut staged: std::collections::VecDeque<(SegmentJobHead, usize, Duration, Staging<'_>)> =
-            Default::default();
+        let mut staged: std::collections::VecDeque<(SegmentJobHead, usize, Duration, Staging<'_>)> = Default::default();
         for (j, job) in jobs.iter().enumerate() {
             if staged.len() == ahead {
                 let (head, slot, wait, staging) = staged.pop_front().expect("ahead >= 1");
@@ -385,7 +384,9 @@ impl SegmentCopies<'_> {
         let bytes = buf.as_slice();
         for (k, &(_, w)) in layout.columns.iter().enumerate() {
             let values = &bytes[layout.values[k]..layout.values[k] + head.rows * w];
-            segment.values.push(Some(upload(self.stream, &mut self.copies, values)?));
+            segment
+                .values
+                .push(Some(upload(self.stream, &mut self.copies, values)?));
             self.out.device_bytes += values.len();
             segment.bitmaps.push(if nullable[k] {
                 let bits = &bytes[layout.bitmaps[k]..layout.bitmaps[k] + head.rows.div_ceil(8)];
