@@ -213,6 +213,32 @@ def svg(rows, path):
         f.write("\n".join(out))
 
 
+def print_table(rows):
+    """The table of every contender's best time, ratio to DuckDB and phases."""
+    print("\n| list | ORDER BY | contender | seconds | DuckDB / it | planning | reading | sorting | writing | "
+          "GPU kernels | check |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    f = lambda v: "" if v is None else f"{v:.2f}"
+    ratio = lambda v: "" if v is None else f"{v:.2f}x"
+    for r in rows:
+        print(f"| {r['list']} | {LISTS[r['list']]} | {r['contender']} | {f(r['seconds'])} | "
+              + ratio(r['ratio']) + " | "
+              + " | ".join(f(r.get(p)) for p in PHASES) + f" | {f(r.get('kernels'))} | {r['check']} |")
+
+
+def write_files(rows, args):
+    """The rows as --csv and --svg say (rewritten after each list)."""
+    if args.csv:
+        with open(args.csv, "w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["list", "order_by", "contender", "seconds", "duckdb_ratio"] + PHASES + ["kernels", "check"])
+            for r in rows:
+                w.writerow([r["list"], LISTS[r["list"]], r["contender"], r["seconds"], r["ratio"]]
+                           + [r.get(p) for p in PHASES] + [r.get("kernels"), r["check"]])
+    if args.svg:
+        svg(rows, args.svg)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpusort", required=True)
@@ -323,26 +349,11 @@ def main():
                              check=problem or "ok", **best[1]))
             os.remove(out)
         os.remove(ref)
+        # The lists done so far, in case the caller's time runs out before the last.
+        write_files(rows, args)
     shutil.rmtree(cache, ignore_errors=True)
 
-    print("\n| list | ORDER BY | contender | seconds | DuckDB / it | planning | reading | sorting | writing | "
-          "GPU kernels | check |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
-    f = lambda v: "" if v is None else f"{v:.2f}"
-    ratio = lambda v: "" if v is None else f"{v:.2f}x"
-    for r in rows:
-        print(f"| {r['list']} | {LISTS[r['list']]} | {r['contender']} | {f(r['seconds'])} | "
-              + ratio(r['ratio']) + " | "
-              + " | ".join(f(r.get(p)) for p in PHASES) + f" | {f(r.get('kernels'))} | {r['check']} |")
-    if args.csv:
-        with open(args.csv, "w", newline="") as fh:
-            w = csv.writer(fh)
-            w.writerow(["list", "order_by", "contender", "seconds", "duckdb_ratio"] + PHASES + ["kernels", "check"])
-            for r in rows:
-                w.writerow([r["list"], LISTS[r["list"]], r["contender"], r["seconds"], r["ratio"]]
-                           + [r.get(p) for p in PHASES] + [r.get("kernels"), r["check"]])
-    if args.svg:
-        svg(rows, args.svg)
+    print_table(rows)
     failed = [r for r in rows if r["check"] not in ("ok", "reference", "")]
     if failed:
         print(f"\n{len(failed)} outputs failed their check", file=sys.stderr)
