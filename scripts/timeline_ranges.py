@@ -14,7 +14,7 @@ import re
 import statistics
 import sys
 
-STAMP = r"\[\s*([\d.]+) s, cpu\s+([\d.]+) s\] "
+STAMP = r"\[\s*([\d.]+) s, cpu\s+([\d.]+) s[^\]]*\] "
 RANGE = re.compile(
     STAMP + r"session: rows (\d+)\.\.(\d+) handed out \(downloads started ([\d.]+) ms "
     r"\[host buffers ([\d.]+), views compacted ([\d.]+)\], host gather ([\d.]+), downloads done ([\d.]+)\)"

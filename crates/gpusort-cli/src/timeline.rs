@@ -1,8 +1,9 @@
 //! `gpusort sort --timeline`: the `gpusort::timeline` debug events of the operator and the
 //! GPU session, and the tool's own phase marks, printed to stderr as they happen with the
-//! seconds since the sort started and the CPU seconds the process has used by then (all its
-//! threads: their growth against the wall time says how many cores a phase kept busy); at the
-//! end, the plan with every operator's metrics. This is how a slow phase is found on a real
+//! seconds since the sort started, the CPU seconds the process has used by then (all its
+//! threads: their growth against the wall time says how many cores a phase kept busy), the
+//! system seconds among them and the minor page faults (memory touched for the first time); at
+//! the end, the plan with every operator's metrics. This is how a slow phase is found on a real
 //! input (which step of the sort, which writer stage, and whether it used the machine).
 
 use std::io::Write as _;
@@ -24,11 +25,14 @@ impl log::Log for TimelineLogger {
     fn log(&self, record: &log::Record) {
         if self.enabled(record.metadata()) {
             let t = self.start.elapsed().as_secs_f64();
-            let cpu = cpu_seconds();
+            let usage = Usage::now();
             // A closed or full stderr loses the line, nothing more.
             let _ = writeln!(
                 std::io::stderr().lock(),
-                "[{t:8.3} s, cpu {cpu:8.2} s] {}",
+                "[{t:8.3} s, cpu {:8.2} s, sys {:7.2} s, faults {:8}] {}",
+                usage.cpu_seconds(),
+                usage.system_seconds,
+                usage.minor_faults,
                 record.args()
             );
         }
@@ -37,16 +41,44 @@ impl log::Log for TimelineLogger {
     fn flush(&self) {}
 }
 
+/// What the whole process has used so far, as `getrusage` says (zeros where it fails).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Usage {
+    /// User CPU seconds, all threads.
+    pub user_seconds: f64,
+    /// System CPU seconds, all threads: on a sort, mostly the kernel zeroing pages that are
+    /// touched for the first time.
+    pub system_seconds: f64,
+    /// Minor page faults: pages mapped at their first touch (a 2 MB huge page counts once).
+    pub minor_faults: u64,
+}
+
+impl Usage {
+    /// The process's usage now.
+    pub fn now() -> Self {
+        let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+        // SAFETY: `getrusage` fills the struct it is given; on failure it stays zeroed.
+        let usage = unsafe {
+            libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr());
+            usage.assume_init()
+        };
+        let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+        Self {
+            user_seconds: seconds(usage.ru_utime),
+            system_seconds: seconds(usage.ru_stime),
+            minor_faults: usage.ru_minflt.max(0) as u64,
+        }
+    }
+
+    /// User and system seconds together.
+    pub fn cpu_seconds(&self) -> f64 {
+        self.user_seconds + self.system_seconds
+    }
+}
+
 /// User and system CPU seconds of the whole process so far (0 where `getrusage` fails).
 pub fn cpu_seconds() -> f64 {
-    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: `getrusage` fills the struct it is given; on failure it stays zeroed.
-    let usage = unsafe {
-        libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr());
-        usage.assume_init()
-    };
-    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
-    seconds(usage.ru_utime) + seconds(usage.ru_stime)
+    Usage::now().cpu_seconds()
 }
 
 static LOGGER: OnceLock<TimelineLogger> = OnceLock::new();
@@ -62,4 +94,24 @@ pub fn enable() {
 /// A mark of the tool's own (reading, writing) on the timeline.
 pub fn mark(what: impl std::fmt::Display) {
     log::debug!(target: TARGET, "{what}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_grows_with_work_and_first_touches() {
+        let before = Usage::now();
+        // 64 MiB touched for the first time: at least one fault (a huge page or 4 KiB pages).
+        let mut touched = vec![0u8; 64 << 20];
+        for page in touched.chunks_mut(4096) {
+            page[0] = 1;
+        }
+        std::hint::black_box(&touched);
+        let after = Usage::now();
+        assert!(after.minor_faults > before.minor_faults, "{before:?} -> {after:?}");
+        assert!(after.cpu_seconds() >= before.cpu_seconds());
+        assert!((after.cpu_seconds() - cpu_seconds()).abs() < 1.0);
+    }
 }
