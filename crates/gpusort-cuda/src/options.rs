@@ -150,6 +150,22 @@ impl Default for GpuOptions {
     }
 }
 
+/// Variable `name`'s `value` as a count within `range` of `what`; `default` when it is unset.
+fn count(
+    name: &str,
+    value: Option<String>,
+    default: usize,
+    range: std::ops::RangeInclusive<usize>,
+    what: &str,
+) -> Result<usize> {
+    let Some(v) = value else { return Ok(default) };
+    v.trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|n| range.contains(n))
+        .ok_or_else(|| CudaSortError::Unsupported(format!("{name}={v} ({} to {} {what})", range.start(), range.end())))
+}
+
 impl GpuOptions {
     /// The defaults, with what the `GPUSORT_*` variables set. A value out of range is an error
     /// that names the variable.
@@ -226,25 +242,24 @@ impl GpuOptions {
             },
             device_budget,
             tuning_profile: None,
-            direct_max_fields: match var("GPUSORT_DIRECT_MAX_FIELDS") {
-                None => DIRECT_MAX_FIELDS,
-                Some(v) => v.trim().parse::<usize>().ok().filter(|m| *m <= 1024).ok_or_else(|| {
-                    CudaSortError::Unsupported(format!("GPUSORT_DIRECT_MAX_FIELDS={v} (0 to 1024 fields)"))
-                })?,
-            },
+            direct_max_fields: count(
+                "GPUSORT_DIRECT_MAX_FIELDS",
+                var("GPUSORT_DIRECT_MAX_FIELDS"),
+                DIRECT_MAX_FIELDS,
+                0..=1024,
+                "fields",
+            )?,
             tie_views: var("GPUSORT_TIE_VIEWS").as_deref() != Some("0"),
             compact_views: var("GPUSORT_COMPACT_VIEWS").as_deref() != Some("0"),
             pin_ahead: var("GPUSORT_PIN_AHEAD").as_deref() != Some("0"),
             stream_priority: var("GPUSORT_STREAM_PRIORITY").as_deref() != Some("0"),
-            stage_ahead: match var("GPUSORT_STAGE_AHEAD") {
-                None => STAGE_AHEAD,
-                Some(v) => v
-                    .trim()
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|n| (1..=16).contains(n))
-                    .ok_or_else(|| CudaSortError::Unsupported(format!("GPUSORT_STAGE_AHEAD={v} (1 to 16 segments)")))?,
-            },
+            stage_ahead: count(
+                "GPUSORT_STAGE_AHEAD",
+                var("GPUSORT_STAGE_AHEAD"),
+                STAGE_AHEAD,
+                1..=16,
+                "segments",
+            )?,
         })
     }
 

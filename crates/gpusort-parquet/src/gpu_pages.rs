@@ -81,10 +81,7 @@ pub const NVCOMP_IN_FLIGHT_ENV: &str = "GPUSORT_NVCOMP_IN_FLIGHT";
 
 /// [`NVCOMP_IN_FLIGHT_ENV`]'s value as a number of calls.
 fn parse_in_flight(v: &str) -> Result<usize, String> {
-    match v.trim().parse::<usize>() {
-        Ok(n) if (1..=64).contains(&n) => Ok(n),
-        _ => Err(format!("{NVCOMP_IN_FLIGHT_ENV}={v}: expected 1 to 64 calls")),
-    }
+    crate::parse_count(NVCOMP_IN_FLIGHT_ENV, v, 1..=64, "calls")
 }
 
 /// At most `max` holders at once ([`Self::enter`] waits for a place).

@@ -26,6 +26,24 @@ pub use writer::{Codec, ColumnEncoder, SortedParquetWriter, WriteOptions, WriteP
 /// The `log` target of the timeline events (`gpusort sort --timeline` prints them).
 pub const TIMELINE_TARGET: &str = "gpusort::timeline";
 
+/// `value` of variable `name` as a count within `range` of `what` (e.g. "calls"), or the error
+/// that names the variable and the range.
+pub(crate) fn parse_count(
+    name: &str,
+    value: &str,
+    range: std::ops::RangeInclusive<usize>,
+    what: &str,
+) -> Result<usize, String> {
+    match value.trim().parse::<usize>() {
+        Ok(n) if range.contains(&n) => Ok(n),
+        _ => Err(format!(
+            "{name}={value}: expected {} to {} {what}",
+            range.start(),
+            range.end()
+        )),
+    }
+}
+
 /// A mark of the writer's on the timeline.
 pub(crate) fn mark(what: impl std::fmt::Display) {
     log::debug!(target: TIMELINE_TARGET, "{what}");

@@ -60,10 +60,7 @@ fn row_groups_in_flight() -> Result<usize, ParquetError> {
 pub const ROW_GROUPS_ENV: &str = "GPUSORT_WRITER_ROW_GROUPS";
 
 fn parse_row_groups(v: &str) -> Result<usize, String> {
-    match v.trim().parse::<usize>() {
-        Ok(n) if (2..=256).contains(&n) => Ok(n),
-        _ => Err(format!("{ROW_GROUPS_ENV}={v}: expected 2 to 256 row groups")),
-    }
+    crate::parse_count(ROW_GROUPS_ENV, v, 2..=256, "row groups")
 }
 
 /// Bytes the output file is written in at once (see [`SortedParquetWriter::try_new`]).
