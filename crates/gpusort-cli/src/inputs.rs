@@ -8,11 +8,13 @@ use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow::datatypes::{Schema, SchemaRef};
+use arrow::datatypes::{DataType, Schema, SchemaRef};
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
 use parquet::arrow::parquet_to_arrow_schema;
+use parquet::basic::Type as PhysicalType;
 use parquet::file::metadata::ParquetMetaDataReader;
+use parquet::schema::types::SchemaDescriptor;
 
 use crate::error::{CliError, Result};
 
@@ -30,6 +32,11 @@ pub struct InputFile {
     pub rows: u64,
     /// Row groups.
     pub row_groups: usize,
+    /// Its columns as the Parquet reader gives them.
+    pub schema: SchemaRef,
+    /// Its top-level decimal columns of up to 18 digits stored as 8-byte integers (INT64),
+    /// which the reader gives as 16-byte decimals (see `narrow.rs`).
+    pub int64_decimals: Vec<String>,
 }
 
 /// The checked input files and their common schema.
@@ -206,13 +213,32 @@ fn read_footer(path: &Path) -> Result<(InputFile, SchemaRef)> {
     let meta = metadata.file_metadata();
     let schema = parquet_to_arrow_schema(meta.schema_descr(), meta.key_value_metadata())
         .map_err(|e| damaged(format!("its schema cannot be read: {e}")))?;
+    let int64_decimals = int64_decimals(meta.schema_descr(), &schema);
+    let schema = Arc::new(schema);
     let input = InputFile {
         path: path.to_path_buf(),
         bytes,
         rows: meta.num_rows().max(0) as u64,
         row_groups: metadata.num_row_groups(),
+        schema: Arc::clone(&schema),
+        int64_decimals,
     };
-    Ok((input, Arc::new(schema)))
+    Ok((input, schema))
+}
+
+/// The top-level columns of `schema` (read from `descr`) that are 16-byte decimals of up to 18
+/// digits stored as INT64.
+fn int64_decimals(descr: &SchemaDescriptor, schema: &Schema) -> Vec<String> {
+    descr
+        .columns()
+        .iter()
+        .filter(|c| c.path().parts().len() == 1 && c.physical_type() == PhysicalType::INT64)
+        .filter_map(|c| {
+            let name = c.path().parts()[0].as_str();
+            let field = schema.field_with_name(name).ok()?;
+            matches!(field.data_type(), DataType::Decimal128(p, _) if *p <= 18).then(|| name.to_string())
+        })
+        .collect()
 }
 
 /// What is damaged in `path`: `row group R, column C: cause`, or `None`.

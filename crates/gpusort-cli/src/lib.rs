@@ -16,6 +16,7 @@ pub mod error;
 pub mod info;
 pub mod inputs;
 pub mod interrupt;
+pub mod narrow;
 pub mod order_by;
 pub mod plan;
 pub mod progress;

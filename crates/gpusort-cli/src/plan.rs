@@ -17,6 +17,7 @@ use datafusion_gpusort::{ByteSize, DeviceChoice, DeviceList, GpuSortConfig, Sess
 use crate::error::{CliError, Result, one_line};
 use crate::inputs::Inputs;
 use crate::interrupt::SpillDir;
+use crate::narrow::NarrowDecimals;
 use crate::order_by::OrderBy;
 
 /// How to sort: what `gpusort sort` and `gpusort explain` share.
@@ -204,11 +205,16 @@ impl SortPlan {
         let options = ParquetReadOptions::default()
             .file_extension("")
             .to_listing_options(&ctx.copied_config(), ctx.copied_table_options());
-        let config = ListingTableConfig::new_with_multi_paths(urls)
+        let mut config = ListingTableConfig::new_with_multi_paths(urls)
             .with_listing_options(options)
             .infer_schema(&ctx.state())
             .await
             .map_err(df_err)?;
+        let narrow = NarrowDecimals::try_new(&inputs, |path| Ok(file_url(path)?.prefix().as_ref().to_string()))?;
+        if let Some(schema) = config.file_schema.as_ref().filter(|_| !narrow.is_empty()) {
+            let schema = narrow.table_schema(schema);
+            config = config.with_schema(schema);
+        }
         let table = ListingTable::try_new(config).map_err(df_err)?;
         let plan = ctx
             .read_table(Arc::new(table))
@@ -217,6 +223,7 @@ impl SortPlan {
             .create_physical_plan()
             .await
             .map_err(df_err)?;
+        let plan = narrow.with_file_schemas(plan)?;
         Ok(Self {
             ctx,
             inputs,

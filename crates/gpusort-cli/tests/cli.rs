@@ -828,3 +828,157 @@ fn ctrl_c_removes_the_temporary_file_and_exits_130() {
     );
     assert_eq!(listing(out_dir.path()), Vec::<String>::new());
 }
+
+/// `rows` rows of decimals as Parquet stores them: `d` decimal(15, 2) as INT64 (which the tool
+/// reads as 8-byte decimals), `p` decimal(7, 2) as INT32 and `w` decimal(25, 3) as fixed-length
+/// bytes (read as 16-byte decimals), with nulls and ties, and a unique `id`.
+fn decimals(rows: usize, seed: i64) -> RecordBatch {
+    use arrow::array::Decimal128Array;
+    let n = rows as i64;
+    let d = Decimal128Array::from_iter(
+        (0..n).map(|i| (i % 11 != 3).then_some(((i * 7919 + seed) % 997 - 500) as i128 * 1_000_003)),
+    );
+    let p = Decimal128Array::from_iter_values((0..n).map(|i| ((i * 31 + seed) % 41 - 20) as i128 * 99_991));
+    let w = Decimal128Array::from_iter(
+        (0..n).map(|i| (i % 13 != 0).then_some(((i * 104_729 + seed) % 5003) as i128 * -1_000_000_000_007)),
+    );
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("d", DataType::Decimal128(15, 2), true),
+        Field::new("p", DataType::Decimal128(7, 2), false),
+        Field::new("w", DataType::Decimal128(25, 3), true),
+    ]));
+    let ids = Int64Array::from_iter_values((0..n).map(|i| i * 2 + seed * 1_000_000));
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(ids),
+        Arc::new(d.with_precision_and_scale(15, 2).unwrap()),
+        Arc::new(p.with_precision_and_scale(7, 2).unwrap()),
+        Arc::new(w.with_precision_and_scale(25, 3).unwrap()),
+    ];
+    RecordBatch::try_new(schema, columns).unwrap()
+}
+
+#[test]
+fn decimals_stored_as_int64_are_read_narrow_and_written_as_they_were() {
+    use datafusion::datasource::physical_plan::FileScanConfig;
+    use datafusion::datasource::source::DataSourceExec;
+    use datafusion::physical_plan::ExecutionPlan;
+    use gpusort_cli::{PlanArgs, SortPlan};
+
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let parts = [decimals(3000, 1), decimals(2000, 2)];
+    for (i, b) in parts.iter().enumerate() {
+        write_parquet(&data.join(format!("part-{i}.parquet")), b);
+    }
+    let input = concat_batches(&parts[0].schema(), &parts).unwrap();
+
+    // The plan reads `d` (and only `d`) as Decimal64, and every file of its scan carries its
+    // schema so narrowed (the Parquet reader's hint: no cast after the read).
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let planned = runtime
+        .block_on(SortPlan::try_new(&PlanArgs::new(
+            vec![s(&data).to_string()],
+            "d DESC, id",
+        )))
+        .unwrap();
+    let types: Vec<DataType> = planned
+        .plan
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.data_type().clone())
+        .collect();
+    assert_eq!(
+        types,
+        [
+            DataType::Int64,
+            DataType::Decimal64(15, 2),
+            DataType::Decimal128(7, 2),
+            DataType::Decimal128(25, 3)
+        ]
+    );
+    fn scans(plan: &Arc<dyn ExecutionPlan>, found: &mut Vec<FileScanConfig>) {
+        if let Some(c) = plan
+            .downcast_ref::<DataSourceExec>()
+            .and_then(|s| s.data_source().downcast_ref::<FileScanConfig>())
+        {
+            found.push(c.clone());
+        }
+        plan.children().into_iter().for_each(|c| scans(c, found));
+    }
+    let mut found = vec![];
+    scans(&planned.plan, &mut found);
+    let files: Vec<_> = found
+        .iter()
+        .flat_map(|c| c.file_groups.iter().flat_map(|g| g.iter().cloned()))
+        .collect();
+    assert_eq!(files.len(), 2, "{found:?}");
+    for f in &files {
+        let hint = f.arrow_schema.as_ref().expect("each file carries its schema");
+        assert_eq!(
+            hint.field_with_name("d").unwrap().data_type(),
+            &DataType::Decimal64(15, 2)
+        );
+        assert_eq!(
+            hint.field_with_name("w").unwrap().data_type(),
+            &DataType::Decimal128(25, 3)
+        );
+    }
+    drop(planned);
+
+    // Sorted with and without the narrowing: the same file, of the input's schema and Parquet
+    // types, in the reference order.
+    for (order_by, keys) in [
+        ("d DESC, id", vec![("d", true, true), ("id", false, false)]),
+        (
+            "p, d NULLS FIRST, w DESC, id",
+            vec![
+                ("p", false, false),
+                ("d", false, true),
+                ("w", true, true),
+                ("id", false, false),
+            ],
+        ),
+    ] {
+        let mut outputs = vec![];
+        for narrow in ["1", "0"] {
+            let out = dir.path().join(format!("out-{narrow}.parquet"));
+            gpusort()
+                .env("GPUSORT_DECIMAL64", narrow)
+                .args(["sort", s(&data), "-k", order_by, "-o", s(&out), "-f", "-q"])
+                .assert()
+                .success();
+            outputs.push(std::fs::read(&out).unwrap());
+            let (output, meta) = read_parquet(&out);
+            assert_sorted_permutation(&input, &output, &keys);
+            let physical: Vec<_> = meta
+                .file_metadata()
+                .schema_descr()
+                .columns()
+                .iter()
+                .map(|c| c.physical_type())
+                .collect();
+            use parquet::basic::Type as T;
+            assert_eq!(
+                physical,
+                [T::INT64, T::INT64, T::INT32, T::FIXED_LEN_BYTE_ARRAY],
+                "{order_by}"
+            );
+        }
+        assert!(
+            outputs[0] == outputs[1],
+            "{order_by}: the narrowed read wrote another file"
+        );
+    }
+
+    let out = gpusort()
+        .env("GPUSORT_DECIMAL64", "yes")
+        .args(["sort", s(&data), "-k", "d", "-o", s(&dir.path().join("x.parquet"))])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("GPUSORT_DECIMAL64=yes: expected 0 or 1"));
+    assert!(!dir.path().join("x.parquet").exists());
+}

@@ -168,7 +168,7 @@ impl Shared {
             let arrays = self
                 .batches
                 .iter()
-                .map(|b| to_output_type(b.column(i), field.data_type()))
+                .map(|b| to_encoder_type(b.column(i), field.data_type()))
                 .collect::<Result<Vec<_>, _>>()?;
             let chunk = encoder::encode(&arrays, descr, &self.properties)?;
             let rows: u64 = self.batches.iter().map(|b| b.num_rows() as u64).sum();
@@ -279,6 +279,17 @@ fn compress_off_rayon(
         if let Some(work) = work {
             work();
         }
+    }
+}
+
+/// `column` as gpusort's encoder takes it for an output field of type `to`: as
+/// [`to_output_type`], but 8-byte decimals stay as they are for 16-byte decimals of the same
+/// precision and scale (the encoder writes both as the same Parquet integers; a reader of the
+/// input may have narrowed them, see `gpusort-cli`'s `narrow.rs`).
+pub(crate) fn to_encoder_type(column: &ArrayRef, to: &DataType) -> Result<ArrayRef, ParquetError> {
+    match (column.data_type(), to) {
+        (DataType::Decimal64(p, s), DataType::Decimal128(q, t)) if (p, s) == (q, t) => Ok(Arc::clone(column)),
+        _ => to_output_type(column, to),
     }
 }
 

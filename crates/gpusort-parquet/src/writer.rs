@@ -809,6 +809,72 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread")]
+    async fn eight_byte_decimals_are_written_as_the_schema_s_decimals() {
+        use arrow::array::{AsArray, Decimal64Array, Decimal128Array};
+        use arrow::datatypes::Decimal128Type;
+        // A file of decimal(15, 2) and decimal(7, 1) columns (INT64 and INT32 in Parquet),
+        // written from batches of 8-byte decimals (as the tool reads INT64 decimals).
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("d", DataType::Decimal128(15, 2), true),
+            Field::new("e", DataType::Decimal128(7, 1), false),
+        ]));
+        let batch_schema = Arc::new(Schema::new(vec![
+            Field::new("d", DataType::Decimal64(15, 2), true),
+            Field::new("e", DataType::Decimal64(7, 1), false),
+        ]));
+        let d = |i: i64| (i % 5 != 0).then_some((i * 7919 % 2001 - 1000) * 100_003);
+        let batch = |from: i64, n: i64| {
+            let dd = Decimal64Array::from_iter((from..from + n).map(d)).with_precision_and_scale(15, 2);
+            let ee =
+                Decimal64Array::from_iter_values((from..from + n).map(|i| i % 7 - 3)).with_precision_and_scale(7, 1);
+            RecordBatch::try_new(
+                Arc::clone(&batch_schema),
+                vec![Arc::new(dd.unwrap()), Arc::new(ee.unwrap())],
+            )
+            .unwrap()
+        };
+        for encoder in [ColumnEncoder::Gpusort, ColumnEncoder::ParquetCrate] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("out.parquet");
+            let options = WriteOptions {
+                row_group_size: 1000,
+                codec: "zstd(1)".parse().unwrap(),
+                memory_budget: None,
+                page_compressor: None,
+                column_encoder: encoder,
+            };
+            let mut w =
+                SortedParquetWriter::try_new(File::create(&path).unwrap(), Arc::clone(&schema), &[], &options).unwrap();
+            w.write(batch(0, 1500)).await.unwrap();
+            w.write(batch(1500, 700)).await.unwrap();
+            w.finish().await.unwrap();
+            let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(&path).unwrap()).unwrap();
+            let columns = reader.parquet_schema().columns().to_vec();
+            assert_eq!(columns[0].physical_type(), parquet::basic::Type::INT64, "{encoder:?}");
+            assert_eq!(columns[1].physical_type(), parquet::basic::Type::INT32, "{encoder:?}");
+            let batches: Vec<RecordBatch> = reader.build().unwrap().collect::<Result<_, _>>().unwrap();
+            let out = arrow::compute::concat_batches(&batches[0].schema(), &batches).unwrap();
+            // Read back as the schema says: 16-byte decimals of the same values.
+            assert_eq!(out.schema().fields(), schema.fields(), "{encoder:?}");
+            let want_d = Decimal128Array::from_iter((0..2200).map(|i| d(i).map(i128::from)));
+            assert_eq!(
+                out.column(0)
+                    .as_primitive::<Decimal128Type>()
+                    .iter()
+                    .collect::<Vec<_>>(),
+                want_d.iter().collect::<Vec<_>>(),
+                "{encoder:?}"
+            );
+            let want_e: Vec<i128> = (0..2200).map(|i| i128::from(i % 7 - 3)).collect();
+            assert_eq!(
+                out.column(1).as_primitive::<Decimal128Type>().values().to_vec(),
+                want_e,
+                "{encoder:?}"
+            );
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
     async fn row_groups_are_cut_and_views_written_as_the_schema_says() {
         let schema = Arc::new(Schema::new(vec![
             Field::new("k", DataType::Int32, false),

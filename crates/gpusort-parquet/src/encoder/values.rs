@@ -15,7 +15,7 @@ use std::cmp::Ordering;
 use std::ops::Range;
 
 use arrow::array::{Array, AsArray};
-use arrow::datatypes::{DataType, Date32Type, Decimal128Type, Int32Type, Int64Type};
+use arrow::datatypes::{DataType, Date32Type, Decimal64Type, Decimal128Type, Int32Type, Int64Type};
 use hashbrown::HashTable;
 
 use super::rle;
@@ -117,6 +117,12 @@ macro_rules! fixed {
                             .map(|&v| v as $t)
                             .collect(),
                     ),
+                    DataType::Decimal64(..) if Self::WIDTH < 8 => Cow::Owned(
+                        array.as_primitive::<Decimal64Type>().values()[offset..offset + len]
+                            .iter()
+                            .map(|&v| v as $t)
+                            .collect(),
+                    ),
                     $($dt => Cow::Borrowed(&array.as_primitive::<$arrow>().values()[offset..offset + len]),)+
                     other => unreachable!("{other} is not encoded as {}", stringify!($t)),
                 }
@@ -126,14 +132,14 @@ macro_rules! fixed {
 }
 
 fixed!(i32, u32, DataType::Int32 => Int32Type, DataType::Date32 => Date32Type);
-fixed!(i64, u64, DataType::Int64 => Int64Type);
+fixed!(i64, u64, DataType::Int64 => Int64Type, DataType::Decimal64(..) => Decimal64Type);
 
 /// Whether `data_type` is read by [`Fixed::values`] for `T` (`width` 4 or 8).
 pub(super) fn fixed_reads(data_type: &DataType, width: usize) -> bool {
     match (data_type, width) {
         (DataType::Int32 | DataType::Date32, 4) | (DataType::Int64, 8) => true,
-        (DataType::Decimal128(precision, _), 4) => *precision <= 9,
-        (DataType::Decimal128(precision, _), 8) => *precision <= 18,
+        (DataType::Decimal64(precision, _) | DataType::Decimal128(precision, _), 4) => *precision <= 9,
+        (DataType::Decimal64(precision, _) | DataType::Decimal128(precision, _), 8) => *precision <= 18,
         _ => false,
     }
 }
