@@ -618,6 +618,59 @@ fn string_keys_of_up_to_48_bytes_go_into_the_key_whole() {
     }
 }
 
+/// Two string keys of one byte and three native keys (TPC-H lineitem's `l_returnflag,
+/// l_linestatus, l_extendedprice DESC, l_orderkey, l_linenumber`): their prefixes' bound passes
+/// the device's key words, their values whole do not, and the key is encoded on the device in
+/// the CPU's order. Three long string keys pass the words either way: the host encodes them.
+#[test]
+fn short_string_keys_past_the_prefix_bound_are_encoded_on_the_device() {
+    use arrow::array::{Decimal64Array, Int32Array, Int64Array, StringViewArray};
+    let Some(gpu) = backend() else { return };
+    let (mut rng, seed) = rng_from_env(0x5e55_0017);
+    let n = 30_000;
+    let pick = |rng: &mut SmallRng, from: &[&'static str]| from[rng.random_range(0..from.len())];
+    let flags: Vec<Option<&str>> = (0..n)
+        .map(|r| (r % 101 != 0).then(|| pick(&mut rng, &["A", "N", "R"])))
+        .collect();
+    let status: Vec<&str> = (0..n).map(|_| pick(&mut rng, &["F", "O"])).collect();
+    let long = |rng: &mut SmallRng| -> String {
+        (0..rng.random_range(40..60))
+            .map(|_| (b'a' + rng.random_range(0..2u8)) as char)
+            .collect()
+    };
+    let texts: Vec<Vec<String>> = (0..3).map(|_| (0..n).map(|_| long(&mut rng)).collect()).collect();
+    let price = Decimal64Array::from_iter_values((0..n).map(|_| rng.random_range(90_000..10_500_000i64)));
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(StringViewArray::from_iter(flags)),
+        Arc::new(StringViewArray::from_iter_values(status)),
+        Arc::new(price.with_precision_and_scale(15, 2).unwrap()),
+        Arc::new(Int64Array::from_iter_values((0..n as i64).map(|r| r / 4))),
+        Arc::new(Int32Array::from_iter_values((0..n as i32).map(|r| r % 4 + 1))),
+        Arc::new(StringViewArray::from_iter_values(&texts[0])),
+        Arc::new(StringViewArray::from_iter_values(&texts[1])),
+        Arc::new(StringViewArray::from_iter_values(&texts[2])),
+    ];
+    let fields = ["f", "s", "p", "k", "l", "t0", "t1", "t2"]
+        .iter()
+        .zip(&columns)
+        .map(|(name, c)| Field::new(*name, c.data_type().clone(), c.null_count() > 0));
+    let batch = RecordBatch::try_new(Arc::new(Schema::new(fields.collect::<Vec<_>>())), columns).unwrap();
+    let parts: Vec<RecordBatch> = (0..n).step_by(4096).map(|o| batch.slice(o, 4096.min(n - o))).collect();
+    let short = SortSpec::new([
+        SortKey::sql(0, false),
+        SortKey::sql(1, false),
+        SortKey::sql(2, true),
+        SortKey::sql(3, false),
+        SortKey::sql(4, false),
+    ]);
+    let long = SortSpec::new([SortKey::sql(5, false), SortKey::sql(6, true), SortKey::sql(7, false)]);
+    for (spec, on_device) in [(short, true), (long, false)] {
+        let what = format!("seed {seed}: {spec:?}");
+        let out = check_session(gpu, &batch, &spec, &parts, 1 << 20, None, &what);
+        assert_eq!(out.stats.keys_on_device, on_device, "{what}: where the key was encoded");
+    }
+}
+
 /// Sorts `parts` through a session and hands the rows out in ranges of the sizes `sizes` (in
 /// turn, over and over), concatenated.
 fn sorted_in_ranges(
