@@ -44,6 +44,7 @@ use crate::device::{cpu_backend, gpu_backend, gpu_backends};
 use crate::device_output::DeviceOutput;
 use crate::error::GpuSortExecError;
 use crate::metrics::GpuSortMetrics;
+use crate::narrow_keys::{narrow_decimal, narrows, narrows_keys};
 
 /// Output batches from which [`InMemorySorter::slices`] cuts them on all cores.
 const PARALLEL_SLICES: usize = 64;
@@ -60,6 +61,13 @@ pub(crate) enum SortPath {
     Cpu {
         reason: Option<String>,
     },
+}
+
+impl SortPath {
+    /// Whether the sort runs on a GPU (or several).
+    fn is_gpu(&self) -> bool {
+        !matches!(self, Self::Cpu { .. })
+    }
 }
 
 /// Cuts sorted rows into output batches of `batch_size` rows whose view columns keep only
@@ -173,7 +181,16 @@ impl InMemorySorter {
         if self.session_failed.is_some() {
             return Ok(());
         }
-        let (extended, spec) = self.sort_input(batch)?;
+        let (extended, spec) = match self.sort_input(batch, true) {
+            Ok(input) => input,
+            Err(e) => {
+                // A decimal out of its precision, say: the rows sort on the CPU, which reads it
+                // as it is (or fails the same way on an expression).
+                self.session = None;
+                self.session_failed = Some(format!("GPU failed: {e}"));
+                return Ok(());
+            }
+        };
         if self.session.is_none() {
             // The row count is not known yet: `gpusort.min_rows` is checked at the sort.
             let Ok(SortPath::Gpu(gpu)) = self.choose_path(usize::MAX) else {
@@ -240,7 +257,7 @@ impl InMemorySorter {
     pub(crate) fn run_rows(&self, batch: &RecordBatch) -> Option<usize> {
         let configured = (self.options.max_run_rows > 0).then_some(self.options.max_run_rows);
         let max_rows = |gpu: &CudaBackend| {
-            self.sort_input(batch).ok().and_then(|(extended, spec)| {
+            self.sort_input(batch, true).ok().and_then(|(extended, spec)| {
                 let request = SortRequest::new(&extended, &spec).with_strategy(self.options.strategy.strategy());
                 gpu.max_rows_within(&gpu_request(&request), self.gpu_limit())
                     .ok()
@@ -282,7 +299,7 @@ impl InMemorySorter {
         let key_parts = batches
             .iter()
             .map(|b| {
-                let (extended, full) = self.sort_input(b)?;
+                let (extended, full) = self.sort_input(b, false)?;
                 let columns: Vec<usize> = full.keys().iter().map(|k| k.column).collect();
                 Ok(extended.project(&columns)?)
             })
@@ -416,7 +433,15 @@ impl InMemorySorter {
     /// Sorts `input` on `path` and returns the sorted rows (at most `limit`).
     async fn sort(&mut self, input: RecordBatch, path: SortPath, limit: Option<usize>) -> Result<RecordBatch> {
         let _timer = self.metrics.baseline.elapsed_compute().timer();
-        let (extended, spec) = self.sort_input(&input)?;
+        let (extended, spec, path) = match (self.sort_input(&input, path.is_gpu()), path.is_gpu()) {
+            (Ok((extended, spec)), _) => (extended, spec, path),
+            (Err(e), true) => {
+                let (extended, spec) = self.sort_input(&input, false)?;
+                let reason = Some(format!("GPU failed: {e}"));
+                (extended, spec, SortPath::Cpu { reason })
+            }
+            (Err(e), false) => return Err(e),
+        };
         drop(input);
         let strategy = self.options.strategy.strategy();
         let gpu_limit = self.gpu_limit();
@@ -433,8 +458,10 @@ impl InMemorySorter {
     }
 
     /// The batch to sort (the input, with the values of sort expressions that are not plain
-    /// columns appended) and the sort specification over it.
-    fn sort_input(&self, input: &RecordBatch) -> Result<(RecordBatch, SortSpec)> {
+    /// columns appended) and the sort specification over it. `for_gpu`: a sort on a GPU, for
+    /// which decimal key columns are narrowed (`narrow_keys.rs`) where that lets the device
+    /// encode the key.
+    fn sort_input(&self, input: &RecordBatch, for_gpu: bool) -> Result<(RecordBatch, SortSpec)> {
         let plain: Option<Vec<SortKey>> = self
             .expr
             .iter()
@@ -446,7 +473,11 @@ impl InMemorySorter {
                 _ => None,
             })
             .collect();
-        if let Some(keys) = plain {
+        let narrow = for_gpu
+            && plain
+                .as_ref()
+                .is_some_and(|keys| narrows_keys(keys.iter().map(|k| input.schema_ref().field(k.column).data_type())));
+        if let Some(keys) = plain.filter(|_| !narrow) {
             // Every sort expression is a column of the input: the input as it is.
             return Ok((input.clone(), SortSpec::new(keys)));
         }
@@ -455,6 +486,17 @@ impl InMemorySorter {
         let mut keys = Vec::with_capacity(self.expr.len());
         for e in self.expr.iter() {
             let column = match e.expr.downcast_ref::<Column>() {
+                Some(c) if narrow && narrows(input.schema_ref().field(c.index()).data_type()) => {
+                    let values = narrow_decimal(input.column(c.index()).as_ref())?;
+                    let field = input.schema_ref().field(c.index());
+                    fields.push(Arc::new(Field::new(
+                        format!("{} as Decimal64", field.name()),
+                        values.data_type().clone(),
+                        true,
+                    )));
+                    columns.push(values);
+                    columns.len() - 1
+                }
                 Some(c) if c.index() < input.num_columns() => c.index(),
                 _ => {
                     let values = e.expr.evaluate(input)?.into_array(input.num_rows())?;

@@ -24,6 +24,7 @@ mod in_memory;
 mod merge;
 mod metrics;
 mod multi_level_merge;
+mod narrow_keys;
 mod parquet_sink;
 mod partition_runs;
 mod range_merge;

@@ -116,6 +116,9 @@ pub struct GpuSortMetrics {
     pub bytes_from_device: Count,
     /// Columns moved or gathered on the GPU.
     pub device_columns: Count,
+    /// GPU sorts whose key the device encoded from the sort columns it held (the others'
+    /// keys were encoded on the host and uploaded).
+    pub device_key_sorts: Count,
     /// Columns gathered on the host through the permutation (var-width and nested columns,
     /// and everything on the CPU path).
     pub host_gathered_columns: Count,
@@ -185,6 +188,7 @@ impl GpuSortMetrics {
             bytes_to_device: summary().counter("bytes_to_device", partition),
             bytes_from_device: summary().counter("bytes_from_device", partition),
             device_columns: dev().counter("device_columns", partition),
+            device_key_sorts: dev().counter("device_key_sorts", partition),
             host_gathered_columns: dev().counter("host_gathered_columns", partition),
             device_ranges: dev().counter("device_ranges", partition),
             topk_compactions: dev().counter("topk_compactions", partition),
@@ -220,6 +224,9 @@ impl GpuSortMetrics {
                 self.path.add(format!("gpu {device} {strategy}"));
                 let on_device = stats.moved_columns + stats.gathered_columns - stats.host_gathered_columns;
                 self.device_columns.add(on_device);
+                if stats.keys_on_device {
+                    self.device_key_sorts.add(1);
+                }
                 self.host_gathered_columns.add(stats.host_gathered_columns);
             }
             None => {

@@ -463,3 +463,98 @@ async fn gpu_copy_to_parquet_writes_what_datafusion_writes() {
         assert!(actual == expected, "COPY ... ORDER BY {order}: the files differ");
     }
 }
+
+/// A key of short string views, a decimal of 15 digits and integers (TPC-H lineitem's
+/// `l_returnflag, l_linestatus, l_extendedprice DESC, l_orderkey, l_linenumber`): the decimal
+/// sorts through a narrowed copy, so the device encodes the key (`device_key_sorts`), in stock
+/// DataFusion's order, the copy not in the output. With a 20-digit decimal instead the host
+/// encodes it.
+#[tokio::test]
+async fn gpu_decimal_keys_narrow_for_the_device_key() {
+    use std::sync::Arc;
+
+    use arrow::array::{ArrayRef, Decimal128Array, Int32Array, Int64Array, RecordBatch, StringViewArray};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::datasource::MemTable;
+    use datafusion::execution::SessionStateBuilder;
+    use datafusion::prelude::SessionConfig;
+    use datafusion_gpusort::SessionStateBuilderExt;
+
+    if !gpu_present() {
+        return;
+    }
+    let (n, partitions) = (120_000usize, 4usize);
+    let per = n / partitions;
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("flag", DataType::Utf8View, true),
+        Field::new("status", DataType::Utf8View, false),
+        Field::new("price", DataType::Decimal128(15, 2), true),
+        Field::new("wide", DataType::Decimal128(20, 2), false),
+        Field::new("orderkey", DataType::Int64, false),
+        Field::new("line", DataType::Int32, false),
+    ]));
+    let parts: Vec<Vec<RecordBatch>> = (0..partitions)
+        .map(|p| {
+            let range = p * per..(p + 1) * per;
+            let flag = StringViewArray::from_iter(
+                range
+                    .clone()
+                    .map(|i| (i % 97 != 5).then_some(["A", "N", "R"][i * 7 % 3])),
+            );
+            let status = StringViewArray::from_iter_values(range.clone().map(|i| ["F", "O"][i * 13 % 2]));
+            let price = Decimal128Array::from_iter(
+                range
+                    .clone()
+                    .map(|i| (i % 89 != 1).then_some((i * 7919 % 100_003) as i128 * 101)),
+            );
+            let wide = Decimal128Array::from_iter_values(range.clone().map(|i| (i * 104_729 % 5003) as i128 - 2500));
+            let columns: Vec<ArrayRef> = vec![
+                Arc::new(flag),
+                Arc::new(status),
+                Arc::new(price.with_precision_and_scale(15, 2).unwrap()),
+                Arc::new(wide.with_precision_and_scale(20, 2).unwrap()),
+                Arc::new(Int64Array::from_iter_values(range.clone().map(|i| (i / 4) as i64))),
+                Arc::new(Int32Array::from_iter_values(range.map(|i| (i % 4) as i32 + 1))),
+            ];
+            vec![RecordBatch::try_new(Arc::clone(&schema), columns).unwrap()]
+        })
+        .collect();
+    let make = |gpusort: bool| {
+        let config = SessionConfig::new().with_target_partitions(4).with_batch_size(4096);
+        let mut builder = SessionStateBuilder::new().with_config(config).with_default_features();
+        if gpusort {
+            builder = builder.with_gpusort();
+        }
+        let ctx = SessionContext::new_with_state(builder.build());
+        let table = MemTable::try_new(Arc::clone(&schema), parts.clone()).unwrap();
+        ctx.register_table("l", Arc::new(table)).unwrap();
+        ctx
+    };
+    let (stock, ours) = (make(false), make(true));
+    set(&ours, ON_GPU).await;
+    for (order, on_device) in [
+        ("flag, status, price DESC, orderkey, line", true),
+        ("price NULLS FIRST, status DESC, orderkey, line", true),
+        ("flag, wide DESC, price, orderkey, line", false),
+    ] {
+        let sql = format!("SELECT * FROM l ORDER BY {order}");
+        let (expected, _) = rows(&stock, &sql).await;
+        let (actual, batches) = rows(&ours, &sql).await;
+        assert!(actual == expected, "ORDER BY {order}: differs from stock DataFusion");
+        assert_eq!(
+            batches[0].schema(),
+            schema,
+            "ORDER BY {order}: the narrowed copy is not output"
+        );
+        let text = analyze(&ours, &sql).await;
+        assert!(
+            text.contains("gpu_sorts=1") && !text.contains("cpu_fallback=GPU"),
+            "{text}"
+        );
+        assert_eq!(
+            text.contains("device_key_sorts=1"),
+            on_device,
+            "ORDER BY {order}: {text}"
+        );
+    }
+}
