@@ -99,7 +99,9 @@ mod tests {
         let hidden = Decimal128Array::new(
             vec![1i128, i128::MAX].into(),
             Some(arrow::buffer::NullBuffer::from(vec![true, false])),
-        );
+        )
+        .with_precision_and_scale(18, 0)
+        .unwrap();
         assert_eq!(narrow_decimal(&hidden).unwrap().null_count(), 1);
     }
 }

@@ -531,7 +531,7 @@ async fn gpu_decimal_keys_narrow_for_the_device_key() {
         ctx
     };
     let (stock, ours) = (make(false), make(true));
-    set(&ours, ON_GPU).await;
+    set(&ours, &[("min_rows", "0"), ("device", "0")]).await;
     for (order, on_device) in [
         ("flag, status, price DESC, orderkey, line", true),
         ("price NULLS FIRST, status DESC, orderkey, line", true),
