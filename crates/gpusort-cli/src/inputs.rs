@@ -8,7 +8,7 @@ use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow::datatypes::{DataType, Schema, SchemaRef};
+use arrow::datatypes::{Schema, SchemaRef};
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
 use parquet::arrow::parquet_to_arrow_schema;
@@ -236,7 +236,7 @@ fn int64_decimals(descr: &SchemaDescriptor, schema: &Schema) -> Vec<String> {
         .filter_map(|c| {
             let name = c.path().parts()[0].as_str();
             let field = schema.field_with_name(name).ok()?;
-            matches!(field.data_type(), DataType::Decimal128(p, _) if *p <= 18).then(|| name.to_string())
+            crate::narrow::narrows(field.data_type()).then(|| name.to_string())
         })
         .collect()
 }

@@ -109,12 +109,18 @@ fn enabled(value: Option<&str>) -> Result<bool> {
     }
 }
 
+/// Whether a column of `data_type` is read narrow where it is stored as INT64: 16-byte
+/// decimals of up to 18 digits.
+pub fn narrows(data_type: &DataType) -> bool {
+    matches!(data_type, DataType::Decimal128(p, _) if *p <= 18)
+}
+
 /// `schema` with the 16-byte decimal columns named in `columns` as 8-byte ones.
 fn narrowed(schema: &Schema, columns: &[String]) -> Schema {
     let fields: Vec<Field> = (schema.fields().iter())
         .map(|f| match f.data_type() {
-            DataType::Decimal128(p, s) if *p <= 18 && columns.contains(f.name()) => {
-                f.as_ref().clone().with_data_type(DataType::Decimal64(*p, *s))
+            &DataType::Decimal128(p, s) if narrows(f.data_type()) && columns.contains(f.name()) => {
+                f.as_ref().clone().with_data_type(DataType::Decimal64(p, s))
             }
             _ => f.as_ref().clone(),
         })
