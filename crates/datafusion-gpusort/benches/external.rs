@@ -16,7 +16,8 @@
 //! contenders, default `4G`), `EXT_GPU_LIMIT` (`gpusort.gpu_memory_limit`, default `2G`),
 //! `EXT_PARTITIONS` (table partitions and `target_partitions`, default 16), `EXT_SPILL_DIR`
 //! (default the system temp dir), `EXT_CONTENDERS` (comma-separated labels to run, default
-//! all: `stock`, `duckdb`, `gpusort`, `gpusort-cpu`, `in-memory`), `EXT_DUCKDB_SCRIPT` (the
+//! all: `stock`, `duckdb`, `gpusort`, `gpusort-rows` (range-merge steps send whole rows to the
+//! GPU: `gpusort.merge_whole_rows`), `gpusort-cpu`, `in-memory`), `EXT_DUCKDB_SCRIPT` (the
 //! DuckDB script, default `benches/external_duckdb.py` of this crate, found from the working
 //! directory or the crate's), `EXT_CSV` (also write the table there),
 //! `EXT_CHECK` (`parallel`, the default: output batches are checked 64 at a time on every core;
@@ -179,6 +180,13 @@ const CONTENDERS: &[Contender] = &[
         gpusort: true,
         limited: true,
         options: &[],
+    },
+    Contender {
+        label: "gpusort-rows",
+        duckdb: false,
+        gpusort: true,
+        limited: true,
+        options: &[("gpusort.merge_whole_rows", "true")],
     },
     Contender {
         label: "gpusort-cpu",
@@ -424,11 +432,11 @@ async fn main() -> Result<()> {
     let mut table = String::new();
     writeln!(
         table,
-        "| contender | pool | time ms | Mrows/s | vs stock | vs DuckDB | of in-memory | runs | spill files | spilled GB | merges | GPU-merged steps | merge ms | path | cpu_fallback | ok |"
+        "| contender | pool | time ms | Mrows/s | vs stock | vs DuckDB | of in-memory | runs | spill files | spilled GB | merges | GPU-merged steps | GPU key steps | merge ms | path | cpu_fallback | ok |"
     )?;
     writeln!(
         table,
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )?;
     let mut results = vec![];
     for c in CONTENDERS {
@@ -482,7 +490,7 @@ async fn main() -> Result<()> {
         };
         writeln!(
             table,
-            "| {} | {} | {:.0} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {:.0} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             c.label,
             if c.limited { pool.to_string() } else { "none".into() },
             ms(o.time),
@@ -496,6 +504,7 @@ async fn main() -> Result<()> {
                 .map_or("-".into(), |b| format!("{:.2}", b as f64 / 1e9)),
             known(count(m, "intermediate_merges")),
             known(count(m, "gpu_merged_steps")),
+            known(count(m, "gpu_key_steps")),
             known(count(m, "merge_time") / 1_000_000),
             o.path.clone().unwrap_or_else(|| text(m, "path")),
             text(m, "cpu_fallback"),

@@ -291,18 +291,10 @@ impl InMemorySorter {
     /// `limit` rows).
     pub(crate) async fn sort_keys(&mut self, batches: &[RecordBatch], limit: Option<usize>) -> Result<UInt32Array> {
         let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
-        // The key columns alone; the spec over them is the same for every batch.
-        let spec = SortSpec::new(self.expr.iter().enumerate().map(|(column, e)| SortKey {
-            column,
-            options: e.options,
-        }));
+        let spec = key_spec(&self.expr);
         let key_parts = batches
             .iter()
-            .map(|b| {
-                let (extended, full) = self.sort_input(b, false)?;
-                let columns: Vec<usize> = full.keys().iter().map(|k| k.column).collect();
-                Ok(extended.project(&columns)?)
-            })
+            .map(|b| self.key_columns(b, false))
             .collect::<Result<Vec<_>>>()?;
         let keys = {
             let _timer = self.metrics.concat_time.timer();
@@ -610,6 +602,114 @@ impl InMemorySorter {
     }
 }
 
+impl InMemorySorter {
+    /// The key columns of `batch` alone, in the sort's order ([`key_spec`] sorts them), as
+    /// [`Self::sort_input`] makes them (`for_gpu`: decimal keys narrowed where that pays).
+    fn key_columns(&self, batch: &RecordBatch, for_gpu: bool) -> Result<RecordBatch> {
+        let (extended, spec) = self.sort_input(batch, for_gpu)?;
+        let columns: Vec<usize> = spec.keys().iter().map(|k| k.column).collect();
+        Ok(extended.project(&columns)?)
+    }
+
+    /// Whether a range-merge step of `parts` sends only their key columns to the GPU
+    /// ([`Self::sort_keys_on_gpu`]) rather than whole rows ([`Self::sort_whole_on_gpu`]): unless
+    /// `gpusort.merge_whole_rows`, where the key columns are at most half of the rows' bytes,
+    /// as the first part's slices count them (the columns of a batch read from a spill file
+    /// share one buffer, so buffer sizes would not tell them apart).
+    pub(crate) fn merges_keys_only(&self, parts: &[RecordBatch]) -> bool {
+        if self.options.merge_whole_rows {
+            return false;
+        }
+        let Some(first) = parts.first() else {
+            return false;
+        };
+        let bytes = |b: &RecordBatch| -> Option<usize> {
+            b.columns().iter().map(|c| c.to_data().get_slice_memory_size().ok()).sum()
+        };
+        match (self.key_columns(first, true).ok().as_ref().and_then(bytes), bytes(first)) {
+            (Some(keys), Some(all)) => 2 * keys <= all,
+            _ => false,
+        }
+    }
+
+    /// The permutation that sorts `parts` (`rows` rows; `sorted_runs`: sorted runs of these
+    /// many rows, one after the other, or empty), its first `limit` entries, from their key
+    /// columns alone sorted on the GPU: only the keys go up (through a GPU session, which
+    /// merges the runs where that pays against its radix passes) and only the permutation
+    /// comes down. `None` when the sort is not for the GPU, or when the GPU failed (the reason
+    /// is kept for the metrics, and [`Self::sort_keys`] then sorts on the CPU).
+    pub(crate) async fn sort_keys_on_gpu(
+        &mut self,
+        parts: &[RecordBatch],
+        rows: usize,
+        sorted_runs: Vec<usize>,
+        limit: Option<usize>,
+    ) -> Result<Option<UInt32Array>> {
+        let SortPath::Gpu(gpu) = self.choose_path(rows)? else {
+            return Ok(None);
+        };
+        let pushed = (|| -> std::result::Result<Option<GpuSortSession>, String> {
+            let mut session: Option<GpuSortSession> = None;
+            for part in parts {
+                let keys = self.key_columns(part, true).map_err(|e| e.to_string())?;
+                let s = match session.as_mut() {
+                    Some(s) => s,
+                    None => {
+                        let s = gpu
+                            .begin_sort(keys.schema(), key_spec(&self.expr))
+                            .map_err(|e| e.to_string())?
+                            .with_strategy(self.options.strategy.strategy())
+                            .with_memory_limit(self.gpu_limit())
+                            .with_permutation(true)
+                            .with_sorted_runs(sorted_runs.clone());
+                        session.insert(s)
+                    }
+                };
+                s.push(&keys).map_err(|e| e.to_string())?;
+            }
+            Ok(session)
+        })();
+        let session = match pushed {
+            Ok(Some(session)) => session,
+            Ok(None) => return Ok(None),
+            Err(e) => {
+                self.session_failed = Some(format!("GPU failed: {e}"));
+                return Ok(None);
+            }
+        };
+        let (metrics, timer) = (self.metrics.clone(), self.metrics.baseline.elapsed_compute().clone());
+        let sorted = blocking(move || {
+            let _timer = timer.timer();
+            let device = gpusort::SortBackend::name(gpu.as_ref());
+            match session.finish_sorted(limit).and_then(|rows| rows.into_output(None)) {
+                Ok(out) => {
+                    metrics.record(&out.stats, Some(&device));
+                    Ok(Ok(out.indices))
+                }
+                // The CPU would fail the same way.
+                Err(CudaSortError::Core(e)) => Err(GpuSortExecError::from(e).into()),
+                Err(e) => Ok(Err(format!("GPU failed: {e}"))),
+            }
+        })
+        .await?;
+        match sorted {
+            Ok(indices) => Ok(Some(indices)),
+            Err(reason) => {
+                self.session_failed = Some(reason);
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// The spec that sorts the key columns alone ([`InMemorySorter::key_columns`]).
+fn key_spec(expr: &LexOrdering) -> SortSpec {
+    SortSpec::new(expr.iter().enumerate().map(|(column, e)| SortKey {
+        column,
+        options: e.options,
+    }))
+}
+
 /// Runs `f` on tokio's blocking threads (sorts, gathers and spill writes are CPU or I/O
 /// bound).
 pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
@@ -746,6 +846,47 @@ mod tests {
             .iter()
             .map(|b| b.len())
             .sum()
+    }
+
+    /// A batch of five u64 columns as a spill file gives it back: every column a slice of
+    /// one buffer.
+    fn read_back() -> RecordBatch {
+        use arrow::array::UInt64Array;
+        use arrow::ipc::{reader::StreamReader, writer::StreamWriter};
+        let fields: Vec<Field> = (0..5).map(|i| Field::new(format!("c{i}"), DataType::UInt64, false)).collect();
+        let schema = Arc::new(Schema::new(fields));
+        let columns: Vec<ArrayRef> = (0..5)
+            .map(|i| Arc::new(UInt64Array::from_iter_values((0..1000).map(|r| r * 5 + i))) as ArrayRef)
+            .collect();
+        let batch = RecordBatch::try_new(Arc::clone(&schema), columns).unwrap();
+        let mut bytes = vec![];
+        let mut w = StreamWriter::try_new(&mut bytes, &schema).unwrap();
+        w.write(&batch).unwrap();
+        w.finish().unwrap();
+        drop(w);
+        let mut r = StreamReader::try_new(std::io::Cursor::new(bytes), None).unwrap();
+        r.next().unwrap().unwrap().slice(100, 400)
+    }
+
+    #[test]
+    fn merge_steps_send_the_keys_alone_where_they_are_under_half_a_row() {
+        use datafusion::physical_expr::PhysicalSortExpr;
+        let batch = read_back();
+        let sorter = |keys: &[usize], whole: bool| {
+            let expr = keys.iter().map(|&k| {
+                PhysicalSortExpr::new_default(Arc::new(Column::new(&format!("c{k}"), k)) as _)
+            });
+            let mut options = GpuSortConfig::default();
+            options.merge_whole_rows = whole;
+            let metrics = GpuSortMetrics::new(&Default::default(), 0);
+            InMemorySorter::new(batch.schema(), LexOrdering::new(expr).unwrap(), options, 8192, metrics)
+        };
+        let parts = [batch.clone(), batch.clone()];
+        assert!(sorter(&[0], false).merges_keys_only(&parts));
+        assert!(sorter(&[3, 1], false).merges_keys_only(&parts));
+        assert!(!sorter(&[0, 1, 2], false).merges_keys_only(&parts));
+        assert!(!sorter(&[0], true).merges_keys_only(&parts));
+        assert!(!sorter(&[0], false).merges_keys_only(&[]));
     }
 
     #[test]

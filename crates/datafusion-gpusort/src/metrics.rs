@@ -145,6 +145,10 @@ pub struct GpuSortMetrics {
     /// Of those steps, the ones whose runs the GPU merged (`merge.cu`) instead of sorting
     /// their rows.
     pub gpu_merged_steps: Count,
+    /// Of those steps, the ones that sent only their key columns to the GPU and gathered
+    /// their rows on the host through the permutation it sent back
+    /// (`gpusort.merge_whole_rows`).
+    pub gpu_key_steps: Count,
     /// Time spent writing runs to disk (sorting them is in `sort_time`).
     pub spill_time: Time,
     /// Time spent merging runs (the final merge is also in `elapsed_compute`).
@@ -198,6 +202,7 @@ impl GpuSortMetrics {
             merge_levels: dev().counter("merge_levels", partition),
             range_merge_steps: dev().counter("range_merge_steps", partition),
             gpu_merged_steps: dev().counter("gpu_merged_steps", partition),
+            gpu_key_steps: dev().counter("gpu_key_steps", partition),
             spill_time: dev().subset_time("spill_time", partition),
             merge_time: summary().subset_time("merge_time", partition),
             spill: SpillMetrics::new(set, partition),

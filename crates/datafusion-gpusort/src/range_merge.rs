@@ -7,11 +7,13 @@
 //! smallest of the runs' last loaded rows (runs read to the end do not count), and takes from
 //! every run its loaded rows below the splitter: all rows of the whole input below it, since
 //! each run is sorted and loaded at least that far. Those rows, concatenated in run order,
-//! are sorted — stably, so ties keep their run order, which is input order — on the GPU when
-//! the step's sort is for it (the rows go through a GPU session whole, told that they are
-//! sorted runs: the device merges them, `merge.cu`, where that pays against its radix
-//! passes), else by their keys alone into a permutation that the rows are gathered through in
-//! parallel. When no loaded row is below the splitter, the rows equal to it come first in the
+//! are sorted — stably, so ties keep their run order, which is input order — by their keys
+//! alone into a permutation that the rows are gathered through on every core: on the GPU when
+//! the step's sort is for it (only the key columns go up, through a GPU session told that
+//! they are sorted runs: the device merges them, `merge.cu`, where that pays against its radix
+//! passes; only the permutation comes down), else on the CPU. Where the keys are most of the
+//! rows' bytes, or `gpusort.merge_whole_rows` says so, the GPU takes the rows whole and sends
+//! them back sorted, and nothing is gathered on the host. When no loaded row is below the splitter, the rows equal to it come first in the
 //! output: they leave run by run, unsorted (they are all equal).
 //!
 //! Steps run one ahead of the consumer, on their own task: step i + 1 reads and sorts while
@@ -281,7 +283,9 @@ impl RangeMerge {
         let limit = (self.remaining != usize::MAX).then_some(self.remaining);
         let rows: usize = parts.iter().map(|p| p.num_rows()).sum();
         log::debug!(target: "gpusort::timeline", "merge step {step}: {rows} rows in {} slices", parts.len());
-        if let Some(sorted) = self.sorter.sort_whole_on_gpu(&parts, rows, runs, limit).await? {
+        let permutation = if self.sorter.merges_keys_only(&parts) {
+            self.sorter.sort_keys_on_gpu(&parts, rows, runs, limit).await?
+        } else if let Some(sorted) = self.sorter.sort_whole_on_gpu(&parts, rows, runs, limit).await? {
             // The step's input (slices of the loaded run batches, often their last
             // references) is freed on another core.
             rayon::spawn(move || drop(parts));
@@ -289,8 +293,16 @@ impl RangeMerge {
             let shared = (sorted.num_rows(), get_record_batch_memory_size(&sorted));
             log::debug!(target: "gpusort::timeline", "merge step {step}: sorted on the GPU");
             return Ok(Some(self.emit_slices(slices, Some(shared))));
-        }
-        let permutation = self.sorter.sort_keys(&parts, limit).await?;
+        } else {
+            None
+        };
+        let permutation = match permutation {
+            Some(p) => {
+                self.metrics.gpu_key_steps.add(1);
+                p
+            }
+            None => self.sorter.sort_keys(&parts, limit).await?,
+        };
         log::debug!(target: "gpusort::timeline", "merge step {step}: keys sorted");
         let batch_size = self.sorter.batch_size;
         let gathered = blocking(move || {
