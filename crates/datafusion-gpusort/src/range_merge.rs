@@ -27,7 +27,6 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, RecordBatch};
-use arrow::compute::interleave_record_batch;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::utils::memory::get_record_batch_memory_size;
 use datafusion::error::Result;
@@ -38,8 +37,9 @@ use datafusion::physical_plan::metrics::RecordOutput;
 use datafusion::physical_plan::spill::SpillManager;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::{SinkExt, StreamExt, TryStreamExt};
-use rayon::prelude::*;
+use gpusort::cpu::gather_parts::gather_parts;
 
+use crate::error::GpuSortExecError;
 use crate::in_memory::{InMemorySorter, KEY_BYTES_PER_ROW_AND_KEY, blocking};
 use crate::metrics::GpuSortMetrics;
 use crate::run::SortedRun;
@@ -304,13 +304,13 @@ impl RangeMerge {
             None => self.sorter.sort_keys(&parts, limit).await?,
         };
         log::debug!(target: "gpusort::timeline", "merge step {step}: keys sorted");
-        let batch_size = self.sorter.batch_size;
+        let (schema, batch_size) = (Arc::clone(&self.sorter.schema), self.sorter.batch_size);
         let gathered = blocking(move || {
-            permutation
-                .values()
-                .par_chunks(batch_size)
-                .map(|chunk| gather(&parts, chunk))
-                .collect::<Result<Vec<_>>>()
+            let batches = gather_parts(&schema, &parts, permutation.values(), batch_size).map_err(GpuSortExecError::from)?;
+            // The step's input (slices of the loaded run batches, often their last
+            // references) is freed on another core.
+            rayon::spawn(move || drop(parts));
+            Ok(batches)
         })
         .await?;
         log::debug!(target: "gpusort::timeline", "merge step {step}: gathered");
@@ -353,25 +353,6 @@ impl RangeMerge {
         self.readers.clear();
         self.reservation.free();
     }
-}
-
-/// The rows of `batches` (taken as one sequence) at `indices`, as one batch.
-fn gather(batches: &[RecordBatch], indices: &[u32]) -> Result<RecordBatch> {
-    let mut starts = Vec::with_capacity(batches.len() + 1);
-    starts.push(0usize);
-    for b in batches {
-        starts.push(starts.last().unwrap() + b.num_rows());
-    }
-    let pairs: Vec<(usize, usize)> = indices
-        .iter()
-        .map(|&i| {
-            let i = i as usize;
-            let b = starts.partition_point(|&s| s <= i) - 1;
-            (b, i - starts[b])
-        })
-        .collect();
-    let refs: Vec<&RecordBatch> = batches.iter().collect();
-    Ok(interleave_record_batch(&refs, &pairs)?)
 }
 
 /// A run being read by the range merge: the batches read and not yet taken (with their sort

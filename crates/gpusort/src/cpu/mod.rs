@@ -17,6 +17,7 @@
 //! `limit` positions are sorted.
 
 pub mod gather;
+pub mod gather_parts;
 pub(crate) mod presorted;
 
 /// The most ascending runs that count as presorted input, merged instead of sorted (the GPU
