@@ -16,8 +16,8 @@
 //! contenders, default `4G`), `EXT_GPU_LIMIT` (`gpusort.gpu_memory_limit`, default `2G`),
 //! `EXT_PARTITIONS` (table partitions and `target_partitions`, default 16), `EXT_SPILL_DIR`
 //! (default the system temp dir), `EXT_CONTENDERS` (comma-separated labels to run, default
-//! all: `stock`, `duckdb`, `gpusort`, `gpusort-rows` (range-merge steps send whole rows to the
-//! GPU: `gpusort.merge_whole_rows`), `gpusort-cpu`, `in-memory`), `EXT_DUCKDB_SCRIPT` (the
+//! all: `stock`, `duckdb`, `gpusort`, `gpusort-keys` (range-merge steps send only their keys to
+//! the GPU: `gpusort.merge_keys_only`), `gpusort-cpu`, `in-memory`), `EXT_DUCKDB_SCRIPT` (the
 //! DuckDB script, default `benches/external_duckdb.py` of this crate, found from the working
 //! directory or the crate's), `EXT_CSV` (also write the table there),
 //! `EXT_CHECK` (`parallel`, the default: output batches are checked 64 at a time on every core;
@@ -182,11 +182,11 @@ const CONTENDERS: &[Contender] = &[
         options: &[],
     },
     Contender {
-        label: "gpusort-rows",
+        label: "gpusort-keys",
         duckdb: false,
         gpusort: true,
         limited: true,
-        options: &[("gpusort.merge_whole_rows", "true")],
+        options: &[("gpusort.merge_keys_only", "true")],
     },
     Contender {
         label: "gpusort-cpu",

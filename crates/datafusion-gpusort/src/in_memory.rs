@@ -612,21 +612,27 @@ impl InMemorySorter {
     }
 
     /// Whether a range-merge step of `parts` sends only their key columns to the GPU
-    /// ([`Self::sort_keys_on_gpu`]) rather than whole rows ([`Self::sort_whole_on_gpu`]): unless
-    /// `gpusort.merge_whole_rows`, where the key columns are at most half of the rows' bytes,
+    /// ([`Self::sort_keys_on_gpu`]) rather than whole rows ([`Self::sort_whole_on_gpu`]): with
+    /// `gpusort.merge_keys_only`, where the key columns are at most half of the rows' bytes,
     /// as the first part's slices count them (the columns of a batch read from a spill file
     /// share one buffer, so buffer sizes would not tell them apart).
     pub(crate) fn merges_keys_only(&self, parts: &[RecordBatch]) -> bool {
-        if self.options.merge_whole_rows {
+        if !self.options.merge_keys_only {
             return false;
         }
         let Some(first) = parts.first() else {
             return false;
         };
         let bytes = |b: &RecordBatch| -> Option<usize> {
-            b.columns().iter().map(|c| c.to_data().get_slice_memory_size().ok()).sum()
+            b.columns()
+                .iter()
+                .map(|c| c.to_data().get_slice_memory_size().ok())
+                .sum()
         };
-        match (self.key_columns(first, true).ok().as_ref().and_then(bytes), bytes(first)) {
+        match (
+            self.key_columns(first, true).ok().as_ref().and_then(bytes),
+            bytes(first),
+        ) {
             (Some(keys), Some(all)) => 2 * keys <= all,
             _ => false,
         }
@@ -853,7 +859,9 @@ mod tests {
     fn read_back() -> RecordBatch {
         use arrow::array::UInt64Array;
         use arrow::ipc::{reader::StreamReader, writer::StreamWriter};
-        let fields: Vec<Field> = (0..5).map(|i| Field::new(format!("c{i}"), DataType::UInt64, false)).collect();
+        let fields: Vec<Field> = (0..5)
+            .map(|i| Field::new(format!("c{i}"), DataType::UInt64, false))
+            .collect();
         let schema = Arc::new(Schema::new(fields));
         let columns: Vec<ArrayRef> = (0..5)
             .map(|i| Arc::new(UInt64Array::from_iter_values((0..1000).map(|r| r * 5 + i))) as ArrayRef)
@@ -869,24 +877,24 @@ mod tests {
     }
 
     #[test]
-    fn merge_steps_send_the_keys_alone_where_they_are_under_half_a_row() {
+    fn merge_steps_send_the_keys_alone_where_asked_and_they_are_under_half_a_row() {
         use datafusion::physical_expr::PhysicalSortExpr;
         let batch = read_back();
-        let sorter = |keys: &[usize], whole: bool| {
-            let expr = keys.iter().map(|&k| {
-                PhysicalSortExpr::new_default(Arc::new(Column::new(&format!("c{k}"), k)) as _)
-            });
+        let sorter = |keys: &[usize], keys_only: bool| {
+            let expr = keys
+                .iter()
+                .map(|&k| PhysicalSortExpr::new_default(Arc::new(Column::new(&format!("c{k}"), k)) as _));
             let mut options = GpuSortConfig::default();
-            options.merge_whole_rows = whole;
+            options.merge_keys_only = keys_only;
             let metrics = GpuSortMetrics::new(&Default::default(), 0);
             InMemorySorter::new(batch.schema(), LexOrdering::new(expr).unwrap(), options, 8192, metrics)
         };
         let parts = [batch.clone(), batch.clone()];
-        assert!(sorter(&[0], false).merges_keys_only(&parts));
-        assert!(sorter(&[3, 1], false).merges_keys_only(&parts));
-        assert!(!sorter(&[0, 1, 2], false).merges_keys_only(&parts));
-        assert!(!sorter(&[0], true).merges_keys_only(&parts));
-        assert!(!sorter(&[0], false).merges_keys_only(&[]));
+        assert!(sorter(&[0], true).merges_keys_only(&parts));
+        assert!(sorter(&[3, 1], true).merges_keys_only(&parts));
+        assert!(!sorter(&[0, 1, 2], true).merges_keys_only(&parts));
+        assert!(!sorter(&[0], false).merges_keys_only(&parts));
+        assert!(!sorter(&[0], true).merges_keys_only(&[]));
     }
 
     #[test]

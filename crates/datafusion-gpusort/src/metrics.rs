@@ -147,7 +147,7 @@ pub struct GpuSortMetrics {
     pub gpu_merged_steps: Count,
     /// Of those steps, the ones that sent only their key columns to the GPU and gathered
     /// their rows on the host through the permutation it sent back
-    /// (`gpusort.merge_whole_rows`).
+    /// (`gpusort.merge_keys_only`).
     pub gpu_key_steps: Count,
     /// Time spent writing runs to disk (sorting them is in `sort_time`).
     pub spill_time: Time,

@@ -7,13 +7,13 @@
 //! smallest of the runs' last loaded rows (runs read to the end do not count), and takes from
 //! every run its loaded rows below the splitter: all rows of the whole input below it, since
 //! each run is sorted and loaded at least that far. Those rows, concatenated in run order,
-//! are sorted — stably, so ties keep their run order, which is input order — by their keys
-//! alone into a permutation that the rows are gathered through on every core: on the GPU when
-//! the step's sort is for it (only the key columns go up, through a GPU session told that
-//! they are sorted runs: the device merges them, `merge.cu`, where that pays against its radix
-//! passes; only the permutation comes down), else on the CPU. Where the keys are most of the
-//! rows' bytes, or `gpusort.merge_whole_rows` says so, the GPU takes the rows whole and sends
-//! them back sorted, and nothing is gathered on the host. When no loaded row is below the splitter, the rows equal to it come first in the
+//! are sorted — stably, so ties keep their run order, which is input order — on the GPU when
+//! the step's sort is for it: the rows go through a GPU session whole, told that they are
+//! sorted runs (the device merges them, `merge.cu`, where that pays against its radix passes),
+//! or, with `gpusort.merge_keys_only` and keys under half of the rows' bytes, only their key
+//! columns go up and the permutation comes down. Else (on the CPU, or after the keys on the
+//! GPU) the keys are sorted into a permutation that the rows are gathered through on every
+//! core ([`gather_parts`]). When no loaded row is below the splitter, the rows equal to it come first in the
 //! output: they leave run by run, unsorted (they are all equal).
 //!
 //! Steps run one ahead of the consumer, on their own task: step i + 1 reads and sorts while
@@ -306,7 +306,8 @@ impl RangeMerge {
         log::debug!(target: "gpusort::timeline", "merge step {step}: keys sorted");
         let (schema, batch_size) = (Arc::clone(&self.sorter.schema), self.sorter.batch_size);
         let gathered = blocking(move || {
-            let batches = gather_parts(&schema, &parts, permutation.values(), batch_size).map_err(GpuSortExecError::from)?;
+            let batches =
+                gather_parts(&schema, &parts, permutation.values(), batch_size).map_err(GpuSortExecError::from)?;
             // The step's input (slices of the loaded run batches, often their last
             // references) is freed on another core.
             rayon::spawn(move || drop(parts));

@@ -217,7 +217,7 @@ async fn gpu_sql_fuzz_matches_stock_datafusion() {
 /// their runs on the GPU (`merge.cu`: 1 round, which pays against any radix pass) rather than
 /// sort them; with ~20 runs a step (5 rounds against the keys' ~4 passes) the radix passes are
 /// cheaper and run. Steps whose keys are under half a row's bytes send the keys alone and
-/// gather the rows on the host (`gpu_key_steps`), unless `gpusort.merge_whole_rows`.
+/// gather the rows on the host (`gpu_key_steps`) with `gpusort.merge_keys_only`.
 #[tokio::test]
 async fn gpu_external_sort_in_budget_sized_runs() {
     if !gpu_present() {
@@ -226,12 +226,12 @@ async fn gpu_external_sort_in_budget_sized_runs() {
     let tmp = tempfile::tempdir().unwrap();
     let stock = external::session(false, None, external::disk_in(tmp.path()), &[]);
     // ~72 bytes of device memory per row plus 16 MiB of scratch: runs of about 14K rows.
-    for (pool, whole) in [(None, "false"), (Some(3 << 20), "false"), (Some(3 << 20), "true")] {
+    for (pool, keys_only) in [(None, "false"), (Some(3 << 20), "false"), (Some(3 << 20), "true")] {
         let budget = [
             ("gpusort.device", "0"),
             ("gpusort.min_rows", "0"),
             ("gpusort.gpu_memory_limit", "17M"),
-            ("gpusort.merge_whole_rows", whole),
+            ("gpusort.merge_keys_only", keys_only),
         ];
         let ours = external::session(true, pool, external::disk_in(tmp.path()), &budget);
         for (i, (q, stable)) in external::QUERIES.iter().enumerate() {
@@ -244,7 +244,7 @@ async fn gpu_external_sort_in_budget_sized_runs() {
             );
             let (runs, gpu_sorts) = (external::metric(&m, "runs"), external::metric(&m, "gpu_sorts"));
             println!(
-                "{q}, pool {pool:?}, whole rows {whole}: {runs} runs ({} for the GPU budget), {gpu_sorts} GPU sorts, {} spill files, {} of {} merge steps merged on the GPU, {} by their keys alone, path {}",
+                "{q}, pool {pool:?}, keys only {keys_only}: {runs} runs ({} for the GPU budget), {gpu_sorts} GPU sorts, {} spill files, {} of {} merge steps merged on the GPU, {} by their keys alone, path {}",
                 external::metric(&m, "budget_runs"),
                 external::metric(&m, "spill_count"),
                 external::metric(&m, "gpu_merged_steps"),
@@ -261,10 +261,10 @@ async fn gpu_external_sort_in_budget_sized_runs() {
             if pool.is_some() {
                 assert!(external::metric(&m, "spill_count") >= 2, "{q}: {m}");
             }
-            // `k, id` is 16 of ~44 bytes a row: its steps send the keys alone, unless told not to.
+            // `k, id` is 16 of ~44 bytes a row: its steps send the keys alone when asked to.
             let key_steps = external::metric(&m, "gpu_key_steps");
-            match (i, whole) {
-                (_, "true") => assert_eq!(key_steps, 0, "{q}: {m}"),
+            match (i, keys_only) {
+                (_, "false") => assert_eq!(key_steps, 0, "{q}: {m}"),
                 (0, _) => assert!(
                     key_steps > 0 && key_steps <= external::metric(&m, "range_merge_steps"),
                     "{q}: {m}"
@@ -277,12 +277,12 @@ async fn gpu_external_sort_in_budget_sized_runs() {
     }
     // Both ways of a step on the GPU: the keys alone (`k, id` and `k` are under half the
     // bytes of a row) and the rows whole.
-    for whole in ["false", "true"] {
+    for keys_only in ["false", "true"] {
         let two_runs = [
             ("gpusort.device", "0"),
             ("gpusort.min_rows", "0"),
             ("gpusort.max_run_rows", "120000"),
-            ("gpusort.merge_whole_rows", whole),
+            ("gpusort.merge_keys_only", keys_only),
         ];
         let ours = external::session(true, None, external::disk_in(tmp.path()), &two_runs);
         for (q, stable) in &external::QUERIES[..2] {
@@ -293,14 +293,14 @@ async fn gpu_external_sort_in_budget_sized_runs() {
             let merged = external::metric(&m, "gpu_merged_steps");
             let key_steps = external::metric(&m, "gpu_key_steps");
             println!(
-                "{q}, 2 runs, whole rows {whole}: {runs} runs, {merged} of {steps} merge steps merged on the GPU, {key_steps} by their keys alone"
+                "{q}, 2 runs, keys only {keys_only}: {runs} runs, {merged} of {steps} merge steps merged on the GPU, {key_steps} by their keys alone"
             );
             assert_eq!(runs, 2, "{q}: {m}");
             assert!(
                 merged > 0 && merged <= steps,
                 "{q}: {merged} of {steps} steps merged: {m}"
             );
-            let expected_key_steps = if whole == "true" { 0 } else { merged };
+            let expected_key_steps = if keys_only == "true" { merged } else { 0 };
             assert_eq!(key_steps, expected_key_steps, "{q}: {m}");
             assert_eq!(ours.runtime_env().memory_pool.reserved(), 0, "{q}");
         }

@@ -71,7 +71,12 @@ impl Locator {
 /// Rows `perm[0]`, `perm[1]`, ... of `parts` (batches of `schema`, taken as one sequence of
 /// rows), as batches of `batch_rows` rows (the last may be shorter), built in parallel. Every
 /// index must be below the parts' total rows.
-pub fn gather_parts(schema: &SchemaRef, parts: &[RecordBatch], perm: &[u32], batch_rows: usize) -> Result<Vec<RecordBatch>> {
+pub fn gather_parts(
+    schema: &SchemaRef,
+    parts: &[RecordBatch],
+    perm: &[u32],
+    batch_rows: usize,
+) -> Result<Vec<RecordBatch>> {
     let locator = Locator::new(parts);
     if let Some(&bad) = perm.iter().find(|&&i| i as usize >= locator.rows()) {
         return Err(ArrowError::InvalidArgumentError(format!(
@@ -84,10 +89,7 @@ pub fn gather_parts(schema: &SchemaRef, parts: &[RecordBatch], perm: &[u32], bat
     perm.par_chunks(batch_rows.max(1))
         .map(|chunk| {
             let at: Vec<(usize, usize)> = chunk.iter().map(|&i| locator.locate(i as usize)).collect();
-            let arrays = columns
-                .iter()
-                .map(|c| c.gather(&at))
-                .collect::<Result<Vec<_>>>()?;
+            let arrays = columns.iter().map(|c| c.gather(&at)).collect::<Result<Vec<_>>>()?;
             let options = RecordBatchOptions::new().with_row_count(Some(chunk.len()));
             Ok(RecordBatch::try_new_with_options(Arc::clone(schema), arrays, &options)?)
         })
@@ -176,7 +178,13 @@ mod tests {
         let strings: StringArray = (0..rows as i64).map(|i| Some(format!("s{}", start + i))).collect();
         let bools: BooleanArray = (0..rows as i64).map(|i| Some((start + i) % 3 == 0)).collect();
         let dict: DictionaryArray<Int32Type> = (0..rows as i64)
-            .map(|i| if start > 500 { "late" } else { ["a", "b", "c"][((start + i) % 3) as usize] })
+            .map(|i| {
+                if start > 500 {
+                    "late"
+                } else {
+                    ["a", "b", "c"][((start + i) % 3) as usize]
+                }
+            })
             .collect();
         let columns: Vec<ArrayRef> = vec![
             Arc::new(ints),
@@ -195,7 +203,11 @@ mod tests {
             Field::new("plain", DataType::Int64, false),
             Field::new("strings", DataType::Utf8, false),
             Field::new("bools", DataType::Boolean, false),
-            Field::new("dict", DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)), false),
+            Field::new(
+                "dict",
+                DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)),
+                false,
+            ),
         ]));
         // Parts of uneven sizes, empty ones and slices among them, across table blocks.
         let mut parts = vec![];
