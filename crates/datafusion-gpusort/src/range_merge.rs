@@ -16,12 +16,12 @@
 //! core ([`gather_parts`]). When no loaded row is below the splitter, the rows equal to it come first in the
 //! output: they leave run by run, unsorted (they are all equal).
 //!
-//! Steps are pipelined, on tasks of their own: step i + 1's rows are taken from the runs while
-//! step i sorts, and step i + 1 sorts while step i's batches are consumed. Spilled runs read
-//! their share of the step after ahead, on their own tasks. The memory of a step (its rows,
-//! their sorted copy, the key sort, the next step's rows, the previous step's output and the
-//! read-ahead) is reserved once for the whole merge ([`step_rows`]); with too little memory
-//! for the smallest step the heap merge ([`crate::merge::RunMergeStream`]) runs instead.
+//! Steps run one ahead of the consumer, on their own task: step i + 1 reads and sorts while
+//! step i's batches are consumed. Spilled runs read their share of the next step ahead, on
+//! their own tasks. The memory of a step (its rows, their sorted copy, the key sort, the
+//! previous step's output and the read-ahead) is reserved once for the whole merge
+//! ([`step_rows`]); with too little memory for the smallest step the heap merge
+//! ([`crate::merge::RunMergeStream`]) runs instead.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -101,21 +101,18 @@ fn read_ahead(rows: usize, runs: usize, batch_size: usize) -> usize {
 
 /// Memory the range merge holds with steps of `rows` rows over `runs` runs of batches of
 /// `batch_size` rows: a step's rows read, their sorted copy and the sort of their keys; the
-/// next step's rows, taken while this one sorts; the previous step's output, waiting for the
-/// consumer; and the batches each run reads ahead (about the step after, see [`read_ahead`]).
+/// previous step's output, waiting for the consumer; and the batches each run reads ahead
+/// (about the next step's rows, see [`read_ahead`]).
 fn step_bytes(rows: usize, bytes_per_row: usize, keys: usize, runs: usize, batch_size: usize) -> usize {
     let ahead = read_ahead(rows, runs, batch_size);
-    rows * (4 * bytes_per_row + KEY_BYTES_PER_ROW_AND_KEY * keys.max(1) + 16 + 4)
+    rows * (3 * bytes_per_row + KEY_BYTES_PER_ROW_AND_KEY * keys.max(1) + 16 + 4)
         + runs * (ahead + 1) * batch_size * bytes_per_row
 }
 
 /// The final merge by key ranges (see the module docs).
 pub(crate) struct RangeMerge {
-    /// Sorts each step's rows; `None` while it sorts a step on a task of its own.
-    sorter: Option<InMemorySorter>,
-    /// The sort's order, for the splitters.
-    expr: LexOrdering,
-    batch_size: usize,
+    /// Sorts each step's rows.
+    sorter: InMemorySorter,
     readers: Vec<RunReader>,
     step_rows: usize,
     /// Rows still to produce (`usize::MAX`: all).
@@ -125,25 +122,6 @@ pub(crate) struct RangeMerge {
     metrics: GpuSortMetrics,
     /// Steps taken (for the timeline).
     step: usize,
-}
-
-/// A step's rows, taken from the runs.
-enum Step {
-    /// Rows equal to the splitter, in run order: the output as they are.
-    Equal(Vec<RecordBatch>),
-    /// Rows to sort: `parts`, sorted runs of `runs` rows each, one after the other.
-    Sort {
-        parts: Vec<RecordBatch>,
-        runs: Vec<usize>,
-        step: usize,
-    },
-}
-
-/// A sorted step: its batches, and `Some((rows, bytes))` when they are slices of one batch
-/// of `rows` rows holding `bytes` (see [`GpuSortMetrics::record_output_slice`]).
-struct Sorted {
-    batches: Vec<RecordBatch>,
-    shared: Option<(usize, usize)>,
 }
 
 impl RangeMerge {
@@ -166,23 +144,28 @@ impl RangeMerge {
         let schema = Arc::clone(&sorter.schema);
         let state = Self {
             metrics: sorter.metrics.clone(),
-            expr: sorter.expr.clone(),
-            batch_size: sorter.batch_size,
-            sorter: Some(sorter),
+            sorter,
             readers,
             step_rows,
             remaining: fetch.unwrap_or(usize::MAX),
             reservation,
             step: 0,
         };
-        // Step i + 1 is taken from the runs while step i sorts, and sorts while step i's
-        // batches are consumed (both are reserved, see `step_bytes`). Dropping the stream
-        // aborts the task, which frees everything.
-        let (tx, rx) = futures::channel::mpsc::channel::<Result<Vec<RecordBatch>>>(0);
+        // Step i + 1 runs while step i's batches are consumed (its output is reserved, see
+        // `step_bytes`). Dropping the stream aborts the task, which frees everything.
+        let (mut tx, rx) = futures::channel::mpsc::channel::<Result<Vec<RecordBatch>>>(0);
         let task = SpawnedTask::spawn(async move {
-            let mut tx = tx;
-            if let Err(e) = state.run(&mut tx).await {
-                let _ = tx.send(Err(e)).await;
+            let mut state = state;
+            loop {
+                let step = match state.next_step().await {
+                    Ok(Some(batches)) => Ok(batches),
+                    Ok(None) => break,
+                    Err(e) => Err(e),
+                };
+                let failed = step.is_err();
+                if tx.send(step).await.is_err() || failed {
+                    break;
+                }
             }
         });
         let stream = futures::stream::unfold((rx, task), |(mut rx, task)| async move {
@@ -193,56 +176,12 @@ impl RangeMerge {
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
     }
 
-    /// Takes, sorts and sends the steps in order: while one step sorts on a task of its own,
-    /// the next one's rows are taken from the runs; the sorted step is counted as output and
-    /// sent once the next one is sorting.
-    async fn run(mut self, tx: &mut futures::channel::mpsc::Sender<Result<Vec<RecordBatch>>>) -> Result<()> {
-        let mut sorting: Option<SpawnedTask<Result<(InMemorySorter, Sorted)>>> = None;
-        loop {
-            let next = if self.remaining > 0 {
-                self.take_step().await?
-            } else {
-                None
-            };
-            let mut out = vec![];
-            if let Some(task) = sorting.take() {
-                let (sorter, sorted) = task
-                    .join_unwind()
-                    .await
-                    .map_err(|e| GpuSortExecError::Task(e.to_string()))??;
-                self.sorter = Some(sorter);
-                out.push(self.emit_slices(sorted.batches, sorted.shared));
-            }
-            let more = match next {
-                // The step in flight may have used up the `LIMIT`.
-                _ if self.remaining == 0 => false,
-                Some(Step::Equal(equal)) => {
-                    out.push(self.emit(equal));
-                    true
-                }
-                Some(Step::Sort { parts, runs, step }) => {
-                    let sorter = self.sorter.take().expect("the sorter is back");
-                    let limit = (self.remaining != usize::MAX).then_some(self.remaining);
-                    let metrics = self.metrics.clone();
-                    sorting = Some(SpawnedTask::spawn(sort_step(sorter, metrics, parts, runs, step, limit)));
-                    true
-                }
-                None => false,
-            };
-            for batches in out.into_iter().filter(|b| !b.is_empty()) {
-                if tx.send(Ok(batches)).await.is_err() {
-                    return Ok(());
-                }
-            }
-            if !more && sorting.is_none() {
-                self.finish();
-                return Ok(());
-            }
+    /// The next step's output batches; `None` when the merge is done.
+    async fn next_step(&mut self) -> Result<Option<Vec<RecordBatch>>> {
+        if self.remaining == 0 {
+            self.finish();
+            return Ok(None);
         }
-    }
-
-    /// The next step's rows, taken from the runs; `None` when the merge is done.
-    async fn take_step(&mut self) -> Result<Option<Step>> {
         let step = self.step;
         self.step += 1;
         let Some(splitter) = self.load(step).await? else {
@@ -253,7 +192,7 @@ impl RangeMerge {
                 r.take(n, &mut parts);
                 runs.push(n);
             }
-            return Ok(self.sort(parts, runs, step));
+            return self.sort_step(parts, runs, step).await;
         };
         let counts = {
             let _timer = self.metrics.merge_time.timer();
@@ -267,30 +206,19 @@ impl RangeMerge {
             // Nothing below the splitter: the rows equal to it are the smallest left.
             let equal = self.take_equal(&splitter).await?;
             self.metrics.range_merge_steps.add(1);
-            return Ok(Some(Step::Equal(equal)));
+            return Ok(Some(self.emit(equal)));
         }
         let mut parts = vec![];
         for (r, &n) in self.readers.iter_mut().zip(&counts) {
             r.take(n, &mut parts);
         }
-        Ok(self.sort(parts, counts, step))
-    }
-
-    /// A step that sorts `parts` (`runs` rows of each run); `None` when there are none.
-    fn sort(&mut self, parts: Vec<RecordBatch>, runs: Vec<usize>, step: usize) -> Option<Step> {
-        if parts.is_empty() {
-            return None;
-        }
-        self.metrics.range_merge_steps.add(1);
-        let rows: usize = parts.iter().map(|p| p.num_rows()).sum();
-        log::debug!(target: "gpusort::timeline", "merge step {step}: {rows} rows in {} slices", parts.len());
-        Some(Step::Sort { parts, runs, step })
+        self.sort_step(parts, counts, step).await
     }
 
     /// Compares key columns in the sort's order.
     fn cmp(&self) -> KeyCmp {
         KeyCmp {
-            options: self.expr.iter().map(|e| e.options).collect(),
+            options: self.sorter.expr.iter().map(|e| e.options).collect(),
         }
     }
 
@@ -298,7 +226,7 @@ impl RangeMerge {
     /// tasks, in parallel); the splitter, the smallest last loaded row of the runs that go on
     /// (`None` when every run is loaded to its end).
     async fn load(&mut self, step: usize) -> Result<Option<KeyRef>> {
-        let expr = self.expr.clone();
+        let expr = self.sorter.expr.clone();
         let open = self.readers.iter().filter(|r| !r.done).count().max(1);
         let per_run = (self.step_rows / open).max(1);
         futures::future::try_join_all(self.readers.iter_mut().map(|r| r.load(per_run, &expr))).await?;
@@ -322,7 +250,7 @@ impl RangeMerge {
     /// Takes from each run, in run order, its rows equal to `splitter` (reading on while a
     /// run's loaded rows all are).
     async fn take_equal(&mut self, splitter: &KeyRef) -> Result<Vec<RecordBatch>> {
-        let (cmp, expr, batch_size) = (self.cmp(), self.expr.clone(), self.batch_size);
+        let (cmp, expr, batch_size) = (self.cmp(), self.sorter.expr.clone(), self.sorter.batch_size);
         let mut equal = vec![];
         for r in self.readers.iter_mut() {
             loop {
@@ -336,6 +264,58 @@ impl RangeMerge {
             }
         }
         Ok(equal)
+    }
+
+    /// Sorts `parts` (a step's rows, in run order: `runs` rows of each run, each sorted) and
+    /// emits them: whole on the GPU when the step is for it (where the device merges the runs
+    /// instead of sorting them), else by their keys and a parallel gather.
+    async fn sort_step(
+        &mut self,
+        parts: Vec<RecordBatch>,
+        runs: Vec<usize>,
+        step: usize,
+    ) -> Result<Option<Vec<RecordBatch>>> {
+        if parts.is_empty() {
+            self.finish();
+            return Ok(None);
+        }
+        self.metrics.range_merge_steps.add(1);
+        let limit = (self.remaining != usize::MAX).then_some(self.remaining);
+        let rows: usize = parts.iter().map(|p| p.num_rows()).sum();
+        log::debug!(target: "gpusort::timeline", "merge step {step}: {rows} rows in {} slices", parts.len());
+        let permutation = if self.sorter.merges_keys_only(&parts) {
+            self.sorter.sort_keys_on_gpu(&parts, rows, runs, limit).await?
+        } else if let Some(sorted) = self.sorter.sort_whole_on_gpu(&parts, rows, runs, limit).await? {
+            // The step's input (slices of the loaded run batches, often their last
+            // references) is freed on another core.
+            rayon::spawn(move || drop(parts));
+            let slices = self.sorter.slices(&sorted)?;
+            let shared = (sorted.num_rows(), get_record_batch_memory_size(&sorted));
+            log::debug!(target: "gpusort::timeline", "merge step {step}: sorted on the GPU");
+            return Ok(Some(self.emit_slices(slices, Some(shared))));
+        } else {
+            None
+        };
+        let permutation = match permutation {
+            Some(p) => {
+                self.metrics.gpu_key_steps.add(1);
+                p
+            }
+            None => self.sorter.sort_keys(&parts, limit).await?,
+        };
+        log::debug!(target: "gpusort::timeline", "merge step {step}: keys sorted");
+        let (schema, batch_size) = (Arc::clone(&self.sorter.schema), self.sorter.batch_size);
+        let gathered = blocking(move || {
+            let batches =
+                gather_parts(&schema, &parts, permutation.values(), batch_size).map_err(GpuSortExecError::from)?;
+            // The step's input (slices of the loaded run batches, often their last
+            // references) is freed on another core.
+            rayon::spawn(move || drop(parts));
+            Ok(batches)
+        })
+        .await?;
+        log::debug!(target: "gpusort::timeline", "merge step {step}: gathered");
+        Ok(Some(self.emit(gathered)))
     }
 
     /// Counts `batches` as output (cut to what the `LIMIT` has left).
@@ -374,54 +354,6 @@ impl RangeMerge {
         self.readers.clear();
         self.reservation.free();
     }
-}
-
-/// Sorts a step's `parts` (`runs` rows of each run, each sorted; at most `limit` rows kept)
-/// with `sorter`, which it hands back: whole on the GPU when the step is for it (where the
-/// device merges the runs instead of sorting them); else by their keys (on the GPU with
-/// `gpusort.merge_keys_only`, or on the CPU) and a gather on every core.
-async fn sort_step(
-    mut sorter: InMemorySorter,
-    metrics: GpuSortMetrics,
-    parts: Vec<RecordBatch>,
-    runs: Vec<usize>,
-    step: usize,
-    limit: Option<usize>,
-) -> Result<(InMemorySorter, Sorted)> {
-    let rows: usize = parts.iter().map(|p| p.num_rows()).sum();
-    let permutation = if sorter.merges_keys_only(&parts) {
-        sorter.sort_keys_on_gpu(&parts, rows, runs, limit).await?
-    } else if let Some(sorted) = sorter.sort_whole_on_gpu(&parts, rows, runs, limit).await? {
-        // The step's input (slices of the loaded run batches, often their last
-        // references) is freed on another core.
-        rayon::spawn(move || drop(parts));
-        let batches = sorter.slices(&sorted)?;
-        let shared = Some((sorted.num_rows(), get_record_batch_memory_size(&sorted)));
-        log::debug!(target: "gpusort::timeline", "merge step {step}: sorted on the GPU");
-        return Ok((sorter, Sorted { batches, shared }));
-    } else {
-        None
-    };
-    let permutation = match permutation {
-        Some(p) => {
-            metrics.gpu_key_steps.add(1);
-            p
-        }
-        None => sorter.sort_keys(&parts, limit).await?,
-    };
-    log::debug!(target: "gpusort::timeline", "merge step {step}: keys sorted");
-    let (schema, batch_size) = (Arc::clone(&sorter.schema), sorter.batch_size);
-    let batches = blocking(move || {
-        let batches =
-            gather_parts(&schema, &parts, permutation.values(), batch_size).map_err(GpuSortExecError::from)?;
-        // The step's input (slices of the loaded run batches, often their last references)
-        // is freed on another core.
-        rayon::spawn(move || drop(parts));
-        Ok(batches)
-    })
-    .await?;
-    log::debug!(target: "gpusort::timeline", "merge step {step}: gathered");
-    Ok((sorter, Sorted { batches, shared: None }))
 }
 
 /// A run being read by the range merge: the batches read and not yet taken (with their sort
