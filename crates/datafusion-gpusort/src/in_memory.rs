@@ -884,8 +884,10 @@ mod tests {
             let expr = keys
                 .iter()
                 .map(|&k| PhysicalSortExpr::new_default(Arc::new(Column::new(&format!("c{k}"), k)) as _));
-            let mut options = GpuSortConfig::default();
-            options.merge_keys_only = keys_only;
+            let options = GpuSortConfig {
+                merge_keys_only: keys_only,
+                ..Default::default()
+            };
             let metrics = GpuSortMetrics::new(&Default::default(), 0);
             InMemorySorter::new(batch.schema(), LexOrdering::new(expr).unwrap(), options, 8192, metrics)
         };
