@@ -196,12 +196,7 @@ impl InMemorySorter {
             let Ok(SortPath::Gpu(gpu)) = self.choose_path(usize::MAX) else {
                 return Ok(());
             };
-            let session = gpu.begin_sort(extended.schema(), spec).map(|s| {
-                s.with_strategy(self.options.strategy.strategy())
-                    .with_memory_limit(self.gpu_limit())
-                    .with_permutation(false)
-            });
-            match session {
+            match self.begin_session(&gpu, extended.schema(), spec, false) {
                 Ok(s) => self.session = Some((s, gpu)),
                 Err(e) => {
                     self.session_failed = Some(format!("GPU failed: {e}"));
@@ -603,6 +598,22 @@ impl InMemorySorter {
 }
 
 impl InMemorySorter {
+    /// A GPU session on `gpu` for rows of `schema` sorted by `spec`, with this sorter's
+    /// strategy and device memory limit; `permutation`: the sort hands back its permutation.
+    fn begin_session(
+        &self,
+        gpu: &CudaBackend,
+        schema: SchemaRef,
+        spec: SortSpec,
+        permutation: bool,
+    ) -> Result<GpuSortSession, CudaSortError> {
+        Ok(gpu
+            .begin_sort(schema, spec)?
+            .with_strategy(self.options.strategy.strategy())
+            .with_memory_limit(self.gpu_limit())
+            .with_permutation(permutation))
+    }
+
     /// The key columns of `batch` alone, in the sort's order ([`key_spec`] sorts them), as
     /// [`Self::sort_input`] makes them (`for_gpu`: decimal keys narrowed where that pays).
     fn key_columns(&self, batch: &RecordBatch, for_gpu: bool) -> Result<RecordBatch> {
@@ -661,14 +672,10 @@ impl InMemorySorter {
                 let s = match session.as_mut() {
                     Some(s) => s,
                     None => {
-                        let s = gpu
-                            .begin_sort(keys.schema(), key_spec(&self.expr))
-                            .map_err(|e| e.to_string())?
-                            .with_strategy(self.options.strategy.strategy())
-                            .with_memory_limit(self.gpu_limit())
-                            .with_permutation(true)
-                            .with_sorted_runs(sorted_runs.clone());
-                        session.insert(s)
+                        let s = self
+                            .begin_session(&gpu, keys.schema(), key_spec(&self.expr), true)
+                            .map_err(|e| e.to_string())?;
+                        session.insert(s.with_sorted_runs(sorted_runs.clone()))
                     }
                 };
                 s.push(&keys).map_err(|e| e.to_string())?;

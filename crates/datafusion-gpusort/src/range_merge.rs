@@ -13,8 +13,8 @@
 //! or, with `gpusort.merge_keys_only` and keys under half of the rows' bytes, only their key
 //! columns go up and the permutation comes down. Else (on the CPU, or after the keys on the
 //! GPU) the keys are sorted into a permutation that the rows are gathered through on every
-//! core ([`gather_parts`]). When no loaded row is below the splitter, the rows equal to it come first in the
-//! output: they leave run by run, unsorted (they are all equal).
+//! core ([`gather_parts`]). When no loaded row is below the splitter, the rows equal to it
+//! come first in the output: they leave run by run, unsorted (they are all equal).
 //!
 //! Steps run one ahead of the consumer, on their own task: step i + 1 reads and sorts while
 //! step i's batches are consumed. Spilled runs read their share of the next step ahead, on

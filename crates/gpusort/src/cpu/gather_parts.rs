@@ -78,17 +78,20 @@ pub fn gather_parts(
     batch_rows: usize,
 ) -> Result<Vec<RecordBatch>> {
     let locator = Locator::new(parts);
-    if let Some(&bad) = perm.iter().find(|&&i| i as usize >= locator.rows()) {
-        return Err(ArrowError::InvalidArgumentError(format!(
-            "row {bad} gathered from parts of {} rows",
-            locator.rows()
-        ))
-        .into());
-    }
     let columns: Vec<PartColumn> = (0..schema.fields().len()).map(|c| PartColumn::new(parts, c)).collect();
     perm.par_chunks(batch_rows.max(1))
         .map(|chunk| {
-            let at: Vec<(usize, usize)> = chunk.iter().map(|&i| locator.locate(i as usize)).collect();
+            // Indices are checked as they are located, not in a pass of their own.
+            let at = chunk
+                .iter()
+                .map(|&i| match i as usize {
+                    i if i < locator.rows() => Ok(locator.locate(i)),
+                    i => Err(ArrowError::InvalidArgumentError(format!(
+                        "row {i} gathered from parts of {} rows",
+                        locator.rows()
+                    ))),
+                })
+                .collect::<Result<Vec<(usize, usize)>, _>>()?;
             let arrays = columns.iter().map(|c| c.gather(&at)).collect::<Result<Vec<_>>>()?;
             let options = RecordBatchOptions::new().with_row_count(Some(chunk.len()));
             Ok(RecordBatch::try_new_with_options(Arc::clone(schema), arrays, &options)?)
