@@ -14,17 +14,27 @@
 //   ascending runs, which the host merges (merge.cu, seed 003) instead of sorting. A warp that
 //   sees both a descent and an ascent (or an equal pair) once more descents than that are
 //   recorded raises a flag that stops every thread.
-// * reverse_rows: rows i and n - 1 - i swapped in place for i < n / 2 (key words, columns and
-//   Hybrid records alike, `width` bytes a row);
-// * reverse_iota: the permutation of reversed rows, n - 1 - i.
+// * reverse_lanes: rows i and n - 1 - i swapped in place for i < n / 2, in every lane of the
+//   table at once (key words, columns and Hybrid records alike, `width` bytes a row; the lane
+//   is blockIdx.y); each thread loads REVERSE_ITEMS rows and their mirrors before it stores;
+// * reverse_iota: the permutation of reversed rows, n - 1 - i;
+// * distinct_sample and distinct_ranks: few distinct keys (at most DISTINCT_MAX, keys of at most
+//   two words). One block hashes the keys of DISTINCT_SAMPLE rows spread over the input in
+//   shared memory; with at most DISTINCT_MAX distinct it writes them sorted (the dictionary).
+//   distinct_ranks then looks every key up in it: a key it lacks raises a flag (the sample
+//   missed a value: the radix passes run); else it may write each row's rank in the
+//   dictionary, a digit that orders the rows as their keys do, and one stable radix pass over
+//   it sorts them (a counting sort; the CPU backend's gpusort::cpu::presorted does the same).
 //
 // Each thread walks rows with a grid stride; order_scan's warps combine their counts with
 // shuffles and one lane per warp adds them to the totals.
 
 // The most key words order_scan compares (a longer key takes the radix passes unscanned); the
 // host defines it (kernels.rs SHARED_CONSTANTS).
-#if !defined(ORDER_SCAN_MAX_WORDS) || !defined(ORDER_SCAN_MAX_DESCENTS)
-#error "ORDER_SCAN_MAX_WORDS and ORDER_SCAN_MAX_DESCENTS come from the host"
+#if !defined(ORDER_SCAN_MAX_WORDS) || !defined(ORDER_SCAN_MAX_DESCENTS) || !defined(REVERSE_MAX_LANES) || \
+    !defined(REVERSE_ITEMS) || !defined(DISTINCT_MAX) || !defined(DISTINCT_SAMPLE) || !defined(DISTINCT_SLOTS) || \
+    !defined(DISTINCT_BLOCK) || !defined(SCAN_DISTINCT) || !defined(SCAN_MISSING)
+#error "the order scan's, the reversal's and the distinct keys' constants come from the host"
 #endif
 
 // The key words order_scan compares, most significant first, passed by value.
@@ -96,33 +106,182 @@ extern "C" __global__ void order_scan(u32 n, ScanWords words, u32 nwords, u64* c
     }
 }
 
-// Rows i and n - 1 - i of `data` swapped for every i < n / 2; rows of `width` bytes, moved as
-// words when `width` is a multiple of 4 (the buffers are allocation-aligned).
-extern "C" __global__ void reverse_rows(u8* data, u32 n, u32 width) {
+// The lanes reverse_lanes reverses, passed by value: each one's rows and their width in bytes.
+struct ReverseLanes {
+    u8* data[REVERSE_MAX_LANES];
+    u32 width[REVERSE_MAX_LANES];
+};
+
+// Rows i and n - 1 - i of `rows` swapped for every i < n / 2, REVERSE_ITEMS rows a thread (a
+// block's threads take consecutive rows), their loads all issued before the first store.
+template <typename T>
+__device__ __forceinline__ void reverse_items(T* rows, size_t n) {
     const size_t half = n / 2;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < half; i += (size_t)gridDim.x * blockDim.x) {
-        u8* a = data + i * width;
-        u8* b = data + (n - 1 - i) * (size_t)width;
-        if (width % 4 == 0) {
-            u32* wa = reinterpret_cast<u32*>(a);
-            u32* wb = reinterpret_cast<u32*>(b);
-            for (u32 k = 0; k < width / 4; k++) {
-                const u32 t = wa[k];
-                wa[k] = wb[k];
-                wb[k] = t;
+    const size_t step = (size_t)gridDim.x * blockDim.x * REVERSE_ITEMS;
+    for (size_t base = (size_t)blockIdx.x * blockDim.x * REVERSE_ITEMS + threadIdx.x; base < half; base += step) {
+        T a[REVERSE_ITEMS], b[REVERSE_ITEMS];
+#pragma unroll
+        for (u32 k = 0; k < REVERSE_ITEMS; k++) {
+            const size_t i = base + (size_t)k * blockDim.x;
+            if (i < half) {
+                a[k] = rows[i];
+                b[k] = rows[n - 1 - i];
             }
-        } else {
-            for (u32 k = 0; k < width; k++) {
-                const u8 t = a[k];
-                a[k] = b[k];
-                b[k] = t;
+        }
+#pragma unroll
+        for (u32 k = 0; k < REVERSE_ITEMS; k++) {
+            const size_t i = base + (size_t)k * blockDim.x;
+            if (i < half) {
+                rows[i] = b[k];
+                rows[n - 1 - i] = a[k];
             }
         }
     }
 }
 
+// Rows of `width` bytes (a multiple of 4 other than 4, 8 and 16: Hybrid records) swapped word
+// by word, a row a thread.
+__device__ __forceinline__ void reverse_words(u32* rows, size_t n, u32 words) {
+    const size_t half = n / 2;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < half; i += (size_t)gridDim.x * blockDim.x) {
+        u32* a = rows + i * words;
+        u32* b = rows + (n - 1 - i) * words;
+        for (u32 k = 0; k < words; k++) {
+            const u32 t = a[k];
+            a[k] = b[k];
+            b[k] = t;
+        }
+    }
+}
+
+// Every lane of `lanes` reversed in place (lane blockIdx.y), rows of 1, 2, 4, 8, 16 bytes or a
+// multiple of 4 (the buffers are allocation-aligned). One launch for all lanes: launched one a
+// lane, each thread swapping one row, the reversal ran at half a device copy's rate.
+extern "C" __global__ void reverse_lanes(u32 n, ReverseLanes lanes) {
+    u8* data = nullptr;
+    u32 width = 0;
+    // Picked by an unrolled comparison: an index the compiler cannot fold would copy `lanes`
+    // into local memory.
+#pragma unroll
+    for (u32 l = 0; l < REVERSE_MAX_LANES; l++) {
+        if (l == blockIdx.y) {
+            data = lanes.data[l];
+            width = lanes.width[l];
+        }
+    }
+    switch (width) {
+        case 1: reverse_items(data, n); break;
+        case 2: reverse_items(reinterpret_cast<u16*>(data), n); break;
+        case 4: reverse_items(reinterpret_cast<u32*>(data), n); break;
+        case 8: reverse_items(reinterpret_cast<u64*>(data), n); break;
+        case 16: reverse_items(reinterpret_cast<uint4*>(data), n); break;
+        default: reverse_words(reinterpret_cast<u32*>(data), n, width / 4); break;
+    }
+}
 extern "C" __global__ void reverse_iota(u32 n, u32* out) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         out[i] = n - 1 - (u32)i;
+    }
+}
+
+// The key of row i: one word, or two (hi most significant).
+__device__ __forceinline__ u64 distinct_key(const u32* hi, const u32* lo, size_t i) {
+    return lo ? ((u64)hi[i] << 32) | lo[i] : (u64)hi[i];
+}
+
+// The keys of DISTINCT_SAMPLE rows spread evenly over the n rows, hashed into shared memory by
+// one block of DISTINCT_BLOCK threads. With at most DISTINCT_MAX distinct among them it writes
+// them in ascending order to `dict` and their number to counts[SCAN_DISTINCT]; else it leaves
+// that word 0 (the host zeroes it first), and so does every block of distinct_ranks.
+extern "C" __global__ void __launch_bounds__(DISTINCT_BLOCK)
+    distinct_sample(u32 n, const u32* hi, const u32* lo, u64* dict, u64* counts) {
+    // A slot holds EMPTY or a key; the key EMPTY itself is counted by a flag of its own.
+    const u64 EMPTY = ~0ull;
+    __shared__ u64 slots[DISTINCT_SLOTS];
+    __shared__ u64 listed[DISTINCT_MAX];
+    __shared__ u32 inserted, has_empty, nlisted;
+    for (u32 s = threadIdx.x; s < DISTINCT_SLOTS; s += blockDim.x) slots[s] = EMPTY;
+    if (threadIdx.x == 0) {
+        inserted = 0;
+        has_empty = 0;
+        nlisted = 0;
+    }
+    __syncthreads();
+    for (u32 s = threadIdx.x; s < DISTINCT_SAMPLE; s += blockDim.x) {
+        // Past the limit the answer is known: random keys stop in the first round.
+        if (*(volatile u32*)&inserted > DISTINCT_MAX) break;
+        const u64 k = distinct_key(hi, lo, (size_t)s * n / DISTINCT_SAMPLE);
+        if (k == EMPTY) {
+            has_empty = 1;
+            continue;
+        }
+        // Linear probing; the table has twice the sample's slots, so a free one is always found.
+        u32 h = (u32)((k * 0x9E3779B97F4A7C15ull) >> 40) & (DISTINCT_SLOTS - 1);
+        for (;;) {
+            const u64 old = atomicCAS((unsigned long long*)&slots[h], (unsigned long long)EMPTY, (unsigned long long)k);
+            if (old == EMPTY) {
+                atomicAdd(&inserted, 1u);
+                break;
+            }
+            if (old == k) break;
+            h = (h + 1) & (DISTINCT_SLOTS - 1);
+        }
+    }
+    __syncthreads();
+    const u32 distinct = inserted + has_empty;
+    if (distinct > DISTINCT_MAX) return;
+    for (u32 s = threadIdx.x; s < DISTINCT_SLOTS; s += blockDim.x) {
+        if (slots[s] != EMPTY) listed[atomicAdd(&nlisted, 1u)] = slots[s];
+    }
+    __syncthreads();
+    if (threadIdx.x == 0 && has_empty) listed[distinct - 1] = EMPTY;
+    __syncthreads();
+    // Each key's place: the keys smaller than it (they are distinct).
+    if (threadIdx.x < distinct) {
+        const u64 k = listed[threadIdx.x];
+        u32 rank = 0;
+        for (u32 j = 0; j < distinct; j++) rank += listed[j] < k;
+        dict[rank] = k;
+    }
+    if (threadIdx.x == 0) counts[SCAN_DISTINCT] = distinct;
+}
+
+// Every row's key looked up in the dictionary distinct_sample wrote (nothing to do where it
+// wrote none). A key it lacks sets counts[SCAN_MISSING] and stops every thread; else, where
+// `ranks` is given, row i's rank in the dictionary goes to ranks[i].
+extern "C" __global__ void distinct_ranks(u32 n, const u32* hi, const u32* lo, const u64* dict, u64* counts,
+                                          u32* ranks) {
+    __shared__ u64 d[DISTINCT_MAX];
+    const u32 m = (u32)counts[SCAN_DISTINCT];
+    if (m == 0) return;
+    for (u32 j = threadIdx.x; j < m; j += blockDim.x) d[j] = dict[j];
+    __syncthreads();
+    volatile u64* missing = counts + SCAN_MISSING;
+    const u32 lane = threadIdx.x & 31;
+    u32 iter = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; __any_sync(FULL_MASK, i < n);
+         i += (size_t)gridDim.x * blockDim.x, iter++) {
+        bool lacks = false;
+        if (i < n) {
+            const u64 k = distinct_key(hi, lo, i);
+            // The first entry not below k.
+            u32 at = 0, len = m;
+            while (len > 0) {
+                const u32 half = len / 2;
+                if (d[at + half] < k) {
+                    at += half + 1;
+                    len -= half + 1;
+                } else {
+                    len = half;
+                }
+            }
+            lacks = at == m || d[at] != k;
+            if (ranks) ranks[i] = at;
+        }
+        if (__any_sync(FULL_MASK, lacks)) {
+            if (lane == 0) *missing = 1;
+            return;
+        }
+        if ((iter & 15) == 15 && __any_sync(FULL_MASK, *missing != 0)) return;
     }
 }

@@ -41,7 +41,7 @@ pub fn family_of(name: &str) -> &'static str {
         n if n.starts_with("onesweep_") => "onesweep.cu",
         n if n.starts_with("msd_") => "msd.cu",
         "key_bounds" | "encode_keys" => "keys.cu",
-        "order_scan" | "reverse_rows" | "reverse_iota" => "presorted.cu",
+        "order_scan" | "reverse_lanes" | "reverse_iota" | "distinct_sample" | "distinct_ranks" => "presorted.cu",
         n if n.starts_with("ties_") => "ties.cu",
         n if n.starts_with("merge_") => "merge.cu",
         n if n.starts_with("sample_") => "sample.cu",
@@ -154,6 +154,14 @@ pub const SHARED_CONSTANTS: &[(&str, u64, bool)] = &[
     ("ONESWEEP_VALUE", ONESWEEP_MAX_ROWS as u64, true),
     ("ORDER_SCAN_MAX_WORDS", ORDER_SCAN_MAX_WORDS as u64, false),
     ("ORDER_SCAN_MAX_DESCENTS", ORDER_SCAN_MAX_DESCENTS as u64, false),
+    ("REVERSE_MAX_LANES", REVERSE_MAX_LANES as u64, false),
+    ("REVERSE_ITEMS", REVERSE_ITEMS as u64, true),
+    ("DISTINCT_MAX", DISTINCT_MAX as u64, true),
+    ("DISTINCT_SAMPLE", DISTINCT_SAMPLE as u64, true),
+    ("DISTINCT_SLOTS", DISTINCT_SLOTS as u64, true),
+    ("DISTINCT_BLOCK", DISTINCT_BLOCK as u64, false),
+    ("SCAN_DISTINCT", SCAN_DISTINCT as u64, false),
+    ("SCAN_MISSING", SCAN_MISSING as u64, false),
     ("TIES_CAP", TIES_CAP as u64, false),
     ("TIES_BLOCK", TIES_BLOCK as u64, false),
     ("TIES_MAX_ROUNDS", TIES_MAX_ROUNDS as u64, false),
@@ -194,6 +202,31 @@ pub(crate) const ORDER_SCAN_MAX_WORDS: usize = 8;
 /// The descents `order_scan` records the rows of (`ORDER_SCAN_MAX_DESCENTS`): input of at most
 /// that many + 1 ascending runs (the CPU backend's limit too) is merged instead of sorted.
 pub(crate) const ORDER_SCAN_MAX_DESCENTS: usize = gpusort::cpu::PRESORTED_MAX_RUNS - 1;
+
+/// The most lanes (key words, columns, records) one `reverse_lanes` launch reverses
+/// (`REVERSE_MAX_LANES`); a table of more takes several launches.
+pub(crate) const REVERSE_MAX_LANES: usize = 16;
+/// Rows a thread of `reverse_lanes` swaps with their mirrors at once (`REVERSE_ITEMS`).
+pub(crate) const REVERSE_ITEMS: usize = 4;
+
+/// The most distinct keys a sort counts instead of sorting (`DISTINCT_MAX`): their rank is one
+/// 8-bit digit. The CPU backend's limit too.
+pub(crate) const DISTINCT_MAX: usize = gpusort::cpu::PRESORTED_MAX_DISTINCT;
+const _: () = assert!(DISTINCT_MAX <= 256);
+/// Rows whose keys `distinct_sample` hashes (`DISTINCT_SAMPLE`), spread over the input.
+pub const DISTINCT_SAMPLE: usize = 2048;
+/// Its hash table's slots (`DISTINCT_SLOTS`, a power of two, twice the sample: probes stay
+/// short and a free slot always exists); with the sorted list, 34 KiB of shared memory.
+pub(crate) const DISTINCT_SLOTS: usize = 2 * DISTINCT_SAMPLE;
+const _: () = assert!(DISTINCT_SLOTS.is_power_of_two() && (DISTINCT_SLOTS + DISTINCT_MAX) * 8 <= 48 * 1024);
+/// Threads of the one `distinct_sample` block (`DISTINCT_BLOCK`), at least [`DISTINCT_MAX`]:
+/// a thread places each distinct key.
+pub(crate) const DISTINCT_BLOCK: u32 = 1024;
+const _: () = assert!(DISTINCT_BLOCK as usize >= DISTINCT_MAX);
+/// Where the order scan's counts hold the sample's distinct keys (`SCAN_DISTINCT`, 0: more
+/// than [`DISTINCT_MAX`]) and the flag of a key missing from them (`SCAN_MISSING`).
+pub(crate) const SCAN_DISTINCT: usize = 5;
+pub(crate) const SCAN_MISSING: usize = 6;
 
 impl Default for KernelTuning {
     fn default() -> Self {
@@ -720,10 +753,14 @@ pub struct Kernels {
     pub encode_keys: CudaFunction,
     /// Descents, ascents and equal neighbours of a key.
     pub order_scan: CudaFunction,
-    /// Rows `i` and `n - 1 - i` swapped in place.
-    pub reverse_rows: CudaFunction,
+    /// Rows `i` and `n - 1 - i` swapped in place, in every lane of a table at once.
+    pub reverse_lanes: CudaFunction,
     /// n - 1, n - 2, ..., 0.
     pub reverse_iota: CudaFunction,
+    /// The distinct keys of a sample, sorted, where they are few.
+    pub distinct_sample: CudaFunction,
+    /// Every key looked up among the sample's distinct keys: found or not, and its rank.
+    pub distinct_ranks: CudaFunction,
     /// Batches of small tie groups sorted by their bytes in shared memory (BMCS).
     pub ties_bmcs: CudaFunction,
     /// The rows of large tie groups with their group and next 8 bytes as key words.
@@ -860,8 +897,10 @@ impl Kernels {
             key_bounds: f("key_bounds")?,
             encode_keys: f("encode_keys")?,
             order_scan: f("order_scan")?,
-            reverse_rows: f("reverse_rows")?,
+            reverse_lanes: f("reverse_lanes")?,
             reverse_iota: f("reverse_iota")?,
+            distinct_sample: f("distinct_sample")?,
+            distinct_ranks: f("distinct_ranks")?,
             ties_bmcs: f("ties_bmcs")?,
             ties_keys: f("ties_keys")?,
             ties_scatter: f("ties_scatter")?,
@@ -1258,7 +1297,10 @@ mod tests {
                 &["onesweep_histogram", "onesweep_scan", "onesweep_pass_b8"],
             ),
             ("keys.cu", &["key_bounds", "encode_keys"]),
-            ("presorted.cu", &["order_scan", "reverse_rows", "reverse_iota"]),
+            (
+                "presorted.cu",
+                &["order_scan", "reverse_lanes", "reverse_iota", "distinct_sample", "distinct_ranks"],
+            ),
             (
                 "ties.cu",
                 &[

@@ -75,6 +75,7 @@ pub use gpu::Gpu;
 pub use kernels::{KernelCache, KernelTuning};
 pub use memory::{BudgetRefusal, DeviceBudget, DeviceBudgetStats, DeviceReservation};
 pub use merge::{MergeMethod, odd_even_applies};
+pub use presorted::DISTINCT_MIN_ROWS;
 pub use multi::MultiGpuBackend;
 pub use nvcomp::{CompressStats, ZstdCompressor};
 pub use options::{DEVICE_TIES_MIN_MEAN_ROWS, DeviceTies, GpuOptions};

@@ -38,7 +38,8 @@ impl Gpu {
     /// key words always move, the row index when `needs_index`, the payload when `direct`.
     /// Returns the permutation when the index moved. The host work done, it waits for `order`
     /// before the first kernel and stops there, the table as it came, where the rows are
-    /// already sorted or reversed.
+    /// already sorted or reversed. The key words `carried`, which no pass reads, move in every
+    /// pass (a sort by a digit of another word: `Gpu::sort_by_ranks`).
     pub(crate) fn run_passes(
         &self,
         table: &mut DeviceTable,
@@ -46,6 +47,7 @@ impl Gpu {
         direct: bool,
         needs_index: bool,
         order: &mut OrderScan<'_>,
+        carried: &[usize],
     ) -> Result<Passes> {
         let n = table.num_rows;
         let s = &self.stream;
@@ -57,7 +59,7 @@ impl Gpu {
             .filter(|l| l.key_word().is_some())
             .map(|l| l.ptr(0, s))
             .collect();
-        let mut pt = self.plan_passes(&mut set.lanes, n, plan, direct, needs_index)?;
+        let mut pt = self.plan_passes(&mut set.lanes, n, plan, direct, needs_index, carried)?;
         let stage_width = stage_width(&mut pt.tables, pt.max_width, plan.switches.pair_lanes);
         let (lane_buf, offsets) = self.upload_lane_tables(&pt.tables)?;
         let inputs = PassInputs {
@@ -99,9 +101,9 @@ impl Gpu {
     }
 
     /// Pass by pass, what moves from which buffer to which: a key word while a later pass
-    /// reads it (or to the end with [`GpuSortPlan::keep_keys`]), the row index when
-    /// `needs_index`, the payload when `direct`, over `n` rows. Allocates each second buffer when
-    /// it is first written.
+    /// reads it (or to the end with [`GpuSortPlan::keep_keys`], or in every pass when
+    /// `carried`), the row index when `needs_index`, the payload when `direct`, over `n` rows.
+    /// Allocates each second buffer when it is first written.
     fn plan_passes(
         &self,
         lanes: &mut [DoubleBuffer],
@@ -109,6 +111,7 @@ impl Gpu {
         plan: &GpuSortPlan,
         direct: bool,
         needs_index: bool,
+        carried: &[usize],
     ) -> Result<PassTables> {
         let (s, passes) = (&self.stream, &plan.passes);
         let word_used_later = |w: usize, p: usize| passes[p + 1..].iter().any(|q| q.word == w);
@@ -129,7 +132,9 @@ impl Gpu {
             let mut rec = Records::default();
             for lane in lanes.iter_mut() {
                 let moves = match lane.role {
-                    Role::KeyWord(w) => word_used_later(w, p) || (plan.keep_keys && word_sorted(w)),
+                    Role::KeyWord(w) => {
+                        word_used_later(w, p) || (plan.keep_keys && word_sorted(w)) || carried.contains(&w)
+                    }
                     Role::Index => needs_index,
                     Role::Column | Role::Records => direct,
                 };

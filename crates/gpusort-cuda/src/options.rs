@@ -46,6 +46,10 @@ pub struct GpuOptions {
     /// A sort first reads its key once to find input already in order or reversed
     /// (`presorted.rs`; off with `GPUSORT_PRESORTED=0`).
     pub presorted: bool,
+    /// That scan also looks for few distinct keys (at most 256, keys of at most 64 bits) and
+    /// sorts them by one pass over each row's rank among them (`presorted.rs`; off with
+    /// `GPUSORT_FEW_DISTINCT=0`).
+    pub few_distinct: bool,
     /// How rows known to be sorted runs (an external sort's merge steps) are merged
     /// (`merge.rs`; `GPUSORT_MERGE`: `tree`, the default, `odd-even`, or `0`: radix-sorted).
     pub merge: Option<MergeMethod>,
@@ -136,6 +140,7 @@ impl Default for GpuOptions {
             device_views: true,
             smem_cap: None,
             presorted: true,
+            few_distinct: true,
             merge: Some(MergeMethod::Tree),
             device_ties: DeviceTies::Auto,
             device_budget: None,
@@ -220,6 +225,7 @@ impl GpuOptions {
             device_views: var("GPUSORT_DEVICE_VIEWS").as_deref() != Some("0"),
             smem_cap,
             presorted: var("GPUSORT_PRESORTED").as_deref() != Some("0"),
+            few_distinct: var("GPUSORT_FEW_DISTINCT").as_deref() != Some("0"),
             merge: match var("GPUSORT_MERGE").as_deref() {
                 None | Some("tree") => Some(MergeMethod::Tree),
                 Some("odd-even") => Some(MergeMethod::OddEven),
@@ -327,6 +333,7 @@ mod tests {
             ("GPUSORT_DEVICE_KEYS", "0"),
             ("GPUSORT_DEVICE_VIEWS", "0"),
             ("GPUSORT_PRESORTED", "0"),
+            ("GPUSORT_FEW_DISTINCT", "0"),
             ("GPUSORT_MERGE", "odd-even"),
             ("GPUSORT_DEVICE_TIES", "0"),
             ("GPUSORT_IPT", "12"),
@@ -340,6 +347,7 @@ mod tests {
             assert!(GpuOptions::from_vars(|n: &str| (n == "GPUSORT_STAGE_AHEAD").then(|| bad.to_string())).is_err());
         }
         assert!(o.profile && !o.onesweep && !o.pair_lanes && !o.device_keys && !o.device_views && !o.presorted);
+        assert!(!o.few_distinct);
         assert!(!o.pin_ahead && !o.stream_priority);
         assert_eq!(o.device_ties, DeviceTies::Never);
         assert_eq!(o.merge, Some(MergeMethod::OddEven));

@@ -1,13 +1,19 @@
 //! Presorted input on the device (`kernels/presorted.cu`): one read of the key before the
 //! radix passes says whether the rows are already in order, strictly in reverse order, or a
 //! few ascending runs, and such a sort then skips its passes — nothing moves for sorted input;
-//! for reversed input every key word, column and record is reversed in place and the
-//! permutation is `n - 1 - i`; runs (at most [`gpusort::cpu::PRESORTED_MAX_RUNS`], where
-//! their merge rounds pay against the passes: [`merge_pays`]) are merged (`merge.rs`).
+//! for reversed input every key word, column and record is reversed in place (one launch for
+//! all) and the permutation is `n - 1 - i`; runs (at most [`gpusort::cpu::PRESORTED_MAX_RUNS`],
+//! where their merge rounds pay against the passes: [`merge_pays`]) are merged (`merge.rs`).
 //! Bandyopadhyay & Sahni's sorts (ICPADS 2011, sections V and VI) run every pass whatever the
-//! order; this check costs one read of the key words. Reversed input with equal neighbours
-//! and few distinct keys take the radix passes on the device (the CPU backend finishes those
-//! shapes too, see `gpusort::cpu`).
+//! order; this check costs one read of the key words.
+//!
+//! **Few distinct keys** (keys of at most two words, at most [`DISTINCT_MAX`] distinct, like
+//! the CPU backend's `gpusort::cpu::presorted`): beside the scan, one block hashes a sample of
+//! the keys and, where it finds few distinct, a second read of the key checks that every key is
+//! among them. Where every key is, the sort writes each row's rank among them as a key word of
+//! its own and sorts by one 8-bit pass over it ([`Gpu::rank_keys`], `sort.rs`): a stable
+//! counting sort in one pass instead of a pass per byte of the key. A key the sample missed
+//! sends the rows to the passes. Reversed input with equal neighbours takes the passes.
 //!
 //! The scan is off the sort's critical path: [`Gpu::start_order_scan`] enqueues it (its counts
 //! zeroed by an async memset in a buffer the [`Gpu`] keeps, then copied into pinned host memory
@@ -20,12 +26,18 @@
 use std::sync::Mutex;
 
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaEvent, CudaSlice, DevicePtr, DeviceRepr, PinnedHostSlice, PushKernelArg};
+use cudarc::driver::{
+    CudaEvent, CudaSlice, CudaStream, DevicePtr, DeviceRepr, DriverError, LaunchConfig, PinnedHostSlice, PushKernelArg,
+};
 use gpusort::plan::InputOrder;
 
 use crate::error::Result;
 use crate::gpu::{Gpu, rows_u32};
-use crate::kernels::{ORDER_SCAN_MAX_DESCENTS, ORDER_SCAN_MAX_WORDS};
+use crate::kernels::{
+    Kernels,
+    DISTINCT_BLOCK, DISTINCT_MAX, ORDER_SCAN_MAX_DESCENTS, ORDER_SCAN_MAX_WORDS, REVERSE_ITEMS, REVERSE_MAX_LANES,
+    SCAN_DISTINCT, SCAN_MISSING,
+};
 use crate::merge::{MergeMethod, merge_pays};
 use crate::table::DeviceTable;
 
@@ -36,9 +48,27 @@ struct ScanWords([u64; ORDER_SCAN_MAX_WORDS]);
 // SAFETY: a plain array of device addresses, laid out as the kernel's struct of 8 pointers.
 unsafe impl DeviceRepr for ScanWords {}
 
+/// The lanes `reverse_lanes` reverses, passed by value (`ReverseLanes`): each one's device
+/// address and bytes a row.
+#[repr(C)]
+struct ReverseLanes {
+    data: [u64; REVERSE_MAX_LANES],
+    width: [u32; REVERSE_MAX_LANES],
+}
+
+// SAFETY: plain arrays, laid out as the kernel's struct (16 pointers, then 16 u32).
+unsafe impl DeviceRepr for ReverseLanes {}
+
 /// Words `order_scan` reports: descents, ascents, equal neighbours, the stop flag, and the
-/// descents offered to its list of their rows.
-const SCAN_WORDS: usize = 5;
+/// descents offered to its list of their rows; then the sample's distinct keys
+/// ([`SCAN_DISTINCT`]) and the flag of a key missing from them ([`SCAN_MISSING`]).
+const SCAN_WORDS: usize = 7;
+const _: () = assert!(SCAN_DISTINCT == 5 && SCAN_MISSING == 6);
+
+/// Rows from which a sort looks for few distinct keys unless told otherwise
+/// ([`SortSwitches::few_distinct`](crate::SortSwitches::few_distinct)): below, its passes take
+/// ~0.1 ms and the sample's kernels would be a tenth of that.
+pub const DISTINCT_MIN_ROWS: usize = 1 << 20;
 
 /// The order the counts of `order_scan` (descents, ascents, equal neighbours, the stop flag,
 /// descents recorded) say the rows are in, when it lets a sort skip its passes: no descent,
@@ -46,7 +76,7 @@ const SCAN_WORDS: usize = 5;
 /// [`ORDER_SCAN_MAX_DESCENTS`] descents, all recorded, that many + 1 ascending runs; else (or
 /// stopped early) `None`.
 pub(crate) fn order_of(counts: [u64; SCAN_WORDS]) -> Option<InputOrder> {
-    let [descents, ascents, equal, stopped, recorded] = counts;
+    let [descents, ascents, equal, stopped, recorded, _, _] = counts;
     match (descents, ascents, equal, stopped) {
         (_, _, _, 1..) => None,
         (0, _, _, _) => Some(InputOrder::Sorted),
@@ -54,6 +84,13 @@ pub(crate) fn order_of(counts: [u64; SCAN_WORDS]) -> Option<InputOrder> {
         (d, _, _, _) if d <= ORDER_SCAN_MAX_DESCENTS as u64 && recorded == d => Some(InputOrder::Runs(d as usize + 1)),
         _ => None,
     }
+}
+
+/// The distinct keys the counts say every row's key is one of (few distinct keys), if they do:
+/// the sample had at most [`DISTINCT_MAX`], and no key lacked from them.
+pub(crate) fn distinct_of(counts: [u64; SCAN_WORDS]) -> Option<usize> {
+    let (distinct, missing) = (counts[SCAN_DISTINCT] as usize, counts[SCAN_MISSING]);
+    ((1..=DISTINCT_MAX).contains(&distinct) && missing == 0).then_some(distinct)
 }
 
 /// The rows of each ascending run of `n` rows whose runs start at the rows `starts` (the
@@ -78,6 +115,8 @@ struct ScanBufs {
     /// The rows of the first descents, on the device and in pinned host memory.
     descents: CudaSlice<u32>,
     host_descents: PinnedHostSlice<u32>,
+    /// The sample's distinct keys, ascending (`distinct_sample`).
+    dict: CudaSlice<u64>,
     arrived: CudaEvent,
 }
 
@@ -107,6 +146,7 @@ impl ScanBufPool {
             descents: gpu.stream.alloc_zeros::<u32>(ORDER_SCAN_MAX_DESCENTS)?,
             // SAFETY: as `host`.
             host_descents: unsafe { gpu.context().alloc_pinned_with_flags::<u32>(ORDER_SCAN_MAX_DESCENTS, 0) }?,
+            dict: gpu.stream.alloc_zeros::<u64>(DISTINCT_MAX)?,
             // Not a blocking-sync event: the wait spins, no sleep and wake-up on the sort's path.
             arrived: gpu.context().new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))?,
         })
@@ -132,6 +172,9 @@ pub(crate) enum Passes {
 pub(crate) struct OrderScan<'a> {
     /// The scan not yet waited for.
     pending: Option<(&'a Gpu, ScanBufs)>,
+    /// The scan's buffers once it found few distinct keys: their dictionary, for
+    /// [`Self::rank_keys`].
+    distinct: Option<(&'a Gpu, ScanBufs)>,
     /// Rows scanned, and how runs would be merged with the radix passes they save (`None`:
     /// runs are not merged).
     n: usize,
@@ -147,6 +190,7 @@ impl OrderScan<'_> {
     pub(crate) fn off() -> Self {
         Self {
             pending: None,
+            distinct: None,
             n: 0,
             merge: None,
             found: None,
@@ -156,7 +200,7 @@ impl OrderScan<'_> {
 
     /// Waits for the scan's counts (the first time; later calls return the same) and returns
     /// the order they show when it lets the sort skip its passes: runs only where their merge
-    /// pays against the passes.
+    /// pays against the passes; else few distinct keys, where every key is among the sample's.
     pub(crate) fn settle(&mut self) -> Result<Option<InputOrder>> {
         if let Some((gpu, bufs)) = self.pending.take() {
             bufs.arrived.synchronize()?;
@@ -176,9 +220,43 @@ impl OrderScan<'_> {
                     self.found = None;
                 }
             }
-            gpu.scan_bufs.put(bufs);
+            if self.found.is_none()
+                && let Some(k) = distinct_of(counts)
+            {
+                self.found = Some(InputOrder::FewDistinct(k));
+                self.distinct = Some((gpu, bufs));
+            } else {
+                gpu.scan_bufs.put(bufs);
+            }
         }
         Ok(self.found)
+    }
+
+    /// Each row's rank among the few distinct keys [`Self::settle`] found (`FewDistinct`), as
+    /// one word a row: the `words` of `keys` that the scan read (at most two).
+    pub(crate) fn rank_keys(&self, keys: &[CudaSlice<u32>], words: &[usize], n: usize) -> Result<CudaSlice<u32>> {
+        let (gpu, bufs) = self
+            .distinct
+            .as_ref()
+            .expect("ranks are asked for only where few distinct keys were found");
+        let s = &gpu.stream;
+        let ranks = gpu.alloc_words(n)?;
+        let (hi, lo) = distinct_words(keys, words, s);
+        let (dict, counts, out) = (bufs.dict.device_ptr(s).0, bufs.counts.device_ptr(s).0, ranks.device_ptr(s).0);
+        let n32 = rows_u32(n)?;
+        // SAFETY: `hi` (and `lo` unless 0) hold n words; `dict` the sample's distinct keys,
+        // `counts` SCAN_WORDS words; `ranks` n words.
+        unsafe {
+            s.launch_builder(&gpu.kernels()?.distinct_ranks)
+                .arg(&n32)
+                .arg(&hi)
+                .arg(&lo)
+                .arg(&dict)
+                .arg(&counts)
+                .arg(&out)
+                .launch(gpu.grid_for(n))?
+        };
+        Ok(ranks)
     }
 
     /// The runs found and how to merge them, once [`Self::settle`] found `Runs`.
@@ -194,11 +272,20 @@ impl OrderScan<'_> {
 
 impl Drop for OrderScan<'_> {
     fn drop(&mut self) {
-        // Never waited for (an error on the way): the next scan's work follows it on the stream.
-        if let Some((gpu, bufs)) = self.pending.take() {
+        // Never waited for (an error on the way), or ranks read from its dictionary: the next
+        // scan's work follows theirs on the stream.
+        for (gpu, bufs) in [self.pending.take(), self.distinct.take()].into_iter().flatten() {
             gpu.scan_bufs.put(bufs);
         }
     }
+}
+
+/// The device addresses of the key's first and second varying words (`words` of `keys`; 0
+/// for a key of one word).
+fn distinct_words(keys: &[CudaSlice<u32>], words: &[usize], s: &CudaStream) -> (u64, u64) {
+    let hi = keys[words[0]].device_ptr(s).0;
+    let lo = words.get(1).map_or(0, |&w| keys[w].device_ptr(s).0);
+    (hi, lo)
 }
 
 impl Gpu {
@@ -206,14 +293,17 @@ impl Gpu {
     /// vary, most significant first; the others are equal in every row and may be one-word
     /// stand-ins) and returns without waiting: [`OrderScan::settle`] says whether the rows are
     /// sorted, strictly decreasing, or a few ascending runs that `merge` (the method, and the
-    /// radix passes the sort would run) merges. Random keys stop the scan within a row or two a
-    /// thread.
+    /// radix passes the sort would run) merges, or (with `distinct`, a key of at most two
+    /// words) their keys are few distinct values.
+    /// Random keys stop the scan within a row or two a thread, and the sample in its first
+    /// round.
     pub(crate) fn start_order_scan(
         &self,
         keys: &[CudaSlice<u32>],
         words: &[usize],
         n: usize,
         merge: Option<(MergeMethod, usize)>,
+        distinct: bool,
     ) -> Result<OrderScan<'_>> {
         let n32 = rows_u32(n)?;
         if n < 2 || words.is_empty() || words.len() > ORDER_SCAN_MAX_WORDS {
@@ -240,6 +330,10 @@ impl Gpu {
                 .arg(&descents_p)
                 .launch(self.grid_for(n))
         };
+        let launched = launched.and_then(|_| match distinct && words.len() <= 2 {
+            true => self.launch_distinct(kernels, keys, words, n32, &bufs),
+            false => Ok(()),
+        });
         // The copy goes straight to the pinned words (no wait on, nor record of, their own
         // event: `arrived` stands for it).
         let queued = launched
@@ -258,11 +352,53 @@ impl Gpu {
         }
         Ok(OrderScan {
             pending: Some((self, bufs)),
+            distinct: None,
             n,
             merge,
             found: None,
             runs: None,
         })
+    }
+
+    /// The sample of the keys' distinct values (`distinct_sample`, one block) and the check of
+    /// every key against them (`distinct_ranks` without ranks), into `bufs`' counts and
+    /// dictionary.
+    fn launch_distinct(
+        &self,
+        kernels: &Kernels,
+        keys: &[CudaSlice<u32>],
+        words: &[usize],
+        n32: u32,
+        bufs: &ScanBufs,
+    ) -> std::result::Result<(), DriverError> {
+        let s = &self.stream;
+        let (hi, lo) = distinct_words(keys, words, s);
+        let (dict, counts, none) = (bufs.dict.device_ptr(s).0, bufs.counts.device_ptr(s).0, 0u64);
+        let one = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (DISTINCT_BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: `hi` (and `lo` unless 0) hold n words; `dict` DISTINCT_MAX keys, `counts`
+        // SCAN_WORDS words; no ranks are written (a null pointer).
+        unsafe {
+            s.launch_builder(&kernels.distinct_sample)
+                .arg(&n32)
+                .arg(&hi)
+                .arg(&lo)
+                .arg(&dict)
+                .arg(&counts)
+                .launch(one)?;
+            s.launch_builder(&kernels.distinct_ranks)
+                .arg(&n32)
+                .arg(&hi)
+                .arg(&lo)
+                .arg(&dict)
+                .arg(&counts)
+                .arg(&none)
+                .launch(self.grid_for(n32 as usize))?;
+        }
+        Ok(())
     }
 
     /// Reverses every key word, column and record of `table` in place; returns the permutation
@@ -271,17 +407,18 @@ impl Gpu {
         let n = table.num_rows;
         let s = self.stream.clone();
         // Words equal in every row may be one-word stand-ins: nothing to reverse there.
+        let mut lanes: Vec<(u64, usize)> = vec![];
         for w in table.keys.iter_mut().filter(|w| w.len() >= n) {
-            let p = w.device_ptr(&s).0;
-            self.reverse_rows(p, n, 4)?;
+            lanes.push((w.device_ptr(&s).0, 4));
         }
         for c in &mut table.columns {
-            let p = c.data.device_ptr(&s).0;
-            self.reverse_rows(p, n, c.width)?;
+            lanes.push((c.data.device_ptr(&s).0, c.width));
         }
         if let Some(r) = &mut table.records {
-            let p = r.data.device_ptr(&s).0;
-            self.reverse_rows(p, n, r.bytes)?;
+            lanes.push((r.data.device_ptr(&s).0, r.bytes));
+        }
+        for group in lanes.chunks(REVERSE_MAX_LANES) {
+            self.reverse_lanes(group, n)?;
         }
         if !want_perm {
             return Ok(None);
@@ -298,18 +435,28 @@ impl Gpu {
         Ok(Some(out))
     }
 
-    /// Rows `i` and `n - 1 - i` of the `width`-byte rows at device address `data` swapped.
-    fn reverse_rows(&self, data: u64, n: usize, width: usize) -> Result<()> {
-        let (n32, w32) = (rows_u32(n)?, width as u32);
-        // SAFETY: `data` holds n rows of `width` bytes (a table's buffer); the kernel touches
-        // only those.
+    /// Rows `i` and `n - 1 - i` swapped in each of `lanes` (at most [`REVERSE_MAX_LANES`]: the
+    /// device address of `n` rows and their width in bytes), in one launch.
+    fn reverse_lanes(&self, lanes: &[(u64, usize)], n: usize) -> Result<()> {
+        let mut table = ReverseLanes {
+            data: [0; REVERSE_MAX_LANES],
+            width: [0; REVERSE_MAX_LANES],
+        };
+        for (l, &(data, width)) in lanes.iter().enumerate() {
+            table.data[l] = data;
+            table.width[l] = width as u32;
+        }
+        let n32 = rows_u32(n)?;
+        let mut cfg = self.grid_for((n / 2).div_ceil(REVERSE_ITEMS));
+        cfg.grid_dim.1 = lanes.len() as u32;
+        // SAFETY: each lane's address holds n rows of its width (a table's buffer); the kernel
+        // touches only those, each row by one thread.
         unsafe {
             self.stream
-                .launch_builder(&self.kernels()?.reverse_rows)
-                .arg(&data)
+                .launch_builder(&self.kernels()?.reverse_lanes)
                 .arg(&n32)
-                .arg(&w32)
-                .launch(self.grid_for(n / 2))?
+                .arg(&table)
+                .launch(cfg)?
         };
         Ok(())
     }
@@ -322,26 +469,26 @@ mod tests {
     #[test]
     fn counts_say_sorted_reversed_runs_or_neither() {
         // [descents, ascents, equal neighbours, stopped, descents recorded]
-        assert_eq!(order_of([0, 9, 0, 0, 0]), Some(InputOrder::Sorted));
-        assert_eq!(order_of([0, 4, 5, 0, 0]), Some(InputOrder::Sorted));
-        assert_eq!(order_of([0, 0, 9, 0, 0]), Some(InputOrder::Sorted), "all equal");
-        assert_eq!(order_of([9, 0, 0, 0, 9]), Some(InputOrder::Reversed));
-        assert_eq!(order_of([80, 0, 0, 0, 70]), Some(InputOrder::Reversed));
+        assert_eq!(order_of([0, 9, 0, 0, 0, 0, 0]), Some(InputOrder::Sorted));
+        assert_eq!(order_of([0, 4, 5, 0, 0, 0, 0]), Some(InputOrder::Sorted));
+        assert_eq!(order_of([0, 0, 9, 0, 0, 0, 0]), Some(InputOrder::Sorted), "all equal");
+        assert_eq!(order_of([9, 0, 0, 0, 9, 0, 0]), Some(InputOrder::Reversed));
+        assert_eq!(order_of([80, 0, 0, 0, 70, 0, 0]), Some(InputOrder::Reversed));
         assert_eq!(
-            order_of([8, 0, 1, 0, 8]),
+            order_of([8, 0, 1, 0, 8, 0, 0]),
             Some(InputOrder::Runs(9)),
             "reversed with a tie is not stable reversed: 9 runs of one or two rows"
         );
-        assert_eq!(order_of([3, 6, 0, 0, 3]), Some(InputOrder::Runs(4)));
+        assert_eq!(order_of([3, 6, 0, 0, 3, 0, 0]), Some(InputOrder::Runs(4)));
         let most = ORDER_SCAN_MAX_DESCENTS as u64;
         assert_eq!(
-            order_of([most, 6, 0, 0, most]),
+            order_of([most, 6, 0, 0, most, 0, 0]),
             Some(InputOrder::Runs(most as usize + 1))
         );
-        assert_eq!(order_of([most + 1, 6, 0, 0, most + 1]), None, "too many runs");
-        assert_eq!(order_of([3, 6, 0, 0, 2]), None, "a descent not recorded");
-        assert_eq!(order_of([0, 0, 0, 1, 0]), None, "stopped early");
-        assert_eq!(order_of([9, 0, 0, 1, 70]), None, "stopped early");
+        assert_eq!(order_of([most + 1, 6, 0, 0, most + 1, 0, 0]), None, "too many runs");
+        assert_eq!(order_of([3, 6, 0, 0, 2, 0, 0]), None, "a descent not recorded");
+        assert_eq!(order_of([0, 0, 0, 1, 0, 0, 0]), None, "stopped early");
+        assert_eq!(order_of([9, 0, 0, 1, 70, 0, 0]), None, "stopped early");
     }
 
     #[test]

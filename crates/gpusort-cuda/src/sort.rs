@@ -7,10 +7,11 @@
 //! reversed (everything is reversed in place) or a few ascending runs; the sort waits for it
 //! only once the passes' host work is done, just before their first kernel. Rows the plan says
 //! are a few sorted runs, or the scan found to be, are merged instead (`merge.rs`) where that
-//! pays against the radix passes.
+//! pays against the radix passes; rows whose keys are few distinct values are sorted by one
+//! pass over each row's rank among them ([`Gpu::sort_by_ranks`]).
 
 use cudarc::driver::CudaSlice;
-use gpusort::plan::{Algorithm, InputOrder, RecordMove, Strategy};
+use gpusort::plan::{Algorithm, InputOrder, RadixPass, RecordMove, Strategy};
 
 use crate::error::{CudaSortError, Result};
 use crate::gpu::{Gpu, rows_u32};
@@ -43,10 +44,11 @@ impl Gpu {
                     .merge
                     .filter(|_| plan.key_words().len() <= MERGE_MAX_WORDS);
                 let merge = merge.map(|m| (m, plan.passes.len()));
-                order = self.start_order_scan(&table.keys, &plan.key_words(), n, merge)?;
+                let distinct = plan.switches.few_distinct.is_some_and(|rows| n >= rows);
+                order = self.start_order_scan(&table.keys, &plan.key_words(), n, merge, distinct)?;
             }
             strategy = self.strategy_run(table, plan)?;
-            perm = match self.run_sort(table, plan, strategy, &mut order)? {
+            perm = match self.run_sort(table, plan, strategy, &mut order, &[])? {
                 Passes::Ran(perm) => perm,
                 Passes::Skipped(InputOrder::Sorted) => None,
                 Passes::Skipped(InputOrder::Runs(_)) => {
@@ -54,7 +56,11 @@ impl Gpu {
                     merged_runs = runs.len();
                     Some(self.merge_table(table, plan, &runs, method)?)
                 }
-                Passes::Skipped(_) => self.reverse_table(table, plan.want_perm)?,
+                Passes::Skipped(InputOrder::FewDistinct(_)) => {
+                    strategy = Strategy::new(Algorithm::Srts, plan.strategy.record_move);
+                    self.sort_by_ranks(table, plan, &order)?
+                }
+                Passes::Skipped(InputOrder::Reversed) => self.reverse_table(table, plan.want_perm)?,
             };
         }
         if plan.want_perm && perm.is_none() {
@@ -88,6 +94,42 @@ impl Gpu {
             self.gather_payload(table, &perm, pack)?;
         }
         Ok(perm)
+    }
+
+    /// Sorts `table`, whose keys `order` found to be few distinct values, by one stable 8-bit
+    /// pass (SRTS, one sweep where it fits) over each row's rank among them, appended as a key
+    /// word of its own: ranks order the rows as their keys do. The key words move with the
+    /// rows where `plan` keeps them; the payload as the plan's strategy says. Returns the
+    /// permutation when the row index moved.
+    fn sort_by_ranks(
+        &self,
+        table: &mut DeviceTable,
+        plan: &GpuSortPlan,
+        order: &OrderScan<'_>,
+    ) -> Result<Option<CudaSlice<u32>>> {
+        let words = plan.key_words();
+        let ranks = order.rank_keys(&table.keys, &words, table.num_rows)?;
+        let rank_word = table.keys.len();
+        table.keys.push(ranks);
+        let by_ranks = GpuSortPlan {
+            strategy: Strategy::new(Algorithm::Srts, plan.strategy.record_move),
+            passes: vec![RadixPass {
+                word: rank_word,
+                shift: 0,
+                bits: 8,
+            }],
+            keep_keys: false,
+            sorted_runs: vec![],
+            ..plan.clone()
+        };
+        let carried = if plan.keep_keys { words } else { vec![] };
+        let ran = self.run_sort(table, &by_ranks, by_ranks.strategy, &mut OrderScan::off(), &carried);
+        // The ranks go, whether or not the pass ran.
+        table.keys.truncate(rank_word);
+        match ran? {
+            Passes::Ran(perm) => Ok(perm),
+            Passes::Skipped(_) => unreachable!("no order scan ran"),
+        }
     }
 
     /// How `plan`'s sorted runs of `n` rows are merged, when they are: by the switches' method
@@ -171,13 +213,15 @@ impl Gpu {
 
     /// The passes of `strategy` (what [`Self::strategy_run`] says runs `plan`), then the
     /// gathers; returns the permutation when the row index moved, or, with nothing moved, the
-    /// order `order` found the rows in.
+    /// order `order` found the rows in. The key words `carried` (no pass reads them) move with
+    /// the rows through the LSD passes.
     fn run_sort(
         &self,
         table: &mut DeviceTable,
         plan: &GpuSortPlan,
         strategy: Strategy,
         order: &mut OrderScan<'_>,
+        carried: &[usize],
     ) -> Result<Passes> {
         let direct = plan.strategy.record_move == RecordMove::Direct;
         // The MSD and sample sorts move ByField columns directly but gather Hybrid records once.
@@ -192,7 +236,7 @@ impl Gpu {
                 strategy,
                 ..plan.clone()
             };
-            self.run_passes(table, &plan, direct, needs_index, order)?
+            self.run_passes(table, &plan, direct, needs_index, order, carried)?
         };
         let perm = match passes {
             Passes::Ran(perm) => perm,

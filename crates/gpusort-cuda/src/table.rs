@@ -93,6 +93,10 @@ pub struct SortSwitches {
     pub msd_max_bits: u32,
     /// One read of the key first finds input already in order or reversed (`presorted.rs`).
     pub presorted: bool,
+    /// From how many rows the scan also looks for few distinct keys, sorted by one pass over
+    /// their ranks (`presorted.rs`; `None`: never; the options' default is
+    /// [`DISTINCT_MIN_ROWS`](crate::DISTINCT_MIN_ROWS)).
+    pub few_distinct: Option<usize>,
     /// How a plan's sorted runs ([`GpuSortPlan::sorted_runs`]) are merged; `None`: they are
     /// radix-sorted like any rows.
     pub merge: Option<MergeMethod>,
@@ -100,7 +104,7 @@ pub struct SortSwitches {
 
 impl SortSwitches {
     /// The settings `options` give a sort (`GPUSORT_ONESWEEP`, `GPUSORT_PAIR_LANES`,
-    /// `GPUSORT_MSD_BITS`, `GPUSORT_PRESORTED`), block-local MSD sorts of up to [`MSD_LOCAL_CAP`] rows.
+    /// `GPUSORT_MSD_BITS`, `GPUSORT_PRESORTED`, `GPUSORT_FEW_DISTINCT`), block-local MSD sorts of up to [`MSD_LOCAL_CAP`] rows.
     pub fn new(options: &GpuOptions) -> Self {
         Self {
             onesweep: options.onesweep,
@@ -108,6 +112,7 @@ impl SortSwitches {
             msd_local_rows: MSD_LOCAL_CAP,
             msd_max_bits: options.msd_max_bits,
             presorted: options.presorted,
+            few_distinct: options.few_distinct.then_some(crate::DISTINCT_MIN_ROWS),
             merge: options.merge,
         }
     }
@@ -167,6 +172,7 @@ mod tests {
                 msd_local_rows: MSD_LOCAL_CAP,
                 msd_max_bits: 5,
                 presorted: true,
+                few_distinct: Some(crate::DISTINCT_MIN_ROWS),
                 merge: Some(MergeMethod::Tree),
             }
         );

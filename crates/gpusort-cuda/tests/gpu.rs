@@ -29,7 +29,7 @@ use arrow::datatypes::{DataType, Field, Schema};
 use cudarc::driver::CudaSlice;
 use gpusort::plan::{InputOrder, RadixPass, Strategy, radix_passes, varying_bits};
 use gpusort::{CpuBackend, EncoderOptions, KeyEncoder, SortBackend, SortKey, SortRequest, SortSpec, SplitOptions};
-use gpusort_cuda::kernels::MERGE_TILE;
+use gpusort_cuda::kernels::{DISTINCT_SAMPLE, MERGE_TILE};
 use gpusort_cuda::{
     CudaBackend, DeviceColumn, DeviceRecords, DeviceTable, DeviceTies, Gpu, GpuOptions, GpuSortPlan, KernelCache,
     MergeMethod, MultiGpuBackend, SortSwitches, odd_even_applies,
@@ -437,6 +437,96 @@ fn engine_presorted_input() {
     let keys = keys_of(&mut rng, 70_000, 2, "reverse");
     check_engine_keys_only(gpu, &keys, Strategy::SRTS_DIRECT, 8, "reversed keys only");
     check_engine_keys_only(gpu, &keys, Strategy::MSD_DIRECT, 8, "reversed keys only");
+}
+
+/// The words of 64-bit keys, most significant first.
+fn words_of_u64(keys: &[u64]) -> Vec<Vec<u32>> {
+    vec![
+        keys.iter().map(|k| (k >> 32) as u32).collect(),
+        keys.iter().map(|&k| k as u32).collect(),
+    ]
+}
+
+/// Keys of few distinct values (at most 256, of one or two words) are sorted by one pass over
+/// each row's rank among them, where the sample found them all; every strategy (the pass is
+/// SRTS's whatever the plan), ByField columns of every width and Hybrid records, keys kept or
+/// not, the permutation or none. Where a value is missing from the sample, or there are more than
+/// 256, or the key has three words, or the switch is off, the rows take the passes.
+#[test]
+fn engine_few_distinct_keys() {
+    let Some(b) = backend() else { return };
+    let gpu = b.gpu();
+    let mut rng = SmallRng::seed_from_u64(44);
+    let n = gpusort_cuda::DISTINCT_MIN_ROWS + 3;
+    // Values spread over the whole 64 bits, the largest (all ones) and 0 among them.
+    let pick = |rng: &mut SmallRng, k: usize| -> Vec<u64> {
+        let mut v: Vec<u64> = (0..k).map(|_| rng.random()).collect();
+        v[0] = u64::MAX;
+        if k > 1 {
+            v[1] = 0;
+        }
+        v
+    };
+    for (k, hybrid) in [(16, false), (3, false), (2, true), (200, false), (256, true)] {
+        let values = pick(&mut rng, k);
+        let mut keys: Vec<u64> = (0..n).map(|_| values[rng.random_range(0..k)]).collect();
+        // Every value where the sample looks, so that it finds them all.
+        for s in 0..DISTINCT_SAMPLE {
+            keys[s * n / DISTINCT_SAMPLE] = values[s % k];
+        }
+        let want = InputOrder::FewDistinct(k);
+        let mut c = case(&mut rng, n, 1, "random", hybrid);
+        c.keys = words_of_u64(&keys);
+        for strategy in Strategy::ALL {
+            let what = format!("{k} distinct, hybrid {hybrid}, {strategy}");
+            assert_eq!(check_engine(gpu, &c, strategy, 8, &what), Some(want), "{what}");
+        }
+    }
+    // One word, three values, ByField u32 and u64 columns; keys only.
+    let keys: Vec<u32> = (0..n).map(|_| [7u32, 0, u32::MAX][rng.random_range(0..3)]).collect();
+    let c = case_with_columns(&mut rng, vec![keys.clone()], &[4, 8]);
+    for strategy in [Strategy::SRTS_DIRECT, Strategy::GRS_INDIRECT, Strategy::MSD_DIRECT] {
+        let what = format!("3 distinct u32, {strategy}");
+        assert_eq!(check_engine(gpu, &c, strategy, 8, &what), Some(InputOrder::FewDistinct(3)), "{what}");
+        check_engine_keys_only(gpu, std::slice::from_ref(&keys), strategy, 8, &what);
+    }
+    // Where the rows take the passes: a value the sample cannot see (row 1 lies between its
+    // rows), 257 values, three varying words, the switch off.
+    let mut keys: Vec<u64> = (0..n).map(|_| rng.random_range(0..15u64) << 40).collect();
+    keys[1] = 99;
+    let unseen = case_with_columns(&mut rng, words_of_u64(&keys), &[4]);
+    let values = pick(&mut rng, 257);
+    let keys: Vec<u64> = (0..n).map(|_| values[rng.random_range(0..257)]).collect();
+    let many = case_with_columns(&mut rng, words_of_u64(&keys), &[4]);
+    let mut three = case_with_columns(&mut rng, words_of_u64(&keys), &[4]);
+    three.keys.push((0..n).map(|_| rng.random_range(0..2)).collect());
+    let off = SortSwitches {
+        few_distinct: None,
+        ..gpu.sort_switches()
+    };
+    let twelve = case_with_columns(&mut rng, words_of_u64(&keys.iter().map(|k| k % 12).collect::<Vec<_>>()), &[4]);
+    for (c, switches, what) in [
+        (&unseen, gpu.sort_switches(), "a value missing from the sample"),
+        (&many, gpu.sort_switches(), "257 distinct"),
+        (&three, gpu.sort_switches(), "three key words"),
+        (&twelve, off, "12 distinct, the switch off"),
+    ] {
+        for strategy in [Strategy::SRTS_DIRECT, Strategy::SRTS_INDIRECT] {
+            let what = format!("{what}, {strategy}");
+            assert_eq!(check_engine_with(gpu, c, strategy, 8, switches, &what), None, "{what}");
+        }
+    }
+    // Below the switch's rows, nothing is looked for; at them, it is.
+    let small = case_with_columns(&mut rng, twelve.keys.iter().map(|w| w[..5000].to_vec()).collect(), &[4]);
+    let from = |rows| SortSwitches {
+        few_distinct: Some(rows),
+        ..gpu.sort_switches()
+    };
+    assert_eq!(check_engine_with(gpu, &small, Strategy::SRTS_DIRECT, 8, from(5001), "5000 rows"), None);
+    assert_eq!(
+        check_engine_with(gpu, &small, Strategy::SRTS_DIRECT, 8, from(5000), "5000 rows"),
+        Some(InputOrder::FewDistinct(12))
+    );
 }
 
 /// Each run's rows of `keys` (runs of `runs` rows, one after the other) sorted by the key.
@@ -1382,6 +1472,18 @@ fn sanitize_every_kernel() {
         let c = case(&mut rng, rows, 2, kind, hybrid);
         check_engine(gpu, &c, Strategy::SRTS_INDIRECT, 8, &format!("sanitize {kind} {rows}"));
     }
+    // Few distinct keys (distinct_sample, distinct_ranks), direct and indirect, and a key the
+    // sample misses (the check stops every thread).
+    let low = SortSwitches {
+        few_distinct: Some(2),
+        ..gpu.sort_switches()
+    };
+    let mut c = case(&mut rng, n, 2, "low", true);
+    c.keys[1].fill(0);
+    check_engine_with(gpu, &c, Strategy::SRTS_DIRECT, 8, low, "sanitize few distinct");
+    check_engine_with(gpu, &c, Strategy::MSD_INDIRECT, 8, low, "sanitize few distinct");
+    c.keys[1][1] = 1 << 30;
+    check_engine_with(gpu, &c, Strategy::SRTS_DIRECT, 8, low, "sanitize a key the sample misses");
     // An even row count: the indirect gathers go through packed rows (pack_rows, gather_unpack).
     let c = case(&mut rng, n + 1, 2, "random", false);
     check_engine(gpu, &c, Strategy::GRS_INDIRECT, 8, "sanitize packed gathers");
