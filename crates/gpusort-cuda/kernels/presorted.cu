@@ -189,12 +189,15 @@ __device__ __forceinline__ u64 distinct_key(const u32* hi, const u32* lo, size_t
     return lo ? ((u64)hi[i] << 32) | lo[i] : (u64)hi[i];
 }
 
-// The keys of DISTINCT_SAMPLE rows spread evenly over the n rows, hashed into shared memory by
-// one block of DISTINCT_BLOCK threads. With at most DISTINCT_MAX distinct among them it writes
+// Where order_scan stopped (counts[3]), the keys of DISTINCT_SAMPLE rows spread evenly over the
+// n rows, hashed into shared memory by one block of DISTINCT_BLOCK threads. With at most DISTINCT_MAX distinct among them it writes
 // them in ascending order to `dict` and their number to counts[SCAN_DISTINCT]; else it leaves
 // that word 0 (the host zeroes it first), and so does every block of distinct_ranks.
 extern "C" __global__ void __launch_bounds__(DISTINCT_BLOCK)
     distinct_sample(u32 n, const u32* hi, const u32* lo, u64* dict, u64* counts) {
+    // Where order_scan did not stop, it finds the rows sorted, reversed or in runs (or, rarely,
+    // in no order it takes); few distinct keys are looked for only where it stopped.
+    if (counts[3] == 0) return;
     // A slot holds EMPTY or a key; the key EMPTY itself is counted by a flag of its own.
     const u64 EMPTY = ~0ull;
     __shared__ u64 slots[DISTINCT_SLOTS];

@@ -1299,7 +1299,13 @@ mod tests {
             ("keys.cu", &["key_bounds", "encode_keys"]),
             (
                 "presorted.cu",
-                &["order_scan", "reverse_lanes", "reverse_iota", "distinct_sample", "distinct_ranks"],
+                &[
+                    "order_scan",
+                    "reverse_lanes",
+                    "reverse_iota",
+                    "distinct_sample",
+                    "distinct_ranks",
+                ],
             ),
             (
                 "ties.cu",

@@ -12,10 +12,12 @@ use std::time::{Duration, Instant};
 
 use crate::gather::gather_bytes_per_row;
 
-/// Device bytes a sort of `n` rows holds at its peak: both buffers of the varying key words,
-/// and either both buffers of every moved column (direct) or the columns, both buffers of the
-/// row index and what the gathers hold beyond the columns (indirect, [`gather_bytes_per_row`]:
-/// the widest column, or with `pack` the widest packed group), plus scratch.
+/// Device bytes a sort of `n` rows holds at its peak: both buffers of the varying key words
+/// (and, for a key of at most two, a word a row for the ranks of few distinct keys,
+/// `presorted.rs`), and either both buffers of every moved column (direct) or the columns,
+/// both buffers of the row index and what the gathers hold beyond the columns (indirect,
+/// [`gather_bytes_per_row`]: the widest column, or with `pack` the widest packed group), plus
+/// scratch.
 pub(crate) fn device_bytes_needed(
     n: usize,
     key_words: usize,
@@ -24,7 +26,8 @@ pub(crate) fn device_bytes_needed(
     direct: bool,
     pack: bool,
 ) -> usize {
-    let keys = 2 * key_words * 4 * n;
+    let ranks = if key_words <= 2 { 4 * n } else { 0 };
+    let keys = 2 * key_words * 4 * n + ranks;
     let columns: usize = widths.iter().sum::<usize>() * n + nullable * n.div_ceil(8);
     let records = if direct {
         2 * columns + 2 * nullable.div_ceil(32) * 4 * n

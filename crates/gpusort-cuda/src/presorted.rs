@@ -8,12 +8,13 @@
 //! order; this check costs one read of the key words.
 //!
 //! **Few distinct keys** (keys of at most two words, at most [`DISTINCT_MAX`] distinct, like
-//! the CPU backend's `gpusort::cpu::presorted`): beside the scan, one block hashes a sample of
-//! the keys and, where it finds few distinct, a second read of the key checks that every key is
-//! among them. Where every key is, the sort writes each row's rank among them as a key word of
-//! its own and sorts by one 8-bit pass over it ([`Gpu::rank_keys`], `sort.rs`): a stable
-//! counting sort in one pass instead of a pass per byte of the key. A key the sample missed
-//! sends the rows to the passes. Reversed input with equal neighbours takes the passes.
+//! the CPU backend's `gpusort::cpu::presorted`): beside the scan, where it stopped (the rows
+//! are in no order it finds), one block hashes a sample of the keys and, where it finds few
+//! distinct, a second read of the key writes each row's rank among them. Where every key was
+//! among them, the ranks become a key word of their own, and one stable 8-bit pass over it sorts
+//! the rows (`Gpu::sort_by_ranks`, `sort.rs`): a counting sort in one pass instead of a pass per
+//! byte of the key. A key the sample missed stops that read and sends the rows to the passes.
+//! Reversed input with equal neighbours takes the passes.
 //!
 //! The scan is off the sort's critical path: [`Gpu::start_order_scan`] enqueues it (its counts
 //! zeroed by an async memset in a buffer the [`Gpu`] keeps, then copied into pinned host memory
@@ -34,9 +35,8 @@ use gpusort::plan::InputOrder;
 use crate::error::Result;
 use crate::gpu::{Gpu, rows_u32};
 use crate::kernels::{
-    Kernels,
-    DISTINCT_BLOCK, DISTINCT_MAX, ORDER_SCAN_MAX_DESCENTS, ORDER_SCAN_MAX_WORDS, REVERSE_ITEMS, REVERSE_MAX_LANES,
-    SCAN_DISTINCT, SCAN_MISSING,
+    DISTINCT_BLOCK, DISTINCT_MAX, Kernels, ORDER_SCAN_MAX_DESCENTS, ORDER_SCAN_MAX_WORDS, REVERSE_ITEMS,
+    REVERSE_MAX_LANES, SCAN_DISTINCT, SCAN_MISSING,
 };
 use crate::merge::{MergeMethod, merge_pays};
 use crate::table::DeviceTable;
@@ -172,9 +172,9 @@ pub(crate) enum Passes {
 pub(crate) struct OrderScan<'a> {
     /// The scan not yet waited for.
     pending: Option<(&'a Gpu, ScanBufs)>,
-    /// The scan's buffers once it found few distinct keys: their dictionary, for
-    /// [`Self::rank_keys`].
-    distinct: Option<(&'a Gpu, ScanBufs)>,
+    /// Each row's rank among the sample's distinct keys, where they were looked for
+    /// ([`Self::take_ranks`]).
+    ranks: Option<CudaSlice<u32>>,
     /// Rows scanned, and how runs would be merged with the radix passes they save (`None`:
     /// runs are not merged).
     n: usize,
@@ -190,7 +190,7 @@ impl OrderScan<'_> {
     pub(crate) fn off() -> Self {
         Self {
             pending: None,
-            distinct: None,
+            ranks: None,
             n: 0,
             merge: None,
             found: None,
@@ -221,42 +221,25 @@ impl OrderScan<'_> {
                 }
             }
             if self.found.is_none()
+                && self.ranks.is_some()
                 && let Some(k) = distinct_of(counts)
             {
                 self.found = Some(InputOrder::FewDistinct(k));
-                self.distinct = Some((gpu, bufs));
-            } else {
-                gpu.scan_bufs.put(bufs);
             }
+            if !matches!(self.found, Some(InputOrder::FewDistinct(_))) {
+                self.ranks = None;
+            }
+            gpu.scan_bufs.put(bufs);
         }
         Ok(self.found)
     }
 
-    /// Each row's rank among the few distinct keys [`Self::settle`] found (`FewDistinct`), as
-    /// one word a row: the `words` of `keys` that the scan read (at most two).
-    pub(crate) fn rank_keys(&self, keys: &[CudaSlice<u32>], words: &[usize], n: usize) -> Result<CudaSlice<u32>> {
-        let (gpu, bufs) = self
-            .distinct
-            .as_ref()
-            .expect("ranks are asked for only where few distinct keys were found");
-        let s = &gpu.stream;
-        let ranks = gpu.alloc_words(n)?;
-        let (hi, lo) = distinct_words(keys, words, s);
-        let (dict, counts, out) = (bufs.dict.device_ptr(s).0, bufs.counts.device_ptr(s).0, ranks.device_ptr(s).0);
-        let n32 = rows_u32(n)?;
-        // SAFETY: `hi` (and `lo` unless 0) hold n words; `dict` the sample's distinct keys,
-        // `counts` SCAN_WORDS words; `ranks` n words.
-        unsafe {
-            s.launch_builder(&gpu.kernels()?.distinct_ranks)
-                .arg(&n32)
-                .arg(&hi)
-                .arg(&lo)
-                .arg(&dict)
-                .arg(&counts)
-                .arg(&out)
-                .launch(gpu.grid_for(n))?
-        };
-        Ok(ranks)
+    /// Each row's rank among the few distinct keys [`Self::settle`] found (`FewDistinct`), one
+    /// word a row.
+    pub(crate) fn take_ranks(&mut self) -> CudaSlice<u32> {
+        self.ranks
+            .take()
+            .expect("ranks are taken only where few distinct keys were found")
     }
 
     /// The runs found and how to merge them, once [`Self::settle`] found `Runs`.
@@ -272,9 +255,8 @@ impl OrderScan<'_> {
 
 impl Drop for OrderScan<'_> {
     fn drop(&mut self) {
-        // Never waited for (an error on the way), or ranks read from its dictionary: the next
-        // scan's work follows theirs on the stream.
-        for (gpu, bufs) in [self.pending.take(), self.distinct.take()].into_iter().flatten() {
+        // Never waited for (an error on the way): the next scan's work follows it on the stream.
+        if let Some((gpu, bufs)) = self.pending.take() {
             gpu.scan_bufs.put(bufs);
         }
     }
@@ -315,6 +297,10 @@ impl Gpu {
             *p = keys[w].device_ptr(s).0;
         }
         let kernels = self.kernels()?;
+        let ranks = match distinct && words.len() <= 2 {
+            true => Some(self.alloc_words(n)?),
+            false => None,
+        };
         let mut bufs = self.scan_bufs.take(self)?;
         s.memset_zeros(&mut bufs.counts)?;
         let (counts_p, nwords) = (bufs.counts.device_ptr(s).0, words.len() as u32);
@@ -330,9 +316,9 @@ impl Gpu {
                 .arg(&descents_p)
                 .launch(self.grid_for(n))
         };
-        let launched = launched.and_then(|_| match distinct && words.len() <= 2 {
-            true => self.launch_distinct(kernels, keys, words, n32, &bufs),
-            false => Ok(()),
+        let launched = launched.and_then(|_| match &ranks {
+            Some(r) => self.launch_distinct(kernels, keys, words, n32, &bufs, r.device_ptr(s).0),
+            None => Ok(()),
         });
         // The copy goes straight to the pinned words (no wait on, nor record of, their own
         // event: `arrived` stands for it).
@@ -352,7 +338,7 @@ impl Gpu {
         }
         Ok(OrderScan {
             pending: Some((self, bufs)),
-            distinct: None,
+            ranks,
             n,
             merge,
             found: None,
@@ -360,9 +346,9 @@ impl Gpu {
         })
     }
 
-    /// The sample of the keys' distinct values (`distinct_sample`, one block) and the check of
-    /// every key against them (`distinct_ranks` without ranks), into `bufs`' counts and
-    /// dictionary.
+    /// The sample of the keys' distinct values (`distinct_sample`, one block) into `bufs`'
+    /// dictionary, and every key's rank among them (`distinct_ranks`) into `ranks` (n words),
+    /// where they are few; whether they are, and any key missing, in `bufs`' counts.
     fn launch_distinct(
         &self,
         kernels: &Kernels,
@@ -370,17 +356,18 @@ impl Gpu {
         words: &[usize],
         n32: u32,
         bufs: &ScanBufs,
+        ranks: u64,
     ) -> std::result::Result<(), DriverError> {
         let s = &self.stream;
         let (hi, lo) = distinct_words(keys, words, s);
-        let (dict, counts, none) = (bufs.dict.device_ptr(s).0, bufs.counts.device_ptr(s).0, 0u64);
+        let (dict, counts) = (bufs.dict.device_ptr(s).0, bufs.counts.device_ptr(s).0);
         let one = LaunchConfig {
             grid_dim: (1, 1, 1),
             block_dim: (DISTINCT_BLOCK, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: `hi` (and `lo` unless 0) hold n words; `dict` DISTINCT_MAX keys, `counts`
-        // SCAN_WORDS words; no ranks are written (a null pointer).
+        // SCAN_WORDS words, `ranks` n words.
         unsafe {
             s.launch_builder(&kernels.distinct_sample)
                 .arg(&n32)
@@ -395,7 +382,7 @@ impl Gpu {
                 .arg(&lo)
                 .arg(&dict)
                 .arg(&counts)
-                .arg(&none)
+                .arg(&ranks)
                 .launch(self.grid_for(n32 as usize))?;
         }
         Ok(())

@@ -58,7 +58,7 @@ impl Gpu {
                 }
                 Passes::Skipped(InputOrder::FewDistinct(_)) => {
                     strategy = Strategy::new(Algorithm::Srts, plan.strategy.record_move);
-                    self.sort_by_ranks(table, plan, &order)?
+                    self.sort_by_ranks(table, plan, order.take_ranks())?
                 }
                 Passes::Skipped(InputOrder::Reversed) => self.reverse_table(table, plan.want_perm)?,
             };
@@ -96,19 +96,18 @@ impl Gpu {
         Ok(perm)
     }
 
-    /// Sorts `table`, whose keys `order` found to be few distinct values, by one stable 8-bit
-    /// pass (SRTS, one sweep where it fits) over each row's rank among them, appended as a key
-    /// word of its own: ranks order the rows as their keys do. The key words move with the
+    /// Sorts `table`, whose keys are few distinct values, by one stable 8-bit pass (SRTS, one
+    /// sweep where it fits) over `ranks`, each row's rank among them, appended as a key word of
+    /// its own: ranks order the rows as their keys do. The key words move with the
     /// rows where `plan` keeps them; the payload as the plan's strategy says. Returns the
     /// permutation when the row index moved.
     fn sort_by_ranks(
         &self,
         table: &mut DeviceTable,
         plan: &GpuSortPlan,
-        order: &OrderScan<'_>,
+        ranks: CudaSlice<u32>,
     ) -> Result<Option<CudaSlice<u32>>> {
         let words = plan.key_words();
-        let ranks = order.rank_keys(&table.keys, &words, table.num_rows)?;
         let rank_word = table.keys.len();
         table.keys.push(ranks);
         let by_ranks = GpuSortPlan {

@@ -487,7 +487,11 @@ fn engine_few_distinct_keys() {
     let c = case_with_columns(&mut rng, vec![keys.clone()], &[4, 8]);
     for strategy in [Strategy::SRTS_DIRECT, Strategy::GRS_INDIRECT, Strategy::MSD_DIRECT] {
         let what = format!("3 distinct u32, {strategy}");
-        assert_eq!(check_engine(gpu, &c, strategy, 8, &what), Some(InputOrder::FewDistinct(3)), "{what}");
+        assert_eq!(
+            check_engine(gpu, &c, strategy, 8, &what),
+            Some(InputOrder::FewDistinct(3)),
+            "{what}"
+        );
         check_engine_keys_only(gpu, std::slice::from_ref(&keys), strategy, 8, &what);
     }
     // Where the rows take the passes: a value the sample cannot see (row 1 lies between its
@@ -504,7 +508,11 @@ fn engine_few_distinct_keys() {
         few_distinct: None,
         ..gpu.sort_switches()
     };
-    let twelve = case_with_columns(&mut rng, words_of_u64(&keys.iter().map(|k| k % 12).collect::<Vec<_>>()), &[4]);
+    let twelve = case_with_columns(
+        &mut rng,
+        words_of_u64(&keys.iter().map(|k| k % 12).collect::<Vec<_>>()),
+        &[4],
+    );
     for (c, switches, what) in [
         (&unseen, gpu.sort_switches(), "a value missing from the sample"),
         (&many, gpu.sort_switches(), "257 distinct"),
@@ -522,7 +530,10 @@ fn engine_few_distinct_keys() {
         few_distinct: Some(rows),
         ..gpu.sort_switches()
     };
-    assert_eq!(check_engine_with(gpu, &small, Strategy::SRTS_DIRECT, 8, from(5001), "5000 rows"), None);
+    assert_eq!(
+        check_engine_with(gpu, &small, Strategy::SRTS_DIRECT, 8, from(5001), "5000 rows"),
+        None
+    );
     assert_eq!(
         check_engine_with(gpu, &small, Strategy::SRTS_DIRECT, 8, from(5000), "5000 rows"),
         Some(InputOrder::FewDistinct(12))
@@ -1483,7 +1494,14 @@ fn sanitize_every_kernel() {
     check_engine_with(gpu, &c, Strategy::SRTS_DIRECT, 8, low, "sanitize few distinct");
     check_engine_with(gpu, &c, Strategy::MSD_INDIRECT, 8, low, "sanitize few distinct");
     c.keys[1][1] = 1 << 30;
-    check_engine_with(gpu, &c, Strategy::SRTS_DIRECT, 8, low, "sanitize a key the sample misses");
+    check_engine_with(
+        gpu,
+        &c,
+        Strategy::SRTS_DIRECT,
+        8,
+        low,
+        "sanitize a key the sample misses",
+    );
     // An even row count: the indirect gathers go through packed rows (pack_rows, gather_unpack).
     let c = case(&mut rng, n + 1, 2, "random", false);
     check_engine(gpu, &c, Strategy::GRS_INDIRECT, 8, "sanitize packed gathers");

@@ -20,12 +20,12 @@ pub mod gather;
 pub mod gather_parts;
 pub(crate) mod presorted;
 
-/// The most ascending runs that count as presorted input, merged instead of sorted (the GPU
-/// backend's order scan records as many run starts).
-pub use presorted::MAX_RUNS as PRESORTED_MAX_RUNS;
 /// The most distinct keys (of at most 64 bits) that count as few, counted instead of sorted
 /// (the GPU backend's limit too).
 pub use presorted::MAX_DISTINCT as PRESORTED_MAX_DISTINCT;
+/// The most ascending runs that count as presorted input, merged instead of sorted (the GPU
+/// backend's order scan records as many run starts).
+pub use presorted::MAX_RUNS as PRESORTED_MAX_RUNS;
 pub(crate) mod radix;
 
 use std::sync::Arc;
