@@ -21,7 +21,7 @@
 //! | [`sample`] | `sample.cu` | sample sort: splitters, buckets, levels; its moves are the MSD hybrid's |
 //! | [`gather`] | `gather.cu` | the indirect strategy's gathers, validity bits, device copies |
 //! | [`encode`] | `keys.cu` | sort keys encoded on the device |
-//! | `presorted` | `presorted.cu` | input already in order or reversed, found in one read of the key |
+//! | `presorted` | `presorted.cu` | input already in order, reversed or of few distinct keys, found in one read of the key |
 //! | `merge` | `merge.cu` | sorted runs merged (a tree of merge-path merges, or the paper's odd-even merge-split) instead of radix-sorted |
 //! | `ties` | `ties.cu` | rows tied on a truncated string prefix, ordered on the device by their following bytes |
 //! | `sort` | — | [`Gpu::sort`]: a plan's passes, then its gathers |
