@@ -9,15 +9,22 @@
 //   most significant), counting the rows whose key is smaller than the previous row's
 //   (descents), greater (ascents) and equal. No descents: the input is sorted and stays where it
 //   is. No ascents and no equal neighbours: it is strictly decreasing, and the sorted order is
-//   the rows reversed (stable, as no two keys are equal). The first ORDER_SCAN_MAX_DESCENTS
-//   descents also record where they are: with no more than that, the rows are that many + 1
-//   ascending runs, which the host merges (merge.cu, seed 003) instead of sorting. A warp that
-//   sees both a descent and an ascent (or an equal pair) once more descents than that are
-//   recorded raises a flag that stops every thread.
+//   the rows reversed (stable, as no two keys are equal). No ascents but equal neighbours: it is
+//   non-increasing, and the sorted order is its groups of equal keys reversed, each group's rows
+//   kept in input order (reverse_groups). The first ORDER_SCAN_MAX_DESCENTS descents also
+//   record where they are: with no more than that, the rows are that many + 1 ascending runs,
+//   which the host merges (merge.cu, seed 003) instead of sorting. A warp that sees both a
+//   descent and an ascent once more descents than that are recorded raises a flag that stops
+//   every thread.
 // * reverse_lanes: rows i and n - 1 - i swapped in place for i < n / 2, in every lane of the
 //   table at once (key words, columns and Hybrid records alike, `width` bytes a row; the lane
 //   is blockIdx.y); each thread loads REVERSE_ITEMS rows and their mirrors before it stores;
 // * reverse_iota: the permutation of reversed rows, n - 1 - i;
+// * reverse_groups: for non-increasing keys, the permutation that puts the groups of equal keys
+//   in reverse order and keeps each group's rows in input order: row i of the group [s, e)
+//   goes to n - e + (i - s). A block takes a tile of REVERSE_GROUPS_TILE rows: the group starts
+//   inside it by block-wide scans of the rows where the key changes, the groups cut by its
+//   edges by a binary search each;
 // * distinct_sample and distinct_ranks: few distinct keys (at most DISTINCT_MAX, keys of at most
 //   two words). One block hashes the keys of DISTINCT_SAMPLE rows spread over the input in
 //   shared memory; with at most DISTINCT_MAX distinct it writes them sorted (the dictionary).
@@ -32,7 +39,7 @@
 // The most key words order_scan compares (a longer key takes the radix passes unscanned); the
 // host defines it (kernels.rs SHARED_CONSTANTS).
 #if !defined(ORDER_SCAN_MAX_WORDS) || !defined(ORDER_SCAN_MAX_DESCENTS) || !defined(REVERSE_MAX_LANES) || \
-    !defined(REVERSE_ITEMS) || !defined(DISTINCT_MAX) || !defined(DISTINCT_SAMPLE) || !defined(DISTINCT_SLOTS) || \
+    !defined(REVERSE_ITEMS) || !defined(REVERSE_GROUPS_BLOCK) || !defined(REVERSE_GROUPS_IPT) || !defined(DISTINCT_MAX) || !defined(DISTINCT_SAMPLE) || !defined(DISTINCT_SLOTS) || \
     !defined(DISTINCT_BLOCK) || !defined(SCAN_DISTINCT) || !defined(SCAN_MISSING)
 #error "the order scan's, the reversal's and the distinct keys' constants come from the host"
 #endif
@@ -82,10 +89,11 @@ extern "C" __global__ void order_scan(u32 n, ScanWords words, u32 nwords, u64* c
             over = base + __popc(descending) > ORDER_SCAN_MAX_DESCENTS;
         }
         // The warp decides together: unordered as soon as any lane saw a descent and any lane
-        // an ascent or an equal pair, past the descents recorded, or another warp said so.
+        // an ascent, past the descents recorded, or another warp said so (equal neighbours
+        // beside descents alone are non-increasing input, which reverse_groups sorts).
         const bool any_desc = __any_sync(FULL_MASK, desc > 0);
-        const bool any_other = __any_sync(FULL_MASK, asc > 0 || eq > 0);
-        if (any_desc && any_other && over) {
+        const bool any_asc = __any_sync(FULL_MASK, asc > 0);
+        if (any_desc && any_asc && over) {
             if (lane == 0) *stop = 1;
             return;
         }
@@ -286,5 +294,118 @@ extern "C" __global__ void distinct_ranks(u32 n, const u32* hi, const u32* lo, c
             return;
         }
         if ((iter & 15) == 15 && __any_sync(FULL_MASK, *missing != 0)) return;
+    }
+}
+
+// Row x's key against row y's: -1, 0 or 1 (the words of `words`, most significant first).
+__device__ __forceinline__ int scan_cmp(const ScanWords& words, u32 nwords, size_t x, size_t y) {
+#pragma unroll
+    for (u32 w = 0; w < ORDER_SCAN_MAX_WORDS; w++) {
+        if (w >= nwords) break;
+        const u32 a = words.w[w][x], b = words.w[w][y];
+        if (a != b) return a < b ? -1 : 1;
+    }
+    return 0;
+}
+
+// The first row of the group of equal keys that row `row` is in (keys non-increasing): a
+// gallop back from it, then a binary search; a short group costs a load or two.
+__device__ u32 group_start(const ScanWords& words, u32 nwords, u32 row) {
+    u32 a = row, bound = 0, step = 1;
+    while (a > 0) {
+        const u32 probe = a > step ? a - step : 0;
+        if (scan_cmp(words, nwords, probe, row) > 0) {
+            bound = probe + 1;
+            break;
+        }
+        a = probe;
+        step *= 2;
+    }
+    // The first row of [bound, a] not above row's key (row a has it).
+    u32 lo = bound, hi = a;
+    while (lo < hi) {
+        const u32 mid = lo + (hi - lo) / 2;
+        if (scan_cmp(words, nwords, mid, row) > 0) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+// The row after the last of the group of equal keys that row `row` is in (or n): a gallop
+// forward, then a binary search.
+__device__ u32 group_end(const ScanWords& words, u32 nwords, u32 n, u32 row) {
+    u32 a = row, bound = n, step = 1;
+    while (a + 1 < n) {
+        const u32 probe = (u32)min((u64)a + step, (u64)n - 1);
+        if (scan_cmp(words, nwords, probe, row) < 0) {
+            bound = probe;
+            break;
+        }
+        a = probe;
+        step *= 2;
+    }
+    // The first row of [a + 1, bound) below row's key, or bound (a row below it, or n).
+    u32 lo = a + 1, hi = bound;
+    while (lo < hi) {
+        const u32 mid = lo + (hi - lo) / 2;
+        if (scan_cmp(words, nwords, mid, row) < 0) hi = mid; else lo = mid + 1;
+    }
+    return lo;
+}
+
+// perm[n - e + (i - s)] = i for every row i of non-increasing keys, [s, e) the rows of i's key
+// (see the top). REVERSE_GROUPS_BLOCK threads, REVERSE_GROUPS_IPT consecutive rows each.
+extern "C" __global__ void __launch_bounds__(REVERSE_GROUPS_BLOCK)
+    reverse_groups(u32 n, ScanWords words, u32 nwords, u32* perm) {
+    // Per thread: the last group start among its rows (or 0), the first (or n).
+    __shared__ u32 last_start[REVERSE_GROUPS_BLOCK], first_start[REVERSE_GROUPS_BLOCK];
+    __shared__ u32 edge[2];
+    const u32 t0 = blockIdx.x * REVERSE_GROUPS_TILE;
+    const u32 t1 = min(t0 + REVERSE_GROUPS_TILE, n);
+    // The groups the tile's edges cut (two warps, beside the other threads' own rows).
+    if (threadIdx.x == 0) edge[0] = group_start(words, nwords, t0);
+    if (threadIdx.x == 32) edge[1] = group_end(words, nwords, n, t1 - 1);
+    const u32 r0 = t0 + threadIdx.x * REVERSE_GROUPS_IPT;
+    const u32 r1 = min(r0 + REVERSE_GROUPS_IPT, t1);
+    // Group starts among this thread's rows: rows (past t0) whose key differs from the row before.
+    u32 starts = 0, last = 0, first = n;
+    for (u32 r = max(r0, t0 + 1); r < r1; r++) {
+        if (scan_cmp(words, nwords, r - 1, r) != 0) {
+            starts |= 1u << (r - r0);
+            last = r;
+            first = min(first, r);
+        }
+    }
+    last_start[threadIdx.x] = last;
+    first_start[threadIdx.x] = first;
+    __syncthreads();
+    // Inclusive max-scan of the last starts and suffix min-scan of the first starts (Hillis and
+    // Steele over the block's threads).
+    for (u32 d = 1; d < REVERSE_GROUPS_BLOCK; d *= 2) {
+        const u32 l = threadIdx.x >= d ? last_start[threadIdx.x - d] : 0;
+        const u32 f = threadIdx.x + d < REVERSE_GROUPS_BLOCK ? first_start[threadIdx.x + d] : n;
+        __syncthreads();
+        last_start[threadIdx.x] = max(last_start[threadIdx.x], l);
+        first_start[threadIdx.x] = min(first_start[threadIdx.x], f);
+        __syncthreads();
+    }
+    if (r0 >= r1) return;
+    // The group start before this thread's rows, and the first start after them.
+    u32 s = max(threadIdx.x > 0 ? last_start[threadIdx.x - 1] : 0, edge[0]);
+    u32 after = threadIdx.x + 1 < REVERSE_GROUPS_BLOCK ? first_start[threadIdx.x + 1] : n;
+    if (after >= t1) after = edge[1];
+    // Each row's group end: the next start among its rows, else `after`.
+    u32 ends[REVERSE_GROUPS_IPT];
+    u32 e = after;
+#pragma unroll
+    for (int k = REVERSE_GROUPS_IPT - 1; k >= 0; k--) {
+        ends[k] = e;
+        if (starts >> k & 1) e = r0 + k;
+    }
+#pragma unroll
+    for (u32 k = 0; k < REVERSE_GROUPS_IPT; k++) {
+        const u32 r = r0 + k;
+        if (r >= r1) break;
+        if (starts >> k & 1) s = r;
+        perm[n - ends[k] + (r - s)] = r;
     }
 }

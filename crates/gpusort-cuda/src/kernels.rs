@@ -41,7 +41,9 @@ pub fn family_of(name: &str) -> &'static str {
         n if n.starts_with("onesweep_") => "onesweep.cu",
         n if n.starts_with("msd_") => "msd.cu",
         "key_bounds" | "encode_keys" => "keys.cu",
-        "order_scan" | "reverse_lanes" | "reverse_iota" | "distinct_sample" | "distinct_ranks" => "presorted.cu",
+        "order_scan" | "reverse_lanes" | "reverse_iota" | "reverse_groups" | "distinct_sample" | "distinct_ranks" => {
+            "presorted.cu"
+        }
         n if n.starts_with("ties_") => "ties.cu",
         n if n.starts_with("merge_") => "merge.cu",
         n if n.starts_with("sample_") => "sample.cu",
@@ -156,6 +158,9 @@ pub const SHARED_CONSTANTS: &[(&str, u64, bool)] = &[
     ("ORDER_SCAN_MAX_DESCENTS", ORDER_SCAN_MAX_DESCENTS as u64, false),
     ("REVERSE_MAX_LANES", REVERSE_MAX_LANES as u64, false),
     ("REVERSE_ITEMS", REVERSE_ITEMS as u64, true),
+    ("REVERSE_GROUPS_BLOCK", REVERSE_GROUPS_BLOCK as u64, false),
+    ("REVERSE_GROUPS_IPT", REVERSE_GROUPS_IPT as u64, false),
+    ("REVERSE_GROUPS_TILE", REVERSE_GROUPS_TILE as u64, true),
     ("DISTINCT_MAX", DISTINCT_MAX as u64, true),
     ("DISTINCT_SAMPLE", DISTINCT_SAMPLE as u64, true),
     ("DISTINCT_SLOTS", DISTINCT_SLOTS as u64, true),
@@ -208,6 +213,14 @@ pub(crate) const ORDER_SCAN_MAX_DESCENTS: usize = gpusort::cpu::PRESORTED_MAX_RU
 pub(crate) const REVERSE_MAX_LANES: usize = 16;
 /// Rows a thread of `reverse_lanes` swaps with their mirrors at once (`REVERSE_ITEMS`).
 pub(crate) const REVERSE_ITEMS: usize = 4;
+/// Threads of a `reverse_groups` block (`REVERSE_GROUPS_BLOCK`).
+pub(crate) const REVERSE_GROUPS_BLOCK: u32 = 256;
+/// Consecutive rows a `reverse_groups` thread takes (`REVERSE_GROUPS_IPT`, at most 32: a bit
+/// each in a word).
+pub(crate) const REVERSE_GROUPS_IPT: usize = 16;
+const _: () = assert!(REVERSE_GROUPS_IPT <= 32);
+/// Rows of a `reverse_groups` tile (`REVERSE_GROUPS_TILE`).
+pub(crate) const REVERSE_GROUPS_TILE: usize = REVERSE_GROUPS_BLOCK as usize * REVERSE_GROUPS_IPT;
 
 /// The most distinct keys a sort counts instead of sorting (`DISTINCT_MAX`): their rank is one
 /// 8-bit digit. The CPU backend's limit too.
@@ -757,6 +770,8 @@ pub struct Kernels {
     pub reverse_lanes: CudaFunction,
     /// n - 1, n - 2, ..., 0.
     pub reverse_iota: CudaFunction,
+    /// The permutation of non-increasing keys: groups of equal keys reversed, rows kept.
+    pub reverse_groups: CudaFunction,
     /// The distinct keys of a sample, sorted, where they are few.
     pub distinct_sample: CudaFunction,
     /// Every key looked up among the sample's distinct keys: found or not, and its rank.
@@ -899,6 +914,7 @@ impl Kernels {
             order_scan: f("order_scan")?,
             reverse_lanes: f("reverse_lanes")?,
             reverse_iota: f("reverse_iota")?,
+            reverse_groups: f("reverse_groups")?,
             distinct_sample: f("distinct_sample")?,
             distinct_ranks: f("distinct_ranks")?,
             ties_bmcs: f("ties_bmcs")?,
@@ -1303,6 +1319,7 @@ mod tests {
                     "order_scan",
                     "reverse_lanes",
                     "reverse_iota",
+                    "reverse_groups",
                     "distinct_sample",
                     "distinct_ranks",
                 ],

@@ -5,7 +5,10 @@
 //! all) and the permutation is `n - 1 - i`; runs (at most [`gpusort::cpu::PRESORTED_MAX_RUNS`],
 //! where their merge rounds pay against the passes: [`merge_pays`]) are merged (`merge.rs`).
 //! Bandyopadhyay & Sahni's sorts (ICPADS 2011, sections V and VI) run every pass whatever the
-//! order; this check costs one read of the key words.
+//! order; this check costs one read of the key words. Non-increasing input (reversed with equal
+//! neighbours) gets its groups of equal keys reversed, each group's rows kept in input order:
+//! one read of the key for the permutation ([`Gpu::reverse_groups`]), the key words reversed in
+//! place and the payload gathered through it.
 //!
 //! **Few distinct keys** (keys of at most two words, at most [`DISTINCT_MAX`] distinct, like
 //! the CPU backend's `gpusort::cpu::presorted`): beside the scan, where it stopped (the rows
@@ -14,7 +17,6 @@
 //! among them, the ranks become a key word of their own, and one stable 8-bit pass over it sorts
 //! the rows (`Gpu::sort_by_ranks`, `sort.rs`): a counting sort in one pass instead of a pass per
 //! byte of the key. A key the sample missed stops that read and sends the rows to the passes.
-//! Reversed input with equal neighbours takes the passes.
 //!
 //! The scan is off the sort's critical path: [`Gpu::start_order_scan`] enqueues it (its counts
 //! zeroed by an async memset in a buffer the [`Gpu`] keeps, then copied into pinned host memory
@@ -35,7 +37,8 @@ use gpusort::plan::InputOrder;
 use crate::error::Result;
 use crate::gpu::{Gpu, rows_u32};
 use crate::kernels::{
-    DISTINCT_BLOCK, DISTINCT_MAX, Kernels, ORDER_SCAN_MAX_DESCENTS, ORDER_SCAN_MAX_WORDS, REVERSE_ITEMS,
+    DISTINCT_BLOCK, DISTINCT_MAX, Kernels, ORDER_SCAN_MAX_DESCENTS, ORDER_SCAN_MAX_WORDS, REVERSE_GROUPS_BLOCK,
+    REVERSE_GROUPS_TILE, REVERSE_ITEMS,
     REVERSE_MAX_LANES, SCAN_DISTINCT, SCAN_MISSING,
 };
 use crate::merge::{MergeMethod, merge_pays};
@@ -72,7 +75,8 @@ pub const DISTINCT_MIN_ROWS: usize = 1 << 20;
 
 /// The order the counts of `order_scan` (descents, ascents, equal neighbours, the stop flag,
 /// descents recorded) say the rows are in, when it lets a sort skip its passes: no descent,
-/// sorted; no ascent and no equal neighbours, strictly decreasing (reversed); at most
+/// sorted; no ascent, non-increasing (reversed: with equal neighbours, groups of equal keys
+/// reversed, [`OrderScan::reversed_ties`]); at most
 /// [`ORDER_SCAN_MAX_DESCENTS`] descents, all recorded, that many + 1 ascending runs; else (or
 /// stopped early) `None`.
 pub(crate) fn order_of(counts: [u64; SCAN_WORDS]) -> Option<InputOrder> {
@@ -80,7 +84,7 @@ pub(crate) fn order_of(counts: [u64; SCAN_WORDS]) -> Option<InputOrder> {
     match (descents, ascents, equal, stopped) {
         (_, _, _, 1..) => None,
         (0, _, _, _) => Some(InputOrder::Sorted),
-        (_, 0, 0, _) => Some(InputOrder::Reversed),
+        (_, 0, _, _) => Some(InputOrder::Reversed),
         (d, _, _, _) if d <= ORDER_SCAN_MAX_DESCENTS as u64 && recorded == d => Some(InputOrder::Runs(d as usize + 1)),
         _ => None,
     }
@@ -183,6 +187,8 @@ pub(crate) struct OrderScan<'a> {
     found: Option<InputOrder>,
     /// The runs found (their rows) and their merge, when the found order is `Runs`.
     runs: Option<(Vec<usize>, MergeMethod)>,
+    /// Whether reversed rows had equal neighbours (groups of equal keys to reverse).
+    ties: bool,
 }
 
 impl OrderScan<'_> {
@@ -195,6 +201,7 @@ impl OrderScan<'_> {
             merge: None,
             found: None,
             runs: None,
+            ties: false,
         }
     }
 
@@ -209,6 +216,7 @@ impl OrderScan<'_> {
             // own events were never recorded, so reading them does not wait.
             counts.copy_from_slice(&bufs.host.as_slice()?[..SCAN_WORDS]);
             self.found = order_of(counts);
+            self.ties = counts[2] > 0;
             if let Some(InputOrder::Runs(k)) = self.found {
                 let starts = bufs.host_descents.as_slice()?[..k - 1].to_vec();
                 let runs = runs_from(starts, self.n);
@@ -245,6 +253,12 @@ impl OrderScan<'_> {
     /// The runs found and how to merge them, once [`Self::settle`] found `Runs`.
     pub(crate) fn take_runs(&mut self) -> Option<(Vec<usize>, MergeMethod)> {
         self.runs.take()
+    }
+
+    /// Whether the rows [`Self::settle`] found reversed have equal neighbours: non-increasing,
+    /// not strictly decreasing ([`Gpu::reverse_groups`]).
+    pub(crate) fn reversed_ties(&self) -> bool {
+        self.found == Some(InputOrder::Reversed) && self.ties
     }
 
     /// What [`Self::settle`] found (`None` before it was called).
@@ -343,6 +357,7 @@ impl Gpu {
             merge,
             found: None,
             runs: None,
+            ties: false,
         })
     }
 
@@ -391,22 +406,8 @@ impl Gpu {
     /// Reverses every key word, column and record of `table` in place; returns the permutation
     /// `n - 1 - i` when `want_perm`.
     pub(crate) fn reverse_table(&self, table: &mut DeviceTable, want_perm: bool) -> Result<Option<CudaSlice<u32>>> {
-        let n = table.num_rows;
-        let s = self.stream.clone();
-        // Words equal in every row may be one-word stand-ins: nothing to reverse there.
-        let mut lanes: Vec<(u64, usize)> = vec![];
-        for w in table.keys.iter_mut().filter(|w| w.len() >= n) {
-            lanes.push((w.device_ptr(&s).0, 4));
-        }
-        for c in &mut table.columns {
-            lanes.push((c.data.device_ptr(&s).0, c.width));
-        }
-        if let Some(r) = &mut table.records {
-            lanes.push((r.data.device_ptr(&s).0, r.bytes));
-        }
-        for group in lanes.chunks(REVERSE_MAX_LANES) {
-            self.reverse_lanes(group, n)?;
-        }
+        self.reverse_in_place(table, true)?;
+        let (n, s) = (table.num_rows, self.stream.clone());
         if !want_perm {
             return Ok(None);
         }
@@ -420,6 +421,65 @@ impl Gpu {
                 .launch(self.grid_for(n))?
         };
         Ok(Some(out))
+    }
+
+    /// Every key word of `table` reversed in place, and with `payload` every column and record.
+    fn reverse_in_place(&self, table: &mut DeviceTable, payload: bool) -> Result<()> {
+        let n = table.num_rows;
+        let s = self.stream.clone();
+        // Words equal in every row may be one-word stand-ins: nothing to reverse there.
+        let mut lanes: Vec<(u64, usize)> = vec![];
+        for w in table.keys.iter_mut().filter(|w| w.len() >= n) {
+            lanes.push((w.device_ptr(&s).0, 4));
+        }
+        if payload {
+            for c in &mut table.columns {
+                lanes.push((c.data.device_ptr(&s).0, c.width));
+            }
+            if let Some(r) = &mut table.records {
+                lanes.push((r.data.device_ptr(&s).0, r.bytes));
+            }
+        }
+        for group in lanes.chunks(REVERSE_MAX_LANES) {
+            self.reverse_lanes(group, n)?;
+        }
+        Ok(())
+    }
+
+    /// The permutation that sorts `table`'s non-increasing key `words` (those that vary, at
+    /// most [`ORDER_SCAN_MAX_WORDS`]) stably: its groups of equal keys reversed, each group's
+    /// rows in input order (`reverse_groups`). The key words are reversed in place (equal
+    /// within a group, they are then sorted) and the payload gathered through the permutation
+    /// (packed where `pack`), which it returns.
+    pub(crate) fn reverse_groups(&self, table: &mut DeviceTable, words: &[usize], pack: bool) -> Result<CudaSlice<u32>> {
+        let n = table.num_rows;
+        let s = self.stream.clone();
+        let mut ptrs = ScanWords([0; ORDER_SCAN_MAX_WORDS]);
+        for (p, &w) in ptrs.0.iter_mut().zip(words) {
+            *p = table.keys[w].device_ptr(&s).0;
+        }
+        let perm = self.alloc_words(n)?;
+        let (n32, nwords, out) = (rows_u32(n)?, words.len() as u32, perm.device_ptr(&s).0);
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(REVERSE_GROUPS_TILE).max(1) as u32, 1, 1),
+            block_dim: (REVERSE_GROUPS_BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: `ptrs` holds `nwords` (at most ORDER_SCAN_MAX_WORDS) arrays of n words; the
+        // kernel writes each of the n words of `perm` once.
+        unsafe {
+            s.launch_builder(&self.kernels()?.reverse_groups)
+                .arg(&n32)
+                .arg(&ptrs)
+                .arg(&nwords)
+                .arg(&out)
+                .launch(cfg)?
+        };
+        self.reverse_in_place(table, false)?;
+        if !table.columns.is_empty() || table.records.is_some() {
+            self.gather_payload(table, &perm, pack)?;
+        }
+        Ok(perm)
     }
 
     /// Rows `i` and `n - 1 - i` swapped in each of `lanes` (at most [`REVERSE_MAX_LANES`]: the
@@ -463,9 +523,10 @@ mod tests {
         assert_eq!(order_of([80, 0, 0, 0, 70, 0, 0]), Some(InputOrder::Reversed));
         assert_eq!(
             order_of([8, 0, 1, 0, 8, 0, 0]),
-            Some(InputOrder::Runs(9)),
-            "reversed with a tie is not stable reversed: 9 runs of one or two rows"
+            Some(InputOrder::Reversed),
+            "non-increasing, with a tie: its groups reversed"
         );
+        assert_eq!(order_of([80, 0, 900, 0, 63, 0, 0]), Some(InputOrder::Reversed));
         assert_eq!(order_of([3, 6, 0, 0, 3, 0, 0]), Some(InputOrder::Runs(4)));
         let most = ORDER_SCAN_MAX_DESCENTS as u64;
         assert_eq!(

@@ -4,7 +4,8 @@
 //! for GRS and SRTS, `sample.rs` for sample sort, `msd` for the MSD hybrid) and then the gathers of the indirect strategy
 //! (`gather.rs`, `kernels/gather.cu`); it launches no kernel of its own. Before the passes, one
 //! read of the key (`presorted.rs`) finds input already in order (nothing moves) or strictly
-//! reversed (everything is reversed in place) or a few ascending runs; the sort waits for it
+//! reversed (everything is reversed in place), non-increasing (its groups of equal keys
+//! reversed) or a few ascending runs; the sort waits for it
 //! only once the passes' host work is done, just before their first kernel. Rows the plan says
 //! are a few sorted runs, or the scan found to be, are merged instead (`merge.rs`) where that
 //! pays against the radix passes; rows whose keys are few distinct values are sorted by one
@@ -59,6 +60,11 @@ impl Gpu {
                 Passes::Skipped(InputOrder::FewDistinct(_)) => {
                     strategy = Strategy::new(Algorithm::Srts, plan.strategy.record_move);
                     self.sort_by_ranks(table, plan, order.take_ranks())?
+                }
+                Passes::Skipped(InputOrder::Reversed) if order.reversed_ties() => {
+                    // Packed gathers hold memory only an indirect plan reserves.
+                    let pack = plan.pack_gathers && plan.strategy.record_move == RecordMove::Indirect;
+                    Some(self.reverse_groups(table, &plan.key_words(), pack)?)
                 }
                 Passes::Skipped(InputOrder::Reversed) => self.reverse_table(table, plan.want_perm)?,
             };

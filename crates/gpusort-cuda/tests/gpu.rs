@@ -361,8 +361,9 @@ fn engine_key_distributions() {
 }
 
 /// Input already in order skips the passes and moves nothing; strictly reversed input is
-/// reversed in place; up to 64 ascending runs (reversed input with ties among them) are merged
-/// where that pays, else they take the passes. Every strategy, ByField and Hybrid, one to three
+/// reversed in place; non-increasing input (reversed with ties) gets its groups of equal keys
+/// reversed, each group's rows in input order; up to 64 ascending runs are merged where that
+/// pays, else they take the passes. Every strategy, ByField and Hybrid, one to three
 /// key words, sizes around a tile.
 #[test]
 fn engine_presorted_input() {
@@ -374,7 +375,7 @@ fn engine_presorted_input() {
     let shortcut = [
         ("sorted", Some(InputOrder::Sorted)),
         ("reverse", Some(InputOrder::Reversed)),
-        ("reverse_ties", None),
+        ("reverse_ties", Some(InputOrder::Reversed)),
         ("runs", None),
     ];
     let merge = gpu.sort_switches().merge;
@@ -437,6 +438,31 @@ fn engine_presorted_input() {
     let keys = keys_of(&mut rng, 70_000, 2, "reverse");
     check_engine_keys_only(gpu, &keys, Strategy::SRTS_DIRECT, 8, "reversed keys only");
     check_engine_keys_only(gpu, &keys, Strategy::MSD_DIRECT, 8, "reversed keys only");
+    // Non-increasing keys of every group size: one row, a few, groups larger than a tile
+    // (REVERSE_GROUPS_TILE is 4,096 rows), one group across the whole input but its last row;
+    // every strategy, ByField and Hybrid, the keys only too.
+    for (groups, n) in [(3_000, 9_001), (40, 100_003), (2, 70_000), (1_000_000, 50_000)] {
+        for words in [1, 2] {
+            // One word: the values fit the low word; two: they span both.
+            let shift = if words == 1 { 8 } else { 28 };
+            let mut keys: Vec<u64> = (0..n).map(|_| rng.random_range(0..groups as u64) << shift).collect();
+            keys.sort_unstable_by(|a, b| b.cmp(a));
+            let mut c = case(&mut rng, n, 1, "random", words == 2);
+            c.keys = words_of_u64(&keys);
+            for strategy in Strategy::ALL {
+                let what = format!("non-increasing, {groups} values, n {n}, words {words}, {strategy}");
+                assert_eq!(check_engine(gpu, &c, strategy, 8, &what), Some(InputOrder::Reversed), "{what}");
+            }
+            check_engine_keys_only(gpu, &c.keys, Strategy::SRTS_DIRECT, 8, "non-increasing keys only");
+        }
+    }
+    let mut keys: Vec<u64> = vec![9; 30_000];
+    keys[29_999] = 1;
+    let c = case_with_columns(&mut rng, words_of_u64(&keys), &[4, 8]);
+    assert_eq!(
+        check_engine(gpu, &c, Strategy::SRTS_DIRECT, 8, "one group of 29,999 rows"),
+        Some(InputOrder::Reversed)
+    );
 }
 
 /// The words of 64-bit keys, most significant first.
@@ -557,12 +583,12 @@ fn sort_runs(keys: &mut [Vec<u32>], runs: &[usize]) {
 
 /// The ascending runs of the rows of `keys` (rows of each) and the order the device's scan
 /// reports for them before `passes` radix passes whose runs `merge` merges: sorted, strictly
-/// reversed, or at most `PRESORTED_MAX_RUNS` runs whose merge rounds are at most the passes
+/// non-increasing (reversed, with or without ties), or at most `PRESORTED_MAX_RUNS` runs whose merge rounds are at most the passes
 /// (`None` besides, and without passes, where no scan runs).
 fn scan_order(keys: &[Vec<u32>], passes: usize, merge: Option<MergeMethod>) -> (Vec<usize>, Option<InputOrder>) {
     use std::cmp::Ordering::{Equal, Greater, Less};
     let n = keys.first().map_or(0, |w| w.len());
-    let (mut descents, mut ascents, mut equal) = (0, 0, 0);
+    let (mut descents, mut ascents) = (0, 0);
     let (mut runs, mut start) = (vec![], 0);
     for i in 1..n {
         match keys
@@ -577,7 +603,7 @@ fn scan_order(keys: &[Vec<u32>], passes: usize, merge: Option<MergeMethod>) -> (
                 start = i;
             }
             Less => ascents += 1,
-            Equal => equal += 1,
+            Equal => {}
         }
     }
     runs.push(n - start);
@@ -585,7 +611,7 @@ fn scan_order(keys: &[Vec<u32>], passes: usize, merge: Option<MergeMethod>) -> (
         None
     } else if descents == 0 {
         Some(InputOrder::Sorted)
-    } else if ascents == 0 && equal == 0 {
+    } else if ascents == 0 {
         Some(InputOrder::Reversed)
     } else if runs.len() <= gpusort::cpu::PRESORTED_MAX_RUNS
         && merge.is_some_and(|m| merge_rounds_of(&runs, m) <= passes)
@@ -1478,6 +1504,8 @@ fn sanitize_every_kernel() {
         ("sorted", n, false),
         ("reverse", n, false),
         ("reverse", n + 1, true),
+        ("reverse_ties", n, true),
+        ("reverse_ties", n + 1, false),
         ("runs", n, false),
     ] {
         let c = case(&mut rng, rows, 2, kind, hybrid);

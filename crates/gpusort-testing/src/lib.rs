@@ -595,7 +595,7 @@ pub fn rng_from_env(default: u64) -> (SmallRng, u64) {
 }
 
 /// The key distributions of the presorted benchmarks: keys a sort may shortcut (sorted,
-/// reversed, a few sorted runs, few distinct keys) beside those it may not (random, zipf,
+/// reversed, reversed with ties, a few sorted runs, few distinct keys) beside those it may not (random, zipf,
 /// nearly sorted with scattered swaps).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KeyDistribution {
@@ -605,6 +605,9 @@ pub enum KeyDistribution {
     Sorted,
     /// Uniform keys in descending order.
     Reversed,
+    /// This many distinct keys in descending order (each repeated: ties), as an ascending
+    /// clustered column read for `ORDER BY ... DESC`.
+    ReversedTies(usize),
     /// This many ascending runs of uniform keys, one after another.
     SortedRuns(usize),
     /// This many distinct keys, spread over 64 bits, in no order.
@@ -617,10 +620,11 @@ pub enum KeyDistribution {
 
 impl KeyDistribution {
     /// Every distribution, random first (the others are compared with it).
-    pub const ALL: [KeyDistribution; 7] = [
+    pub const ALL: [KeyDistribution; 8] = [
         Self::Random,
         Self::Sorted,
         Self::Reversed,
+        Self::ReversedTies(1000),
         Self::SortedRuns(8),
         Self::Distinct(16),
         Self::Zipf,
@@ -633,6 +637,7 @@ impl KeyDistribution {
             Self::Random => "random".into(),
             Self::Sorted => "sorted".into(),
             Self::Reversed => "reversed".into(),
+            Self::ReversedTies(k) => format!("reversed, {k} distinct"),
             Self::SortedRuns(k) => format!("{k} sorted runs"),
             Self::Distinct(k) => format!("{k} distinct"),
             Self::Zipf => "zipf 1.1 over 1M".into(),
@@ -652,6 +657,10 @@ impl KeyDistribution {
             Self::Random => {}
             Self::Sorted => keys.sort_unstable(),
             Self::Reversed => keys.sort_unstable_by(|a, b| b.cmp(a)),
+            Self::ReversedTies(k) => {
+                keys.iter_mut().for_each(|x| *x = (*x % k.max(1) as u64) << 24);
+                keys.sort_unstable_by(|a, b| b.cmp(a));
+            }
             Self::SortedRuns(k) => keys
                 .chunks_mut(n.div_ceil(k.max(1)).max(1))
                 .for_each(|c| c.sort_unstable()),
