@@ -375,7 +375,7 @@ fn engine_presorted_input() {
     let shortcut = [
         ("sorted", Some(InputOrder::Sorted)),
         ("reverse", Some(InputOrder::Reversed)),
-        ("reverse_ties", Some(InputOrder::Reversed)),
+        ("reverse_ties", None),
         ("runs", None),
     ];
     let merge = gpu.sort_switches().merge;
