@@ -38,8 +38,7 @@ use crate::error::Result;
 use crate::gpu::{Gpu, rows_u32};
 use crate::kernels::{
     DISTINCT_BLOCK, DISTINCT_MAX, Kernels, ORDER_SCAN_MAX_DESCENTS, ORDER_SCAN_MAX_WORDS, REVERSE_GROUPS_BLOCK,
-    REVERSE_GROUPS_TILE, REVERSE_ITEMS,
-    REVERSE_MAX_LANES, SCAN_DISTINCT, SCAN_MISSING,
+    REVERSE_GROUPS_TILE, REVERSE_ITEMS, REVERSE_MAX_LANES, SCAN_DISTINCT, SCAN_MISSING,
 };
 use crate::merge::{MergeMethod, merge_pays};
 use crate::table::DeviceTable;
@@ -451,7 +450,12 @@ impl Gpu {
     /// rows in input order (`reverse_groups`). The key words are reversed in place (equal
     /// within a group, they are then sorted) and the payload gathered through the permutation
     /// (packed where `pack`), which it returns.
-    pub(crate) fn reverse_groups(&self, table: &mut DeviceTable, words: &[usize], pack: bool) -> Result<CudaSlice<u32>> {
+    pub(crate) fn reverse_groups(
+        &self,
+        table: &mut DeviceTable,
+        words: &[usize],
+        pack: bool,
+    ) -> Result<CudaSlice<u32>> {
         let n = table.num_rows;
         let s = self.stream.clone();
         let mut ptrs = ScanWords([0; ORDER_SCAN_MAX_WORDS]);

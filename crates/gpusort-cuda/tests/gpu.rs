@@ -451,7 +451,11 @@ fn engine_presorted_input() {
             c.keys = words_of_u64(&keys);
             for strategy in Strategy::ALL {
                 let what = format!("non-increasing, {groups} values, n {n}, words {words}, {strategy}");
-                assert_eq!(check_engine(gpu, &c, strategy, 8, &what), Some(InputOrder::Reversed), "{what}");
+                assert_eq!(
+                    check_engine(gpu, &c, strategy, 8, &what),
+                    Some(InputOrder::Reversed),
+                    "{what}"
+                );
             }
             check_engine_keys_only(gpu, &c.keys, Strategy::SRTS_DIRECT, 8, "non-increasing keys only");
         }
