@@ -39,8 +39,9 @@
 // The most key words order_scan compares (a longer key takes the radix passes unscanned); the
 // host defines it (kernels.rs SHARED_CONSTANTS).
 #if !defined(ORDER_SCAN_MAX_WORDS) || !defined(ORDER_SCAN_MAX_DESCENTS) || !defined(REVERSE_MAX_LANES) || \
-    !defined(REVERSE_ITEMS) || !defined(REVERSE_GROUPS_BLOCK) || !defined(REVERSE_GROUPS_IPT) || !defined(DISTINCT_MAX) || !defined(DISTINCT_SAMPLE) || !defined(DISTINCT_SLOTS) || \
-    !defined(DISTINCT_BLOCK) || !defined(SCAN_DISTINCT) || !defined(SCAN_MISSING)
+    !defined(REVERSE_ITEMS) || !defined(REVERSE_GROUPS_BLOCK) || !defined(REVERSE_GROUPS_IPT) ||                \
+    !defined(REVERSE_GROUPS_TILE) || !defined(DISTINCT_MAX) || !defined(DISTINCT_SAMPLE) ||                     \
+    !defined(DISTINCT_SLOTS) || !defined(DISTINCT_BLOCK) || !defined(SCAN_DISTINCT) || !defined(SCAN_MISSING)
 #error "the order scan's, the reversal's and the distinct keys' constants come from the host"
 #endif
 
