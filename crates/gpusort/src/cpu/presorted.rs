@@ -83,6 +83,8 @@ pub(crate) fn sort_presorted(words: &[Vec<u32>], n: usize) -> Option<Presorted> 
     let scan = scan_order(keys, n);
     let (order, perm) = match scan {
         Some(s) if s.num_descents == 0 => (InputOrder::Sorted, super::iota(n)),
+        // Every neighbour a descent: no two keys equal, no groups to find.
+        Some(s) if s.ascents == 0 && s.num_descents == n - 1 => (InputOrder::Reversed, reverse_iota(n)),
         Some(s) if s.ascents == 0 => (InputOrder::Reversed, reverse(keys, n)),
         Some(s) => {
             let runs = runs_of(&s.descents, n);
@@ -169,6 +171,17 @@ fn runs_of(descents: &[usize], n: usize) -> Vec<Range<usize>> {
     let mut ends = descents.to_vec();
     ends.push(n);
     starts.into_iter().zip(ends).map(|(s, e)| s..e).collect()
+}
+
+/// n - 1, n - 2, ..., 0: the ascending order of rows whose keys strictly decrease.
+fn reverse_iota(n: usize) -> Vec<u32> {
+    let mut perm = vec![0u32; n];
+    perm.par_chunks_mut(CHUNK).enumerate().for_each(|(c, out)| {
+        for (k, slot) in out.iter_mut().enumerate() {
+            *slot = (n - 1 - (c * CHUNK + k)) as u32;
+        }
+    });
+    perm
 }
 
 /// The stable ascending order of rows whose keys never increase: groups of equal keys from
@@ -440,6 +453,16 @@ mod tests {
         let desc: Vec<u32> = asc.iter().rev().copied().collect();
         check(vec![asc.clone()], Some(InputOrder::Sorted));
         check(vec![desc.clone()], Some(InputOrder::Reversed));
+        // Strictly decreasing, one word and two (the low word decides within a high word).
+        let strict: Vec<u32> = (0..n as u32).rev().collect();
+        check(vec![strict.clone()], Some(InputOrder::Reversed));
+        let hi: Vec<u32> = strict.iter().map(|&k| k / 100).collect();
+        let lo: Vec<u32> = strict.iter().map(|&k| k % 100).collect();
+        check(vec![hi, lo], Some(InputOrder::Reversed));
+        // Strictly decreasing but for one tie at the end: the groups' path.
+        let mut tie = strict.clone();
+        tie[n - 1] = tie[n - 2];
+        check(vec![tie], Some(InputOrder::Reversed));
         // Two words, few keys in no order: the low word decides within equal high words.
         let mut seed = 3;
         let hi: Vec<u32> = (0..n).map(|_| lcg(&mut seed) % 4).collect();
