@@ -8,7 +8,7 @@
 //! order; this check costs one read of the key words. Non-increasing input (reversed with equal
 //! neighbours) gets its groups of equal keys reversed, each group's rows kept in input order:
 //! one read of the key for the permutation ([`Gpu::reverse_groups`]), the key words reversed in
-//! place and the payload gathered through it.
+//! place and the payload gathered through it (`sort.rs`).
 //!
 //! **Few distinct keys** (keys of at most two words, at most [`DISTINCT_MAX`] distinct, like
 //! the CPU backend's `gpusort::cpu::presorted`): beside the scan, where it stopped (the rows
@@ -49,6 +49,17 @@ struct ScanWords([u64; ORDER_SCAN_MAX_WORDS]);
 
 // SAFETY: a plain array of device addresses, laid out as the kernel's struct of 8 pointers.
 unsafe impl DeviceRepr for ScanWords {}
+
+impl ScanWords {
+    /// The addresses of the `words` of `keys` (at most [`ORDER_SCAN_MAX_WORDS`]).
+    fn of(keys: &[CudaSlice<u32>], words: &[usize], s: &CudaStream) -> Self {
+        let mut ptrs = ScanWords([0; ORDER_SCAN_MAX_WORDS]);
+        for (p, &w) in ptrs.0.iter_mut().zip(words) {
+            *p = keys[w].device_ptr(s).0;
+        }
+        ptrs
+    }
+}
 
 /// The lanes `reverse_lanes` reverses, passed by value (`ReverseLanes`): each one's device
 /// address and bytes a row.
@@ -305,10 +316,7 @@ impl Gpu {
             return Ok(OrderScan::off());
         }
         let s = &self.stream;
-        let mut ptrs = ScanWords([0; ORDER_SCAN_MAX_WORDS]);
-        for (p, &w) in ptrs.0.iter_mut().zip(words) {
-            *p = keys[w].device_ptr(s).0;
-        }
+        let ptrs = ScanWords::of(keys, words, s);
         let kernels = self.kernels()?;
         let ranks = match distinct && words.len() <= 2 {
             true => Some(self.alloc_words(n)?),
@@ -448,20 +456,11 @@ impl Gpu {
     /// The permutation that sorts `table`'s non-increasing key `words` (those that vary, at
     /// most [`ORDER_SCAN_MAX_WORDS`]) stably: its groups of equal keys reversed, each group's
     /// rows in input order (`reverse_groups`). The key words are reversed in place (equal
-    /// within a group, they are then sorted) and the payload gathered through the permutation
-    /// (packed where `pack`), which it returns.
-    pub(crate) fn reverse_groups(
-        &self,
-        table: &mut DeviceTable,
-        words: &[usize],
-        pack: bool,
-    ) -> Result<CudaSlice<u32>> {
+    /// within a group, they are then sorted); the payload is the caller's to gather.
+    pub(crate) fn reverse_groups(&self, table: &mut DeviceTable, words: &[usize]) -> Result<CudaSlice<u32>> {
         let n = table.num_rows;
         let s = self.stream.clone();
-        let mut ptrs = ScanWords([0; ORDER_SCAN_MAX_WORDS]);
-        for (p, &w) in ptrs.0.iter_mut().zip(words) {
-            *p = table.keys[w].device_ptr(&s).0;
-        }
+        let ptrs = ScanWords::of(&table.keys, words, &s);
         let perm = self.alloc_words(n)?;
         let (n32, nwords, out) = (rows_u32(n)?, words.len() as u32, perm.device_ptr(&s).0);
         let cfg = LaunchConfig {
@@ -480,9 +479,6 @@ impl Gpu {
                 .launch(cfg)?
         };
         self.reverse_in_place(table, false)?;
-        if !table.columns.is_empty() || table.records.is_some() {
-            self.gather_payload(table, &perm, pack)?;
-        }
         Ok(perm)
     }
 

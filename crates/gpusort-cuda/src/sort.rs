@@ -62,9 +62,9 @@ impl Gpu {
                     self.sort_by_ranks(table, plan, order.take_ranks())?
                 }
                 Passes::Skipped(InputOrder::Reversed) if order.reversed_ties() => {
-                    // Packed gathers hold memory only an indirect plan reserves.
-                    let pack = plan.pack_gathers && plan.strategy.record_move == RecordMove::Indirect;
-                    Some(self.reverse_groups(table, &plan.key_words(), pack)?)
+                    let perm = self.reverse_groups(table, &plan.key_words())?;
+                    self.gather_payload_by(table, plan, &perm)?;
+                    Some(perm)
                 }
                 Passes::Skipped(InputOrder::Reversed) => self.reverse_table(table, plan.want_perm)?,
             };
@@ -94,12 +94,19 @@ impl Gpu {
     ) -> Result<CudaSlice<u32>> {
         let n = table.num_rows;
         let perm = self.merge_runs(&mut table.keys, &plan.key_words(), n, runs, method)?;
-        if !table.columns.is_empty() || table.records.is_some() {
-            // Packed gathers hold memory only an indirect plan reserves.
-            let pack = plan.pack_gathers && plan.strategy.record_move == RecordMove::Indirect;
-            self.gather_payload(table, &perm, pack)?;
-        }
+        self.gather_payload_by(table, plan, &perm)?;
         Ok(perm)
+    }
+
+    /// `table`'s payload (its columns and records, if any) gathered through `perm`, packed
+    /// where `plan` is indirect and asks for it: packed gathers hold memory only an indirect
+    /// plan reserves.
+    fn gather_payload_by(&self, table: &mut DeviceTable, plan: &GpuSortPlan, perm: &CudaSlice<u32>) -> Result<()> {
+        if table.columns.is_empty() && table.records.is_none() {
+            return Ok(());
+        }
+        let pack = plan.pack_gathers && plan.strategy.record_move == RecordMove::Indirect;
+        self.gather_payload(table, perm, pack)
     }
 
     /// Sorts `table`, whose keys are few distinct values, by one stable 8-bit pass (SRTS, one
