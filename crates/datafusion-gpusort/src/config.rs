@@ -247,6 +247,14 @@ extensions_options! {
         /// are, for a consumer that encodes each batch and drops it, e.g. a Parquet writer:
         /// no copy, and the sorted buffers are freed with the last batch.
         pub compact_output_views: bool, default = true
+        /// A GPU sort whose buffered rows reach `min_rows` keeps on the host only the columns
+        /// it still reads there (the sort keys, columns the GPU does not take, string views'
+        /// data buffers): the others' memory is freed as soon as they are staged for the GPU
+        /// and reused for the next input batches, instead of the whole decoded input staying
+        /// in memory the kernel hands out fresh (and zeroes) until the sort ends. The cost:
+        /// if the GPU then fails (out of device memory, a driver error), the query fails
+        /// instead of sorting those rows on the CPU. False keeps every row on the host.
+        pub release_uploaded_input: bool, default = false
         /// A GPU sort of more rows than this streams its output out of the device this many
         /// rows at a time, two ranges ahead of the consumer, which takes one range while the
         /// next crosses PCIe; the device memory is held until the last range came down. 0

@@ -25,6 +25,18 @@ pub enum GpuSortExecError {
         /// Why one cannot be used.
         reason: String,
     },
+    /// The GPU failed to sort rows whose host copy was already released
+    /// (`gpusort.release_uploaded_input`): they cannot sort on the CPU instead.
+    #[error(
+        "{reason}; the rows' columns on the GPU were released from host memory \
+         (gpusort.release_uploaded_input = true), so they cannot sort on the CPU instead: \
+         run again, with that setting false (GPUSORT_RELEASE_INPUT=0 for the gpusort tool) \
+         to keep the CPU fallback, or on the CPU"
+    )]
+    Released {
+        /// Why the GPU did not sort them.
+        reason: String,
+    },
     /// The blocking task that ran the sort panicked or was cancelled.
     #[error("the sort task failed: {0}")]
     Task(String),

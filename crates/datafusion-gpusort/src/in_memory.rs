@@ -137,6 +137,9 @@ pub(crate) struct InMemorySorter {
     /// or why they are not (a GPU failure, for the sort of the buffered rows).
     session: Option<(GpuSortSession, Arc<CudaBackend>)>,
     session_failed: Option<String>,
+    /// Whether some buffered rows went to the GPU session hollow
+    /// (`gpusort.release_uploaded_input`): they can no longer sort on the CPU.
+    released: bool,
 }
 
 impl InMemorySorter {
@@ -156,6 +159,7 @@ impl InMemorySorter {
             metrics,
             session: None,
             session_failed: None,
+            released: false,
         }
     }
 
@@ -171,15 +175,41 @@ impl InMemorySorter {
             metrics: self.metrics.clone(),
             session: self.session.take(),
             session_failed: self.session_failed.take(),
+            released: std::mem::take(&mut self.released),
         }
     }
 
+    /// Pushes `batch` into the GPU session of the buffered rows ([`Self::push`]). Returns the
+    /// batch to buffer: with `gpusort.release_uploaded_input`, once the buffered rows (`rows`,
+    /// with this batch's) reach `gpusort.min_rows`, the columns the GPU took are hollow
+    /// ([`gpusort::hollow`]).
+    pub(crate) fn push_to_gpu(&mut self, batch: RecordBatch, rows: usize) -> Result<RecordBatch> {
+        // Past `min_rows` the sort is the GPU's: what goes up need not stay on the host.
+        let release = self.options.release_uploaded_input && rows >= self.options.min_rows;
+        if !self.push(&batch, release)? {
+            return Ok(batch);
+        }
+        let Some((session, _)) = &self.session else {
+            return Ok(batch);
+        };
+        // The session's columns are the batch's, then the sort expressions' values.
+        let released: Vec<usize> = (session.released_columns().iter().copied())
+            .filter(|&c| c < batch.num_columns())
+            .collect();
+        if released.is_empty() {
+            return Ok(batch);
+        }
+        self.released = true;
+        Ok(gpusort::hollow::hollow_batch(&batch, &released).0)
+    }
+
     /// Pushes `batch` into the GPU session of the buffered rows, starting one with the first
-    /// batch when sorts run on a GPU. A failed push drops the session: the rows sort on the
-    /// CPU, with the reason.
-    pub(crate) fn push_to_gpu(&mut self, batch: &RecordBatch) -> Result<()> {
+    /// batch when sorts run on a GPU (`release`: from this batch on, the session keeps only
+    /// the host columns it reads). A failed push drops the session: the rows sort on the CPU,
+    /// with the reason. Whether the session took the batch.
+    fn push(&mut self, batch: &RecordBatch, release: bool) -> Result<bool> {
         if self.session_failed.is_some() {
-            return Ok(());
+            return Ok(false);
         }
         let (extended, spec) = match self.sort_input(batch, true) {
             Ok(input) => input,
@@ -188,28 +218,42 @@ impl InMemorySorter {
                 // as it is (or fails the same way on an expression).
                 self.session = None;
                 self.session_failed = Some(format!("GPU failed: {e}"));
-                return Ok(());
+                return Ok(false);
             }
         };
         if self.session.is_none() {
             // The row count is not known yet: `gpusort.min_rows` is checked at the sort.
             let Ok(SortPath::Gpu(gpu)) = self.choose_path(usize::MAX) else {
-                return Ok(());
+                return Ok(false);
             };
             match self.begin_session(&gpu, extended.schema(), spec, false) {
                 Ok(s) => self.session = Some((s, gpu)),
                 Err(e) => {
                     self.session_failed = Some(format!("GPU failed: {e}"));
-                    return Ok(());
+                    return Ok(false);
                 }
             }
         }
         let (session, _) = self.session.as_mut().expect("started above");
+        if release {
+            session.release_input();
+        }
         if let Err(e) = session.push(&extended) {
             self.session = None;
             self.session_failed = Some(format!("GPU failed: {e}"));
+            return Ok(false);
         }
-        Ok(())
+        Ok(true)
+    }
+
+    /// The error of a sort whose GPU failed after its rows were released from the host.
+    fn released_error(&self, reason: &str) -> Option<datafusion::error::DataFusionError> {
+        self.released.then(|| {
+            GpuSortExecError::Released {
+                reason: reason.to_string(),
+            }
+            .into()
+        })
     }
 
     /// Memory a sort of `batch`'s rows needs besides the rows: their sorted copy, the key
@@ -350,12 +394,18 @@ impl InMemorySorter {
                 Ok(sorted) => {
                     // Released on another core (see GpuSortSession::finish).
                     rayon::spawn(move || drop(batches));
+                    self.released = false;
                     return Ok(sorted);
                 }
                 Err(reason) => path = SortPath::Cpu { reason: Some(reason) },
             }
         }
         self.session = None;
+        if let SortPath::Cpu { reason } = &path
+            && let Some(e) = self.released_error(reason.as_deref().unwrap_or("the sort went to the CPU"))
+        {
+            return Err(e);
+        }
         let input = if batches.len() == 1 {
             batches.into_iter().next().unwrap()
         } else {
@@ -577,8 +627,7 @@ impl InMemorySorter {
         }
         self.session = None;
         for part in parts {
-            self.push_to_gpu(part)?;
-            if self.session.is_none() {
+            if !self.push(part, false)? {
                 break;
             }
         }
@@ -904,6 +953,43 @@ mod tests {
         assert!(!sorter(&[0, 1, 2], true).merges_keys_only(&parts));
         assert!(!sorter(&[0], false).merges_keys_only(&parts));
         assert!(!sorter(&[0], true).merges_keys_only(&[]));
+    }
+
+    #[tokio::test]
+    async fn rows_released_to_a_failed_gpu_fail_the_sort_instead_of_sorting_hollow_on_the_cpu() {
+        use datafusion::physical_expr::PhysicalSortExpr;
+        let batch = read_back();
+        let expr = LexOrdering::new([PhysicalSortExpr::new_default(Arc::new(Column::new("c0", 0)) as _)]).unwrap();
+        let sorter = || {
+            let metrics = GpuSortMetrics::new(&Default::default(), 0);
+            InMemorySorter::new(batch.schema(), expr.clone(), GpuSortConfig::default(), 8192, metrics)
+        };
+        let (hollow, _) = gpusort::hollow::hollow_batch(&batch, &[1, 2, 3, 4]);
+        // As a GPU session that failed after taking hollow rows leaves it.
+        let mut failed = sorter();
+        failed.released = true;
+        failed.session_failed = Some("GPU failed: a driver error".into());
+        let err = failed
+            .sort_batches(vec![hollow.clone()], None)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("GPU failed: a driver error") && err.contains("gpusort.release_uploaded_input = true"),
+            "{err}"
+        );
+        // Its run sorter takes the flag along; the sorter left for the next rows is clear.
+        let mut failed = sorter();
+        failed.released = true;
+        failed.session_failed = Some("GPU failed: out of memory".into());
+        let mut run = failed.detach();
+        assert!(!failed.released && run.released);
+        assert!(run.sort_batches(vec![hollow], None).await.is_err());
+        // Without a release the same failure sorts on the CPU.
+        let mut kept = sorter();
+        kept.session_failed = Some("GPU failed: a driver error".into());
+        let sorted = kept.sort_batches(vec![batch.clone()], None).await.unwrap();
+        assert_eq!(sorted, batch, "c0 is ascending already");
     }
 
     #[test]

@@ -142,11 +142,17 @@ impl GpuSorter {
         self.rows += n;
         self.input_bytes += input;
         self.work_bytes += keys;
-        if self.fetch.is_none() {
-            let time = self.metrics.input_time.clone();
-            let _timer = time.timer();
-            self.sorter.push_to_gpu(&batch)?;
-        }
+        let batch = match self.fetch {
+            None => {
+                let time = self.metrics.input_time.clone();
+                let _timer = time.timer();
+                // The reservation keeps the batch's bytes even where the session releases
+                // them (`gpusort.release_uploaded_input`): they are freed only once staged,
+                // which may lag the input by half of it.
+                self.sorter.push_to_gpu(batch, self.rows)?
+            }
+            Some(_) => batch,
+        };
         self.batches.push(batch);
         if let Some(fetch) = self.fetch
             && self.rows >= TOPK_MIN_BUFFER_ROWS.max(fetch.saturating_mul(4))

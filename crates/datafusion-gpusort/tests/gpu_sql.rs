@@ -159,6 +159,38 @@ async fn gpu_out_of_memory_falls_back_to_the_cpu() {
     assert!(text.contains("cpu_sorts=1") && text.contains("gpu_sorts=0"), "{text}");
 }
 
+/// `gpusort.release_uploaded_input`: the host keeps only the columns the sort reads there, from
+/// the first batch (`min_rows` 0) or once `min_rows` rows came; the rows equal stock
+/// DataFusion's, also under a GPU budget too small for the rows (runs of a few rows, or the
+/// CPU where the GPU failed before any release). A failure after the release is the unit
+/// test `rows_released_to_a_failed_gpu_fail_the_sort_instead_of_sorting_hollow_on_the_cpu`.
+#[tokio::test]
+async fn gpu_released_input_matches_stock() {
+    if !gpu_present() {
+        return;
+    }
+    // One partition: one sort of every row, past `min_rows` part way through.
+    let stock = context(false, 300_000, 1);
+    for (min_rows, budget) in [("0", "0"), ("200000", "0"), ("0", "64K"), ("0", "2M")] {
+        let ours = context(true, 300_000, 1);
+        let settings = [
+            ("min_rows", min_rows),
+            ("device", "0"),
+            ("gpu_memory_limit", budget),
+            ("release_uploaded_input", "true"),
+        ];
+        set(&ours, &settings).await;
+        compare_with_stock(&stock, &ours, &format!("released input, {settings:?}")).await;
+        if budget == "0" {
+            let text = analyze(&ours, "SELECT * FROM t ORDER BY c DESC, a").await;
+            assert!(
+                text.contains("gpu_sorts=1") && text.contains("cpu_fallback=none"),
+                "{text}"
+            );
+        }
+    }
+}
+
 #[tokio::test]
 async fn gpu_metrics_count_bytes_and_kernel_time() {
     if !gpu_present() {

@@ -910,3 +910,87 @@ fn sorted_rows_dropped_part_way_release_their_device_memory() {
         );
     }
 }
+
+#[test]
+fn released_input_sorts_the_same_rows_from_the_columns_left_on_the_host() {
+    let Some(gpu) = backend() else { return };
+    let (mut rng, seed) = rng_from_env(0x4e1e_a5ed);
+    // Random tables of every type (nulls, strings, host and device columns), released from
+    // the first batch or part way, sorted whole or in ranges with the views laid out on the
+    // device: the rows equal a session that kept every batch.
+    let mut released_any = false;
+    for case in 0..24 {
+        let len = [1, 64, 5_000, 70_001][case % 4];
+        let c = random_case(&mut rng, len);
+        let parts = split(&mut rng, &c.batch, 7000);
+        let from = if case % 2 == 0 { 0 } else { parts.len() / 2 };
+        let limit = (case % 5 == 4).then(|| rng.random_range(0..=len + 1));
+        let ranges = [0, 999][case % 3 % 2];
+        let what = format!(
+            "seed {seed} case {case}: {len} rows in {} batches, released from batch {from}, limit {limit:?}, ranges {ranges}",
+            parts.len()
+        );
+        let mut session = gpu
+            .begin_sort(c.batch.schema(), c.spec.clone())
+            .unwrap()
+            .with_expected_rows(4096)
+            .with_output_views(ranges > 0)
+            .with_output_ranges(ranges);
+        for (i, p) in parts.iter().enumerate() {
+            if i == from {
+                session.release_input();
+            }
+            session.push(p).unwrap();
+        }
+        let keys: Vec<usize> = c.spec.keys().iter().map(|k| k.column).collect();
+        assert!(
+            session.released_columns().iter().all(|col| !keys.contains(col)),
+            "{what}: a key column released"
+        );
+        released_any |= session.released_bytes() > 0;
+        let mut rows = session.finish_sorted(limit).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let mut got = vec![];
+        while let Some(b) = rows.next_batch(if ranges > 0 { ranges } else { usize::MAX }).unwrap() {
+            got.push(b);
+        }
+        let got = arrow::compute::concat_batches(&c.batch.schema(), &got).unwrap();
+        let whole = check_session(gpu, &c.batch, &c.spec, &parts, 4096, limit, &what);
+        assert_eq!(got.num_rows(), whole.batch.num_rows(), "{what}");
+        for (k, (a, b)) in got.columns().iter().zip(whole.batch.columns()).enumerate() {
+            assert!(
+                a.to_data() == b.to_data(),
+                "{what}: column {k} ({}) differs",
+                a.data_type()
+            );
+        }
+    }
+    // Views, every column on the device: the payload's views are hollow in the batches kept,
+    // their data buffers not.
+    for case in 0..4 {
+        let parts = view_batches(&mut rng, 40);
+        let schema = parts[0].schema();
+        let batch = arrow::compute::concat_batches(&schema, &parts).unwrap();
+        let spec = SortSpec::new([SortKey::sql(1, false), SortKey::sql(3, false)]);
+        let what = format!("seed {seed} view case {case}: {} rows", batch.num_rows());
+        let mut session = gpu
+            .begin_sort(Arc::clone(&schema), spec.clone())
+            .unwrap()
+            .with_expected_rows(4096)
+            .with_output_views(case % 2 == 0)
+            .with_output_ranges(5000);
+        session.release_input();
+        for p in &parts {
+            session.push(p).unwrap();
+        }
+        assert!(session.released_bytes() > 0, "{what}: nothing released");
+        let mut rows = session.finish_sorted(None).unwrap();
+        let mut got = vec![];
+        while let Some(b) = rows.next_batch(5000).unwrap() {
+            got.push(b);
+        }
+        let got = arrow::compute::concat_batches(&schema, &got).unwrap();
+        let whole = check_session(gpu, &batch, &spec, &parts, 4096, None, &what);
+        assert_eq!(got, whole.batch, "{what}");
+    }
+    assert!(released_any, "no random case released a column");
+}

@@ -3,11 +3,13 @@
 //! trait every sorter implements ([`SortBackend`]), and the multi-threaded CPU radix sort
 //! backend ([`cpu::CpuBackend`]) that runs when there is no GPU and is the reference the GPU
 //! backend is tested against, and the split of one sort over several sorters by key ranges
-//! ([`split`], [`partition`]). This crate holds no GPU code.
+//! ([`split`], [`partition`]), and hollow columns for rows that went to a device ([`hollow`]).
+//! This crate holds no GPU code.
 
 pub mod backend;
 pub mod cpu;
 pub mod error;
+pub mod hollow;
 pub mod keys;
 pub mod partition;
 pub mod plan;

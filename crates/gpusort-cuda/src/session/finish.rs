@@ -20,7 +20,7 @@ use gpusort::ties::{TailGroups, TieBitmaps, TruncationTest};
 use gpusort::{EncoderOptions, KeyEncoder, SortKey, SortOutput, SortSpec, SortStats};
 use rayon::prelude::*;
 
-use super::range_blocks::RangeBlocks;
+use super::range_blocks::{LongBytes, RangeBlocks};
 use super::sorted_rows::SortedRows;
 use super::upload::{DeviceSegment, Uploaded};
 use super::{GpuColumn, GpuSortSession};
@@ -286,14 +286,14 @@ impl GpuSortSession {
         }
         let widths: Vec<usize> = plan.columns.iter().map(|c| c.width).collect();
         // With output views, every view column is laid out on the device (a view key's too).
-        let views: Vec<(usize, usize)> = match self.output_views && self.gpu.options().compact_views {
-            true => (plan.columns.iter().enumerate())
-                .filter(|(k, _)| self.view_lists.get(*k).is_some_and(Option::is_some))
-                .map(|(k, c)| (k, c.index))
+        let views: Vec<(usize, LongBytes)> = match self.output_views && self.gpu.options().compact_views {
+            true => (0..plan.columns.len())
+                .filter(|k| self.view_lists.get(*k).is_some_and(Option::is_some))
+                .map(|k| (k, self.long_bytes[k]))
                 .collect(),
             false => vec![],
         };
-        let blocks = RangeBlocks::planned(&widths, &plan.nullable, &views, &self.batches, range_rows);
+        let blocks = RangeBlocks::planned(&widths, &plan.nullable, &views, range_rows);
         blocks.pin_ahead((limit - range_rows).div_ceil(range_rows));
         blocks
     }

@@ -87,6 +87,7 @@ mod upload;
 
 pub use self::sorted_rows::SortedRows;
 
+use self::range_blocks::LongBytes;
 use self::upload::{Part, SegmentJob, SegmentLayout, Uploader};
 
 /// Bytes of a string or binary sort key (after the column's common prefix) that a GPU sort
@@ -194,7 +195,16 @@ pub struct GpuSortSession {
     columns: Vec<(usize, usize)>,
     /// Each device column's data buffers of the batches pushed, for view columns.
     view_lists: Vec<Option<ViewBufferLists>>,
+    /// Each device column's long view bytes, sampled as the batches are pushed.
+    long_bytes: Vec<LongBytes>,
+    /// The batches pushed: as they came, or with the columns of `released` hollow.
     batches: Vec<RecordBatch>,
+    /// Whether the host's copy of what goes up is released ([`Self::release_input`]).
+    release_input: bool,
+    /// The columns hollow in the batches kept once released: the device's, but the sort keys.
+    released: Vec<usize>,
+    /// Bytes hollowing freed.
+    released_bytes: usize,
     rows: usize,
     /// The segment being filled: its parts and rows; rows handed to the uploader before it;
     /// the layout once the first batch came.
@@ -245,7 +255,11 @@ impl GpuSortSession {
             output_ranges: 0,
             columns: vec![],
             view_lists: vec![],
+            long_bytes: vec![],
             batches: vec![],
+            release_input: false,
+            released: vec![],
+            released_bytes: 0,
             rows: 0,
             open: vec![],
             open_rows: 0,
@@ -319,6 +333,30 @@ impl GpuSortSession {
         self
     }
 
+    /// From the next push on, keeps only the host columns the sort still reads of each batch:
+    /// the sort keys, the columns that stay on the host, and the view columns' data buffers;
+    /// the others' memory is released as soon as their segment is staged (the batch kept with
+    /// them hollow, [`gpusort::hollow`]). The caller gives up its fallback to the CPU for the
+    /// rows pushed from then on, and hollows its own copies of [`Self::released_columns`].
+    pub fn release_input(&mut self) {
+        self.release_input = true;
+    }
+
+    /// The columns a batch pushed after [`Self::release_input`] leaves hollow (known from the
+    /// first push).
+    pub fn released_columns(&self) -> &[usize] {
+        match self.release_input {
+            true => &self.released,
+            false => &[],
+        }
+    }
+
+    /// Bytes of the pushed batches released so far ([`Self::release_input`]): freed once the
+    /// caller drops its own copies and their segments are staged.
+    pub fn released_bytes(&self) -> usize {
+        self.released_bytes
+    }
+
     /// Sizes the staging for about `rows` rows (smaller segments for a small sort).
     pub fn with_expected_rows(mut self, rows: usize) -> Self {
         self.expected_rows = Some(rows);
@@ -357,9 +395,27 @@ impl GpuSortSession {
         if self.batches.is_empty() {
             let views = views_on_device(self.gpu.options().device_views, self.memory_limit);
             (self.columns, self.view_lists) = device_columns(&self.schema, views);
+            self.long_bytes = vec![LongBytes::default(); self.columns.len()];
+            let keys: Vec<usize> = self.spec.keys().iter().map(|k| k.column).collect();
+            self.released = self
+                .columns
+                .iter()
+                .map(|&(c, _)| c)
+                .filter(|c| !keys.contains(c))
+                .collect();
         }
         let first_buffers = self.view_first_buffers(batch)?;
-        self.batches.push(batch.clone());
+        let part = self.batches.len();
+        for (&(c, _), long) in self.columns.iter().zip(&mut self.long_bytes) {
+            long.sample(part, batch.column(c).as_ref());
+        }
+        if self.released_columns().is_empty() {
+            self.batches.push(batch.clone());
+        } else {
+            let (hollow, freed) = gpusort::hollow::hollow_batch(batch, &self.released);
+            self.batches.push(hollow);
+            self.released_bytes += freed;
+        }
         self.rows += n;
         if self.columns.is_empty() {
             return Ok(());

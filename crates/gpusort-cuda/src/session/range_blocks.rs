@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::array::{Array, AsArray};
 use arrow::datatypes::DataType;
 
 use crate::pinned::{HostBuffer, PinnedPool, class_size};
@@ -35,7 +35,7 @@ use crate::pinned::{HostBuffer, PinnedPool, class_size};
 pub(super) const RANGES_AHEAD: usize = 8;
 
 /// Input batches sampled for the view bytes a range's compacted columns hold.
-const SAMPLED_BATCHES: usize = 64;
+const SAMPLE_EVERY: usize = 64;
 
 /// Of a column's range: its values, its validity bits, its compacted views' bytes.
 #[derive(Debug, Clone, Copy)]
@@ -73,12 +73,11 @@ impl RangeBlocks {
 
     /// The sizes planned for ranges of `range_rows` rows of device columns of `widths`: their
     /// values, the bits of the `nullable` ones, and for the `views` columns (device column,
-    /// input column) the long values' bytes of a range, estimated from a sample of `batches`.
+    /// its long bytes sampled) the long values' bytes of a range.
     pub(super) fn planned(
         widths: &[usize],
         nullable: &[usize],
-        views: &[(usize, usize)],
-        batches: &[RecordBatch],
+        views: &[(usize, LongBytes)],
         range_rows: usize,
     ) -> Self {
         let mut blocks = Self::new(widths.len());
@@ -88,8 +87,8 @@ impl RangeBlocks {
         for &k in nullable {
             blocks.sizes[k][Part::Bits as usize] = class_size(range_rows.div_ceil(32) * 4);
         }
-        for &(k, column) in views {
-            let bytes = long_bytes_per_row(batches, column) * range_rows as f64;
+        for &(k, long) in views {
+            let bytes = long.per_row() * range_rows as f64;
             // A margin over the sample's mean, so that most ranges fit the planned class.
             let bytes = (bytes * 1.05) as usize;
             if bytes > 0 {
@@ -145,32 +144,49 @@ impl RangeBlocks {
     }
 }
 
-/// The mean bytes of long (out-of-line) values a row of view column `column` holds, over up to
-/// [`SAMPLED_BATCHES`] of `batches` spread evenly; 0 for other columns.
-fn long_bytes_per_row(batches: &[RecordBatch], column: usize) -> f64 {
-    let step = batches.len().div_ceil(SAMPLED_BATCHES).max(1);
-    let (mut rows, mut bytes) = (0usize, 0usize);
-    for batch in batches.iter().step_by(step) {
-        let array = batch.column(column);
+/// The long (out-of-line) values' bytes of a view column, counted as its batches are pushed
+/// over one batch of every [`SAMPLE_EVERY`] (the first always): what a range's compacted view
+/// bytes are planned from. Counted at the push because the batches the session keeps may be
+/// hollow by the time it plans ([`GpuSortSession::with_release_input`](super::GpuSortSession::with_release_input)).
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub(super) struct LongBytes {
+    rows: usize,
+    bytes: usize,
+}
+
+impl LongBytes {
+    /// Counts `array` (of the `part`th batch pushed) when that batch is sampled.
+    pub(super) fn sample(&mut self, part: usize, array: &dyn Array) {
+        if part % SAMPLE_EVERY != 0 {
+            return;
+        }
         let views = match array.data_type() {
             DataType::Utf8View => array.as_string_view().views(),
             DataType::BinaryView => array.as_binary_view().views(),
-            _ => return 0.0,
+            _ => return,
         };
-        rows += array.len();
-        bytes += (views.iter().enumerate())
+        self.rows += array.len();
+        self.bytes += (views.iter().enumerate())
             .filter(|(i, _)| array.is_valid(*i))
             .map(|(_, v)| *v as u32 as usize)
             .filter(|&len| len > 12)
             .sum::<usize>();
     }
-    if rows == 0 { 0.0 } else { bytes as f64 / rows as f64 }
+
+    /// The mean long bytes of a row sampled; 0 without any.
+    fn per_row(&self) -> f64 {
+        if self.rows == 0 {
+            0.0
+        } else {
+            self.bytes as f64 / self.rows as f64
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use arrow::array::{ArrayRef, Int64Array, StringViewArray};
+    use arrow::array::{ArrayRef, Int64Array, RecordBatch, StringViewArray};
     use arrow::datatypes::{Field, Schema};
 
     fn batch(strings: &[Option<&str>]) -> RecordBatch {
@@ -186,22 +202,37 @@ mod tests {
     #[test]
     fn planned_sizes_are_the_classes_of_a_range() {
         let long = "a string longer than twelve"; // 27 bytes
-        let batches = vec![
+        let batches = [
             batch(&[Some(long), Some("short"), None, Some(long)]),
             batch(&[Some(long), Some(long), Some("tiny"), Some("")]),
         ];
+        // Both batches sampled (as the first of each SAMPLE_EVERY would be).
+        let mut views = LongBytes::default();
+        for b in &batches {
+            views.sample(0, b.column(1).as_ref());
+        }
         // Columns: i64 (8 bytes), a view (16), a nullable u32 (4).
-        let blocks = RangeBlocks::planned(&[8, 16, 4], &[2], &[(1, 1)], &batches, 1000);
+        let blocks = RangeBlocks::planned(&[8, 16, 4], &[2], &[(1, views)], 1000);
         assert_eq!(blocks.sizes[0], [class_size(8000), 0, 0]);
         // Four long values of eight rows: 13.5 bytes a row, 5% over.
         assert_eq!(blocks.sizes[1], [class_size(16_000), 0, class_size(14_175)]);
         assert_eq!(blocks.sizes[2], [class_size(4000), class_size(128), 0]);
         // Not a view column, or no long values: no bytes planned.
-        let blocks = RangeBlocks::planned(&[8, 16], &[], &[(0, 0)], &batches, 1000);
+        let mut ints = LongBytes::default();
+        ints.sample(0, batches[0].column(0).as_ref());
+        assert_eq!(ints, LongBytes::default());
+        let blocks = RangeBlocks::planned(&[8, 16], &[], &[(0, ints)], 1000);
         assert_eq!(blocks.sizes[0][Part::Bytes as usize], 0);
-        let short = vec![batch(&[Some("a"), None])];
-        assert_eq!(long_bytes_per_row(&short, 1), 0.0);
-        assert_eq!(long_bytes_per_row(&[], 1), 0.0);
+        let mut short = LongBytes::default();
+        short.sample(0, batch(&[Some("a"), None]).column(1).as_ref());
+        assert_eq!(short.per_row(), 0.0);
+        assert_eq!(LongBytes::default().per_row(), 0.0);
+        // Only one batch of every SAMPLE_EVERY is counted.
+        let mut sampled = LongBytes::default();
+        for part in 0..2 * SAMPLE_EVERY {
+            sampled.sample(part, batches[0].column(1).as_ref());
+        }
+        assert_eq!(sampled.rows, 8);
     }
 
     #[test]
