@@ -247,7 +247,8 @@ extensions_options! {
         /// are, for a consumer that encodes each batch and drops it, e.g. a Parquet writer:
         /// no copy, and the sorted buffers are freed with the last batch.
         pub compact_output_views: bool, default = true
-        /// A GPU sort whose buffered rows reach `min_rows` keeps on the host only the columns
+        /// A GPU sort whose buffered rows reach `min_rows`, and stay within what one GPU sort
+        /// holds under `gpu_memory_limit` (the run size), keeps on the host only the columns
         /// it still reads there (the sort keys, columns the GPU does not take, string views'
         /// data buffers): the others' memory is freed as soon as they are staged for the GPU
         /// and reused for the next input batches, instead of the whole decoded input staying

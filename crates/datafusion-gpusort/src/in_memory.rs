@@ -181,11 +181,14 @@ impl InMemorySorter {
 
     /// Pushes `batch` into the GPU session of the buffered rows ([`Self::push`]). Returns the
     /// batch to buffer: with `gpusort.release_uploaded_input`, once the buffered rows (`rows`,
-    /// with this batch's) reach `gpusort.min_rows`, the columns the GPU took are hollow
+    /// with this batch's) reach `gpusort.min_rows` and `fit` (the caller's run size, within
+    /// which one GPU sort holds them), the columns the GPU took are hollow
     /// ([`gpusort::hollow`]).
-    pub(crate) fn push_to_gpu(&mut self, batch: RecordBatch, rows: usize) -> Result<RecordBatch> {
-        // Past `min_rows` the sort is the GPU's: what goes up need not stay on the host.
-        let release = self.options.release_uploaded_input && rows >= self.options.min_rows;
+    pub(crate) fn push_to_gpu(&mut self, batch: RecordBatch, rows: usize, fit: Option<usize>) -> Result<RecordBatch> {
+        // Past `min_rows` the sort is the GPU's and, within its run size, fits it: what goes
+        // up need not stay on the host. Rows past what the GPU holds keep the CPU fallback.
+        let release =
+            self.options.release_uploaded_input && rows >= self.options.min_rows && fit.is_some_and(|fit| rows <= fit);
         if !self.push(&batch, release)? {
             return Ok(batch);
         }

@@ -149,7 +149,8 @@ impl GpuSorter {
                 // The reservation keeps the batch's bytes even where the session releases
                 // them (`gpusort.release_uploaded_input`): they are freed only once staged,
                 // which may lag the input by half of it.
-                self.sorter.push_to_gpu(batch, self.rows)?
+                let fit = self.run_rows.flatten();
+                self.sorter.push_to_gpu(batch, self.rows, fit)?
             }
             Some(_) => batch,
         };

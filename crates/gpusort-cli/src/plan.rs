@@ -110,9 +110,11 @@ impl PlanArgs {
         // as well as compacted copies, which cost 6.6 CPU-seconds of TPC-H lineitem SF10
         // (0.4 s on 16 cores) and held the strings twice.
         config.compact_output_views = false;
-        // The input files stay where they are: the host's copy of what went to the GPU is
-        // released while the input is read (`GPUSORT_RELEASE_INPUT=0` keeps it, for an A/B).
-        config.release_uploaded_input = std::env::var("GPUSORT_RELEASE_INPUT").map_or(true, |v| v != "0");
+        // The host's copy of what went to the GPU is released while the input is read
+        // (`GPUSORT_RELEASE_INPUT=0` keeps it, for an A/B) where the sort runs without limits:
+        // under --memory-limit or --gpu-memory-limit (runs, spills) it is not yet tested.
+        let unlimited = self.memory_limit_bytes().is_none() && self.gpu_memory_limit.is_none_or(|l| l.0 == 0);
+        config.release_uploaded_input = unlimited && std::env::var("GPUSORT_RELEASE_INPUT").map_or(true, |v| v != "0");
         if let Some(limit) = self.gpu_memory_limit {
             config.gpu_memory_limit = limit;
         }

@@ -142,7 +142,7 @@ mod tests {
         let views: ArrayRef = Arc::new(StringViewArray::from_iter_values((0..300).map(long)));
         let hollow = hollow_column(&views).unwrap();
         let (a, b) = (views.as_string_view(), hollow.as_string_view());
-        assert!(b.data_buffers().len() > 0);
+        assert!(!b.data_buffers().is_empty());
         // The very list of buffers: a sort's output views index it.
         assert!(std::ptr::eq(a.data_buffers().as_ptr(), b.data_buffers().as_ptr()));
         assert!(b.iter().all(|v| v == Some("")));

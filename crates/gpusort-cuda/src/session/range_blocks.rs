@@ -157,7 +157,7 @@ pub(super) struct LongBytes {
 impl LongBytes {
     /// Counts `array` (of the `part`th batch pushed) when that batch is sampled.
     pub(super) fn sample(&mut self, part: usize, array: &dyn Array) {
-        if part % SAMPLE_EVERY != 0 {
+        if !part.is_multiple_of(SAMPLE_EVERY) {
             return;
         }
         let views = match array.data_type() {
