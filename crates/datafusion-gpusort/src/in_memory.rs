@@ -404,9 +404,13 @@ impl InMemorySorter {
             }
         }
         self.session = None;
-        if let SortPath::Cpu { reason } = &path
-            && let Some(e) = self.released_error(reason.as_deref().unwrap_or("the sort went to the CPU"))
-        {
+        // Released rows sort through their session or not at all (on the CPU, or split over
+        // GPUs, they would sort hollow).
+        let reason = match &path {
+            SortPath::Cpu { reason: Some(r) } => r.as_str(),
+            _ => "the rows did not sort through their GPU session",
+        };
+        if let Some(e) = self.released_error(reason) {
             return Err(e);
         }
         let input = if batches.len() == 1 {
