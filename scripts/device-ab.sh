@@ -18,10 +18,12 @@ for round in $(seq "${ROUNDS:-2}"); do
       rm -f /tmp/ab.parquet
       bin=gpusort
       case ",$v," in *,BIN=*) bin=$(echo ",$v," | sed -E 's/.*,BIN=([^,]*),.*/\1/') ;; esac
+      t0=$(date +%s.%N)
       line=$(env ${v//,/ } .gpu/$bin sort "$input" -k "${order[$list]}" -o /tmp/ab.parquet \
         ${TIMELINE:+--timeline} 2>&1)
+      wall=$(awk "BEGIN { printf \"%.3f\", $(date +%s.%N) - $t0 }")
       echo "$line" > "/tmp/ab-logs/r$round-l$list-${v//[,=]/_}.log"
-      echo "round $round list $list $v: $(echo "$line" | grep -E '^ +time' | sed 's/^ *//') | $(stat -c %s /tmp/ab.parquet 2>/dev/null) bytes"
+      echo "round $round list $list $v: wall $wall s; $(echo "$line" | grep -E '^ +time' | sed 's/^ *//') | $(stat -c %s /tmp/ab.parquet 2>/dev/null) bytes"
     done
   done
 done 2>&1 | tee "$OUT/ab.txt"

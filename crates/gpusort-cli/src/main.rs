@@ -47,7 +47,7 @@ fn main() -> ExitCode {
         gpusort_cli::timeline::mark("main: the async runtime is shut down");
         result
     });
-    match result {
+    let code = match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             if !e.is_broken_pipe() {
@@ -56,7 +56,11 @@ fn main() -> ExitCode {
             }
             ExitCode::from(e.exit_code())
         }
-    }
+    };
+    // What follows (the drivers' exit handlers, the kernel freeing the process's memory) is
+    // still the user's wait: a timeline's last mark, against the wall time, says how long.
+    gpusort_cli::timeline::mark("main: exiting");
+    code
 }
 
 /// Under `--memory-limit`, memory the sort frees goes back to the system at once: mimalloc

@@ -88,7 +88,25 @@ pub fn enable() {
     let logger = LOGGER.get_or_init(|| TimelineLogger { start: Instant::now() });
     if log::set_logger(logger).is_ok() {
         log::set_max_level(log::LevelFilter::Debug);
+        if let Some(age) = process_age_seconds() {
+            mark(format_args!("timeline: started {age:.3} s after the process"));
+        }
     }
+}
+
+/// Seconds since this process started (Linux: `/proc/self/stat`'s start time against
+/// `/proc/uptime`, at the clock tick's resolution, 10 ms); `None` elsewhere. What the process
+/// did before the timeline (loading, the arguments) is part of the time a user waits.
+fn process_age_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The fields after the command name (which may hold spaces) in parentheses; the start
+    // time is field 22, the 20th after it.
+    let after_name = &stat[stat.rfind(')')? + 2..];
+    let start_ticks: f64 = after_name.split(' ').nth(19)?.parse().ok()?;
+    let uptime: f64 = std::fs::read_to_string("/proc/uptime").ok()?.split(' ').next()?.parse().ok()?;
+    // SAFETY: sysconf reads a constant of the system.
+    let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (ticks_per_second > 0).then(|| uptime - start_ticks / ticks_per_second as f64)
 }
 
 /// A mark of the tool's own (reading, writing) on the timeline.
@@ -99,6 +117,17 @@ pub fn mark(what: impl std::fmt::Display) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn process_age_counts_from_the_process_start() {
+        let first = process_age_seconds().expect("/proc/self/stat read");
+        // The test binary started moments ago (a slow CI machine: minutes at most).
+        assert!((0.0..600.0).contains(&first), "{first}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let later = process_age_seconds().unwrap();
+        assert!(later >= first, "{first} then {later}");
+    }
 
     #[test]
     fn usage_grows_with_work_and_first_touches() {
