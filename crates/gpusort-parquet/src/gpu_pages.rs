@@ -157,14 +157,7 @@ pub struct NvcompZstd {
     cpu: CpuZstd,
     /// Bytes of pages the CPU compressed.
     cpu_bytes: std::sync::atomic::AtomicU64,
-    /// A GPU thread claims its batch before it waits for a place among the calls in flight
-    /// (as before stop 46; [`NVCOMP_CLAIM_FIRST_ENV`], for A/B runs).
-    claim_first: bool,
 }
-
-/// `GPUSORT_NVCOMP_CLAIM_FIRST=1`: nvCOMP's threads claim their pages before they wait for a
-/// place among the calls in flight, as before stop 46 (`scripts/device-ab.sh` compares).
-pub const NVCOMP_CLAIM_FIRST_ENV: &str = "GPUSORT_NVCOMP_CLAIM_FIRST";
 
 /// The most of a row group's page bytes nvCOMP may compress: all of them. What it does take
 /// is what it gets through while the CPU's threads compress from the other end (stop 38; with
@@ -193,7 +186,6 @@ impl NvcompZstd {
             in_flight: CallGate::new(GPU_CALLS_IN_FLIGHT),
             cpu: CpuZstd::new(level),
             cpu_bytes: Default::default(),
-            claim_first: std::env::var_os(NVCOMP_CLAIM_FIRST_ENV).is_some_and(|v| v == "1"),
         })
     }
 
@@ -240,8 +232,11 @@ impl PageCompressor for NvcompZstd {
     fn compress(&self, pages: &[&[u8]]) -> Result<Vec<Vec<u8>>, ParquetError> {
         // Where the device memory budget has no room now (the sorts hold it), the CPU.
         let gpu = |frames: &[&[u8]]| {
-            let _place = self.claim_first.then(|| self.in_flight.enter());
-            match self.gpu.try_compress(frames) {
+            let compressed = {
+                let _place = self.in_flight.enter();
+                self.gpu.try_compress(frames)
+            };
+            match compressed {
                 Ok(Some(out)) => Ok(out),
                 Ok(None) => {
                     let bytes: usize = frames.iter().map(|f| f.len()).sum();
@@ -256,7 +251,6 @@ impl PageCompressor for NvcompZstd {
             pages,
             gpu_pages(pages, self.gpu_share),
             self.batches,
-            || (!self.claim_first).then(|| self.in_flight.enter()),
             |batch| in_frames(batch, self.frame_bytes, gpu),
             || self.cpu.compressor(),
             |compressor, page| {
@@ -290,17 +284,10 @@ impl PageCompressor for NvcompZstd {
 /// back; until they meet. Each side's share is what it gets through meanwhile: a GPU contended
 /// by other row groups, or CPUs busy encoding, take less. The calling thread waits for the
 /// GPU's last batches at most.
-///
-/// A GPU thread takes its place among the calls in flight (`place`, held until its call
-/// returns) before it takes its batch: pages claimed while waiting for a place would wait with
-/// it, and at the end of a file, with the encoding done, the cores would sit idle while a
-/// queue of row groups waited for the GPU (stop 46: the last row groups were ready ~0.25 s
-/// after the last was encoded).
-pub fn share_pages<S, P>(
+pub fn share_pages<S>(
     pages: &[&[u8]],
     gpu_limit: usize,
     batches: GpuBatches,
-    place: impl Fn() -> P + Sync,
     gpu: impl Fn(&[&[u8]]) -> Result<Vec<Vec<u8>>, ParquetError> + Sync,
     init: impl Fn() -> S + Sync + Send,
     cpu: impl Fn(&mut S, &[u8]) -> Result<Vec<u8>, ParquetError> + Sync + Send,
@@ -314,7 +301,6 @@ pub fn share_pages<S, P>(
     let out: Vec<OnceLock<Vec<u8>>> = (0..n).map(|_| OnceLock::new()).collect();
     let gpu_side = || -> Result<(), ParquetError> {
         loop {
-            let _place = place();
             let (start, end) = {
                 let mut e = lock();
                 let (start, mut end, mut bytes) = (e.0, e.0, 0);
@@ -649,7 +635,6 @@ mod tests {
                 &refs,
                 limit,
                 GpuBatches { bytes: 2000, calls },
-                || (),
                 |batch| {
                     most.fetch_max(running.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
                     batches
@@ -682,7 +667,6 @@ mod tests {
             &refs,
             200,
             GpuBatches { bytes: 2000, calls: 2 },
-            || (),
             |_| Err(ParquetError::General("no GPU".into())),
             || (),
             // Slow enough that the GPU takes a batch before the CPU has taken every page.
@@ -696,51 +680,16 @@ mod tests {
             &refs,
             0,
             one,
-            || (),
             |batch| Ok(batch.iter().map(|p| p.to_vec()).collect()),
             || (),
             |_, _| Err(ParquetError::General("no zstd".into())),
         );
         assert!(failing.unwrap_err().to_string().contains("no zstd"));
         assert!(
-            share_pages(&[], 5, one, || (), |_| unreachable!(), || (), |_, _| unreachable!())
+            share_pages(&[], 5, one, |_| unreachable!(), || (), |_, _| unreachable!())
                 .unwrap()
                 .is_empty()
         );
-    }
-
-    /// A GPU thread waiting for its place among the calls in flight has claimed no pages: the
-    /// CPU's threads compress them all meanwhile, and the GPU, once in, finds none left.
-    #[test]
-    fn pages_wait_for_the_gpu_only_once_it_has_a_place() {
-        let pages: Vec<Vec<u8>> = (0..64u32).map(|i| vec![i as u8; 1000]).collect();
-        let refs: Vec<&[u8]> = pages.iter().map(|p| p.as_slice()).collect();
-        let cpu_pages = AtomicUsize::new(0);
-        let gpu_pages = AtomicUsize::new(0);
-        let out = share_pages(
-            &refs,
-            refs.len(),
-            GpuBatches { bytes: 1 << 20, calls: 2 },
-            // The calls in flight are other row groups' until the CPU has taken every page.
-            || {
-                while cpu_pages.load(Ordering::SeqCst) < 64 {
-                    std::thread::sleep(std::time::Duration::from_millis(1));
-                }
-            },
-            |batch| {
-                gpu_pages.fetch_add(batch.len(), Ordering::SeqCst);
-                Ok(batch.iter().map(|p| p.to_vec()).collect())
-            },
-            || (),
-            |_, page| {
-                cpu_pages.fetch_add(1, Ordering::SeqCst);
-                Ok(page.to_vec())
-            },
-        )
-        .unwrap();
-        assert_eq!(out.len(), 64);
-        assert!(out.iter().zip(&pages).all(|(o, p)| o == p));
-        assert_eq!(gpu_pages.into_inner(), 0, "the GPU claimed pages before it had a place");
     }
 
     /// Every caller gets through, never more than the gate's places at once.
