@@ -126,6 +126,13 @@ pub(crate) enum SortedOutput {
     OnDevice(Box<DeviceOutput>),
 }
 
+/// The fewest rows a GPU sort must hold to cut the input into runs of its size: a GPU sort
+/// costs a millisecond or more however small (launches, copies, synchronizations), which is
+/// what a core takes to sort a few thousand rows. Under a GPU budget of 64 KiB, runs of the one
+/// row it held made a batch a run, each sorted on the GPU (or failing there) and merged: a
+/// 300,000-row sort did not finish in 240 s on the H200 (stop 46).
+pub(crate) const MIN_GPU_RUN_ROWS: usize = 4096;
+
 /// Sorts rows held in memory (see the module docs).
 pub(crate) struct InMemorySorter {
     pub(crate) schema: SchemaRef,
@@ -295,15 +302,19 @@ impl InMemorySorter {
     }
 
     /// The most rows of one run: `gpusort.max_run_rows`, and what one GPU sort of batches
-    /// like `batch` can take when sorts run on a GPU.
+    /// like `batch` can take when sorts run on a GPU, where that is at least
+    /// [`MIN_GPU_RUN_ROWS`] and one batch. A GPU that holds fewer (a `gpu_memory_limit` of a
+    /// few kilobytes) does not cut the runs: the sort is then larger than the GPU takes and
+    /// runs on the CPU, once, instead of as a run per batch, each failing on the GPU first.
     pub(crate) fn run_rows(&self, batch: &RecordBatch) -> Option<usize> {
         let configured = (self.options.max_run_rows > 0).then_some(self.options.max_run_rows);
+        let least = MIN_GPU_RUN_ROWS.max(batch.num_rows());
         let max_rows = |gpu: &CudaBackend| {
             self.sort_input(batch, true).ok().and_then(|(extended, spec)| {
                 let request = SortRequest::new(&extended, &spec).with_strategy(self.options.strategy.strategy());
                 gpu.max_rows_within(&gpu_request(&request), self.gpu_limit())
                     .ok()
-                    .map(|rows| rows.max(1))
+                    .filter(|&rows| rows >= least)
             })
         };
         let gpu = match self.choose_path(usize::MAX) {

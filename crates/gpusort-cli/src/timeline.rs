@@ -103,7 +103,12 @@ fn process_age_seconds() -> Option<f64> {
     // time is field 22, the 20th after it.
     let after_name = &stat[stat.rfind(')')? + 2..];
     let start_ticks: f64 = after_name.split(' ').nth(19)?.parse().ok()?;
-    let uptime: f64 = std::fs::read_to_string("/proc/uptime").ok()?.split(' ').next()?.parse().ok()?;
+    let uptime: f64 = std::fs::read_to_string("/proc/uptime")
+        .ok()?
+        .split(' ')
+        .next()?
+        .parse()
+        .ok()?;
     // SAFETY: sysconf reads a constant of the system.
     let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     (ticks_per_second > 0).then(|| uptime - start_ticks / ticks_per_second as f64)
