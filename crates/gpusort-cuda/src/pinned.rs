@@ -37,6 +37,9 @@ use cudarc::driver::{CudaContext, result, sys};
 /// Smallest block: requests below it are rounded up to it.
 pub const MIN_BLOCK: usize = 64 << 10;
 
+/// Threads that release many free blocks at once ([`PinnedPool::trim`]).
+const RELEASE_THREADS: usize = 8;
+
 /// Default limit when the host's memory is unknown.
 const FALLBACK_LIMIT: usize = 4 << 30;
 
@@ -354,12 +357,26 @@ impl Shared {
         if victims.is_empty() {
             return;
         }
-        if let Some(a) = self.allocator() {
-            for (b, size) in victims {
-                // SAFETY: free blocks are unused and came from this allocator.
-                unsafe { a.free(b.0, size) };
+        let Some(a) = self.allocator() else {
+            return;
+        };
+        // SAFETY (both frees): free blocks are unused and came from this allocator.
+        let free = |blocks: &[(BlockPtr, usize)]| {
+            for (b, size) in blocks {
+                unsafe { a.free(b.0, *size) };
             }
+        };
+        // Giving pages back to the driver (unpinning) takes about as long as pinning them:
+        // many blocks are released on a few threads at once.
+        let threads = victims.len().min(RELEASE_THREADS);
+        if threads <= 1 {
+            return free(&victims);
         }
+        std::thread::scope(|scope| {
+            for chunk in victims.chunks(victims.len().div_ceil(threads)) {
+                scope.spawn(move || free(chunk));
+            }
+        });
     }
 
     /// A new block of `size` bytes, already counted in `pinned_bytes`: counted as allocated, or
@@ -948,6 +965,19 @@ mod tests {
         drop(x);
         assert_eq!(pool.stats().pinned_bytes, 0);
         assert_eq!(a.live.load(Ordering::SeqCst), 0);
+    }
+
+    /// A trim of many free blocks (released on several threads) gives every one back once.
+    #[test]
+    fn a_trim_releases_every_free_block_once() {
+        let (pool, a) = pool(64 << 20);
+        let held: Vec<_> = (0..37).map(|i| pool.alloc((64 << 10) * (1 + i % 5))).collect();
+        assert_eq!(a.live.load(Ordering::SeqCst), 37);
+        drop(held);
+        pool.trim();
+        assert_eq!(a.live.load(Ordering::SeqCst), 0);
+        assert_eq!(a.live_bytes.load(Ordering::SeqCst), 0);
+        assert_eq!((pool.stats().pinned_bytes, pool.stats().free_bytes), (0, 0));
     }
 
     #[test]
