@@ -43,10 +43,6 @@ fn main() -> ExitCode {
             .map_err(|e| CliError::io("starting the async runtime", e))?;
         let result = runtime.block_on(run(cli));
         gpusort_cli::timeline::mark("main: the command returned");
-        if std::env::var_os("GPUSORT_TRIM_AT_END").is_some_and(|v| v == "1") {
-            gpusort_cuda::PinnedPool::global().trim();
-            gpusort_cli::timeline::mark("main: the pinned pool released");
-        }
         drop(runtime);
         gpusort_cli::timeline::mark("main: the async runtime is shut down");
         result

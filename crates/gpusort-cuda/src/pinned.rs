@@ -37,9 +37,6 @@ use cudarc::driver::{CudaContext, result, sys};
 /// Smallest block: requests below it are rounded up to it.
 pub const MIN_BLOCK: usize = 64 << 10;
 
-/// Threads that release many free blocks at once ([`PinnedPool::trim`]).
-const RELEASE_THREADS: usize = 8;
-
 /// Default limit when the host's memory is unknown.
 const FALLBACK_LIMIT: usize = 4 << 30;
 
@@ -357,26 +354,12 @@ impl Shared {
         if victims.is_empty() {
             return;
         }
-        let Some(a) = self.allocator() else {
-            return;
-        };
-        // SAFETY (both frees): free blocks are unused and came from this allocator.
-        let free = |blocks: &[(BlockPtr, usize)]| {
-            for (b, size) in blocks {
-                unsafe { a.free(b.0, *size) };
+        if let Some(a) = self.allocator() {
+            for (b, size) in victims {
+                // SAFETY: free blocks are unused and came from this allocator.
+                unsafe { a.free(b.0, size) };
             }
-        };
-        // Giving pages back to the driver (unpinning) takes about as long as pinning them:
-        // many blocks are released on a few threads at once.
-        let threads = victims.len().min(RELEASE_THREADS);
-        if threads <= 1 {
-            return free(&victims);
         }
-        std::thread::scope(|scope| {
-            for chunk in victims.chunks(victims.len().div_ceil(threads)) {
-                scope.spawn(move || free(chunk));
-            }
-        });
     }
 
     /// A new block of `size` bytes, already counted in `pinned_bytes`: counted as allocated, or
@@ -967,7 +950,7 @@ mod tests {
         assert_eq!(a.live.load(Ordering::SeqCst), 0);
     }
 
-    /// A trim of many free blocks (released on several threads) gives every one back once.
+    /// A trim gives every free block back, once.
     #[test]
     fn a_trim_releases_every_free_block_once() {
         let (pool, a) = pool(64 << 20);
