@@ -1,6 +1,7 @@
-//! Writes sorted Arrow batches to one Parquet file, fast: this crate's one job is the output
-//! file of a sort. The `gpusort` tool writes its output with it, and `datafusion-gpusort`'s
-//! `GpuParquetSink` writes SQL's `COPY (... ORDER BY ...) TO 'file.parquet'` with it.
+//! Writes sorted Arrow batches to one Parquet file, fast: this crate's one job is the Parquet
+//! files of a sort, the output above all. The `gpusort` tool writes its output with it, and
+//! `datafusion-gpusort`'s `GpuParquetSink` writes SQL's `COPY (... ORDER BY ...) TO
+//! 'file.parquet'` with it.
 //!
 //! - [`writer::SortedParquetWriter`]: row groups cut from the batches in order, their columns
 //!   encoded in parallel on a thread pool of the writer's own, a few row groups at a time, and
@@ -9,6 +10,8 @@
 //!   mostly made of (the Parquet crate's encoder writes the others).
 //! - [`pages`]: pages compressed apart from encoding, a row group at a time, by a
 //!   [`pages::PageCompressor`]: zstd on the CPU, or ([`gpu_pages`]) on the GPU through nvCOMP.
+//! - [`stored_pages`]: on the input side, a column chunk's pages as the file stores them, for
+//!   a decoder other than the Parquet crate's (the GPU's, to come).
 //!
 //! The output is standard Parquet: what the Parquet crate's writer makes with the same
 //! properties, page for page (the tests compare the two).
@@ -17,6 +20,7 @@ pub mod encoder;
 pub mod gpu_pages;
 pub mod pages;
 mod row_group;
+pub mod stored_pages;
 pub mod writer;
 
 pub use gpu_pages::{CompressOn, DeferredZstd, NvcompZstd, PagePath};
