@@ -75,7 +75,11 @@ pub fn column_chunk_pages<R: ChunkReader + 'static>(
     rows: usize,
 ) -> Result<ColumnChunkPages> {
     let codec = meta.compression();
-    let stored = meta.clone().into_builder().set_compression(Compression::UNCOMPRESSED).build()?;
+    let stored = meta
+        .clone()
+        .into_builder()
+        .set_compression(Compression::UNCOMPRESSED)
+        .build()?;
     let mut pages = SerializedPageReader::new(reader, &stored, rows, None)?;
     let mut out = ColumnChunkPages {
         codec,
