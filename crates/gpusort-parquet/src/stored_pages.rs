@@ -51,6 +51,21 @@ pub struct StoredPage {
     pub encoding: Encoding,
 }
 
+impl StoredPage {
+    /// A page compressed whole with the chunk's `codec` (a dictionary or a data page v1).
+    fn whole(kind: PageKind, codec: Compression, bytes: Bytes, num_values: u32, encoding: Encoding) -> Self {
+        Self {
+            kind,
+            uncompressed_bytes: uncompressed_size(codec, &bytes),
+            bytes,
+            levels_bytes: 0,
+            compressed: codec != Compression::UNCOMPRESSED,
+            num_values: num_values as usize,
+            encoding,
+        }
+    }
+}
+
 /// The stored pages of one column chunk.
 #[derive(Debug, Clone)]
 pub struct ColumnChunkPages {
@@ -95,29 +110,13 @@ pub fn column_chunk_pages<R: ChunkReader + 'static>(
                 num_values,
                 encoding,
                 ..
-            } => StoredPage {
-                kind: PageKind::Dictionary,
-                uncompressed_bytes: uncompressed_size(codec, &buf),
-                bytes: buf,
-                levels_bytes: 0,
-                compressed,
-                num_values: num_values as usize,
-                encoding,
-            },
+            } => StoredPage::whole(PageKind::Dictionary, codec, buf, num_values, encoding),
             Page::DataPage {
                 buf,
                 num_values,
                 encoding,
                 ..
-            } => StoredPage {
-                kind: PageKind::DataV1,
-                uncompressed_bytes: uncompressed_size(codec, &buf),
-                bytes: buf,
-                levels_bytes: 0,
-                compressed,
-                num_values: num_values as usize,
-                encoding,
-            },
+            } => StoredPage::whole(PageKind::DataV1, codec, buf, num_values, encoding),
             Page::DataPageV2 {
                 buf,
                 num_values,
