@@ -76,7 +76,7 @@ pub use kernels::{KernelCache, KernelTuning};
 pub use memory::{BudgetRefusal, DeviceBudget, DeviceBudgetStats, DeviceReservation};
 pub use merge::{MergeMethod, odd_even_applies};
 pub use multi::MultiGpuBackend;
-pub use nvcomp::{CompressStats, ZstdCompressor};
+pub use nvcomp::{CompressStats, DeviceBuffers, SnappyDecompressor, ZstdCompressor};
 pub use options::{DEVICE_TIES_MIN_MEAN_ROWS, DeviceTies, GpuOptions};
 pub use pinned::{FRESH_PIN_MAX, HostBuffer, PinnedPool, PinnedPoolStats};
 pub use presorted::DISTINCT_MIN_ROWS;

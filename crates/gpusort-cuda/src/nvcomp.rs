@@ -28,7 +28,7 @@ use cudarc::driver::sys::{CUdeviceptr, CUstream};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, result};
 
 use crate::error::{CudaSortError, Result};
-use crate::memory::DeviceBudget;
+use crate::memory::{DeviceBudget, DeviceReservation};
 use crate::options::GpuOptions;
 use crate::pinned::PinnedPool;
 
@@ -91,6 +91,30 @@ type CompressAsync = unsafe extern "C" fn(
     CUstream,
 ) -> Status;
 
+/// `nvcompBatchedSnappyDecompressOpts_t`: the backend and reserved bytes, zeroed: the default
+/// backend (the decompression engine where the GPU has one, else the SMs).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct DecompressOpts {
+    reserved: [u8; 64],
+}
+const DECOMPRESS_OPTS: DecompressOpts = DecompressOpts { reserved: [0; 64] };
+
+type DecompressTempSize = unsafe extern "C" fn(usize, usize, DecompressOpts, *mut usize, usize, CUstream) -> Status;
+type DecompressAsync = unsafe extern "C" fn(
+    *const *const c_void,
+    *const usize,
+    *const usize,
+    *mut usize,
+    usize,
+    *mut c_void,
+    usize,
+    *const *mut c_void,
+    DecompressOpts,
+    *mut Status,
+    CUstream,
+) -> Status;
+
 /// The entry points gpusort calls, resolved once.
 struct Api {
     /// Keeps the entry points valid.
@@ -102,6 +126,8 @@ struct Api {
     temp_size: GetTempSize,
     max_output: GetMaxOutput,
     compress: CompressAsync,
+    snappy_temp_size: DecompressTempSize,
+    snappy_decompress: DecompressAsync,
 }
 
 impl Api {
@@ -145,6 +171,8 @@ impl Api {
                 temp_size: entry(&library, "nvcompBatchedZstdCompressGetTempSize").map_err(symbol)?,
                 max_output: entry(&library, "nvcompBatchedZstdCompressGetMaxOutputChunkSize").map_err(symbol)?,
                 compress: entry(&library, "nvcompBatchedZstdCompressAsync").map_err(symbol)?,
+                snappy_temp_size: entry(&library, "nvcompBatchedSnappyDecompressGetTempSize").map_err(symbol)?,
+                snappy_decompress: entry(&library, "nvcompBatchedSnappyDecompressAsync").map_err(symbol)?,
                 alignments,
                 version: props.version,
                 path,
@@ -213,17 +241,49 @@ fn pack(lens: impl IntoIterator<Item = usize>, align: usize) -> (Vec<usize>, usi
 /// Compresses batches of buffers with zstd on one GPU; see the module doc. Calls from several
 /// threads run at once, each on a stream of its own.
 pub struct ZstdCompressor {
-    api: &'static Api,
-    ctx: Arc<CudaContext>,
+    device: NvcompDevice,
     /// Streams of finished calls, for the next ones.
     streams: Mutex<Vec<Arc<CudaStream>>>,
     stats: Mutex<CompressStats>,
+}
+
+/// nvCOMP on one GPU, its calls' device memory held of the process's budget of the device.
+struct NvcompDevice {
+    api: &'static Api,
+    ctx: Arc<CudaContext>,
     ordinal: usize,
-    /// `GPUSORT_DEVICE_BUDGET`, for the process's budget if this compressor makes it.
+    /// `GPUSORT_DEVICE_BUDGET`, for the process's budget if this device makes it.
     configured_budget: Option<usize>,
     /// The process's budget of the device, taken at the first call (by then a sort has
     /// usually made it, with its options).
     budget: OnceLock<Arc<DeviceBudget>>,
+}
+
+impl NvcompDevice {
+    /// GPU `ordinal` with nvCOMP; an error says why not (no nvCOMP, no GPU).
+    fn open(ordinal: usize) -> Result<Self> {
+        let api = Api::get().map_err(CudaSortError::Compression)?;
+        let ctx = CudaContext::new(ordinal)?;
+        PinnedPool::global().attach(&ctx);
+        Ok(Self {
+            api,
+            ctx,
+            ordinal,
+            configured_budget: GpuOptions::from_env().ok().and_then(|o| o.device_budget),
+            budget: OnceLock::new(),
+        })
+    }
+
+    /// The process's device memory budget of the device (made here with the device's free
+    /// memory when no sort has made it).
+    fn budget(&self) -> &Arc<DeviceBudget> {
+        self.budget.get_or_init(|| {
+            DeviceBudget::for_device(self.ordinal, self.configured_budget, || {
+                let _ = self.ctx.bind_to_thread();
+                result::mem_get_info().map_or(0, |(free, _)| free)
+            })
+        })
+    }
 }
 
 /// What a [`ZstdCompressor`] did so far.
@@ -246,7 +306,7 @@ pub struct CompressStats {
 impl std::fmt::Debug for ZstdCompressor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ZstdCompressor")
-            .field("library", &self.api.path)
+            .field("library", &self.device.api.path)
             .field("version", &self.version())
             .finish_non_exhaustive()
     }
@@ -255,35 +315,17 @@ impl std::fmt::Debug for ZstdCompressor {
 impl ZstdCompressor {
     /// A compressor on GPU `ordinal`; an error says why there is none (no nvCOMP, no GPU).
     pub fn try_new(ordinal: usize) -> Result<Self> {
-        let api = Api::get().map_err(CudaSortError::Compression)?;
-        let ctx = CudaContext::new(ordinal)?;
-        PinnedPool::global().attach(&ctx);
         Ok(Self {
-            api,
-            ctx,
+            device: NvcompDevice::open(ordinal)?,
             streams: Mutex::default(),
             stats: Mutex::default(),
-            ordinal,
-            configured_budget: GpuOptions::from_env().ok().and_then(|o| o.device_budget),
-            budget: OnceLock::new(),
         })
     }
 
     /// Holds its device memory of `budget` instead of the process's budget of the device.
     pub fn with_budget(self, budget: Arc<DeviceBudget>) -> Self {
-        let _ = self.budget.set(budget);
+        let _ = self.device.budget.set(budget);
         self
-    }
-
-    /// The process's device memory budget of the device (made here with the device's free
-    /// memory when no sort has made it).
-    fn budget(&self) -> &Arc<DeviceBudget> {
-        self.budget.get_or_init(|| {
-            DeviceBudget::for_device(self.ordinal, self.configured_budget, || {
-                let _ = self.ctx.bind_to_thread();
-                result::mem_get_info().map_or(0, |(free, _)| free)
-            })
-        })
     }
 
     /// What it did so far.
@@ -293,13 +335,13 @@ impl ZstdCompressor {
 
     /// nvCOMP's version, as "major.minor.patch".
     pub fn version(&self) -> String {
-        let v = self.api.version;
+        let v = self.device.api.version;
         format!("{}.{}.{}", v / 1000, v % 1000 / 100, v % 100)
     }
 
     /// The library file loaded.
     pub fn library(&self) -> &Path {
-        &self.api.path
+        &self.device.api.path
     }
 
     /// One zstd frame for each of `inputs`, in order; an error where the device memory budget
@@ -355,7 +397,7 @@ impl ZstdCompressor {
         let free = self.streams.lock().unwrap_or_else(|p| p.into_inner()).pop();
         match free {
             Some(s) => Ok(s),
-            None => Ok(self.ctx.new_stream()?),
+            None => Ok(self.device.ctx.new_stream()?),
         }
     }
 
@@ -363,7 +405,7 @@ impl ZstdCompressor {
     /// pack, upload, compress, download the sizes and then the frames.
     fn compress_on(&self, stream: &Arc<CudaStream>, inputs: &[&[u8]]) -> Result<Option<Vec<Vec<u8>>>> {
         let t0 = std::time::Instant::now();
-        let api = self.api;
+        let api = self.device.api;
         let n = inputs.len();
         let max_in = inputs.iter().map(|i| i.len()).max().unwrap_or(1);
         let (in_at, in_total) = pack(inputs.iter().map(|i| i.len()), api.alignments.input.max(8));
@@ -388,7 +430,7 @@ impl ZstdCompressor {
         )?;
 
         let temp_total = align_up(temp_bytes.max(1), api.alignments.temp.max(8));
-        let mut held = self.budget().reservation();
+        let mut held = self.device.budget().reservation();
         let needed = in_total + out_total + temp_total + 8 * 5 * n;
         if !held.try_grow_to(needed) {
             log::debug!(
@@ -491,7 +533,7 @@ impl ZstdCompressor {
         if let Some((i, &bad)) = statuses.iter().enumerate().find(|(_, s)| **s != SUCCESS) {
             return Err(CudaSortError::Compression(format!(
                 "nvCOMP could not compress buffer {i} of {n}: {}",
-                check_launch(bad, "zstd", Some(self.api.status_string)).unwrap_err()
+                check_launch(bad, "zstd", Some(self.device.api.status_string)).unwrap_err()
             )));
         }
         let end = out_at
@@ -510,6 +552,169 @@ impl ZstdCompressor {
             .zip(sizes)
             .map(|(&a, &len)| bytes[a..a + len as usize].to_vec())
             .collect())
+    }
+}
+
+/// Snappy buffers decompressed on one GPU, all of a batch in one nvCOMP call, into one device
+/// buffer: the first step of Parquet decode on the GPU (the pages as
+/// `gpusort_parquet::stored_pages` lists them; `kernels/NOTES.md`, "Parquet decode on the GPU:
+/// the plan"). The inputs are packed into pinned memory and cross PCIe in one copy; the call's
+/// device memory is held of the process's budget of the device, the output's for as long as
+/// the [`DeviceBuffers`] live.
+pub struct SnappyDecompressor {
+    device: NvcompDevice,
+    stream: Arc<CudaStream>,
+}
+
+/// Buffers decompressed into one device buffer: buffer `i` is `sizes[i]` bytes at
+/// `offsets[i]` of `data`.
+pub struct DeviceBuffers {
+    pub data: CudaSlice<u8>,
+    pub offsets: Vec<usize>,
+    pub sizes: Vec<usize>,
+    _held: DeviceReservation,
+}
+
+impl std::fmt::Debug for SnappyDecompressor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SnappyDecompressor")
+            .field("library", &self.device.api.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SnappyDecompressor {
+    /// A decompressor on GPU `ordinal`; an error says why there is none (no nvCOMP, no GPU).
+    pub fn try_new(ordinal: usize) -> Result<Self> {
+        let device = NvcompDevice::open(ordinal)?;
+        let stream = device.ctx.new_stream()?;
+        Ok(Self { device, stream })
+    }
+
+    /// Holds its device memory of `budget` instead of the process's budget of the device.
+    pub fn with_budget(self, budget: Arc<DeviceBudget>) -> Self {
+        let _ = self.device.budget.set(budget);
+        self
+    }
+
+    /// The stream the output is written on (synchronized before [`Self::decompress_to_device`]
+    /// returns).
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Each of `compressed` (raw snappy) decompressed on the host, in order: the device's work
+    /// downloaded (tests, and checks against the CPU's snappy).
+    pub fn decompress(&self, compressed: &[&[u8]], sizes: &[usize]) -> Result<Vec<Vec<u8>>> {
+        let out = self.decompress_to_device(compressed, sizes)?;
+        let mut host = vec![0u8; out.data.len()];
+        self.stream.memcpy_dtoh(&out.data, &mut host)?;
+        self.stream.synchronize()?;
+        Ok(out
+            .offsets
+            .iter()
+            .zip(&out.sizes)
+            .map(|(&a, &n)| host[a..a + n].to_vec())
+            .collect())
+    }
+
+    /// Each of `compressed` (raw snappy, as Parquet pages hold it) decompressed into one device
+    /// buffer; `sizes[i]` is what buffer `i` decompresses to (its snappy preamble says it). An
+    /// error where the device memory budget has no room now, or where nvCOMP finds a buffer
+    /// corrupt or of another size than `sizes` says.
+    pub fn decompress_to_device(&self, compressed: &[&[u8]], sizes: &[usize]) -> Result<DeviceBuffers> {
+        if compressed.len() != sizes.len() {
+            return Err(CudaSortError::Compression(format!(
+                "{} snappy buffers with {} sizes",
+                compressed.len(),
+                sizes.len()
+            )));
+        }
+        let (api, stream, s) = (self.device.api, &self.stream, self.stream.cu_stream());
+        let n = compressed.len();
+        let (in_at, in_total) = pack(compressed.iter().map(|c| c.len()), 8);
+        let (out_at, out_total) = pack(sizes.iter().copied(), 8);
+        let max_out = sizes.iter().copied().max().unwrap_or(0).max(1);
+        let mut temp_bytes = 0;
+        // SAFETY: a query; it enqueues nothing on the stream.
+        api.check(
+            unsafe { (api.snappy_temp_size)(n, max_out, DECOMPRESS_OPTS, &mut temp_bytes, out_total, s) },
+            "snappy temp size",
+        )?;
+        let mut held = self.device.budget().reservation();
+        // Tables: input pointers and sizes, output sizes and pointers (uploaded); the sizes
+        // written and the statuses (downloaded).
+        let table_bytes = 8 * 6 * n;
+        if !held.try_grow_to(in_total + out_total + temp_bytes + table_bytes) {
+            return Err(CudaSortError::Compression(format!(
+                "the device memory budget has no room for {:.1} MB of snappy pages now",
+                (in_total + out_total) as f64 / 1e6
+            )));
+        }
+        let (d_in, data) = (alloc(stream, in_total)?, alloc(stream, out_total)?);
+        let (d_temp, d_tables) = (alloc(stream, temp_bytes)?, alloc(stream, table_bytes)?);
+        let (in_base, out_base, tables) = (ptr(&d_in, stream), ptr(&data, stream), ptr(&d_tables, stream));
+        let mut staged = PinnedPool::global().alloc(in_total + 8 * 4 * n);
+        {
+            let (packed, words) = staged.as_mut_slice().split_at_mut(in_total);
+            pack_in_parallel(packed, compressed, &in_at);
+            let table: Vec<u64> = (in_at.iter().map(|&a| in_base + a as u64))
+                .chain(compressed.iter().map(|c| c.len() as u64))
+                .chain(sizes.iter().map(|&n| n as u64))
+                .chain(out_at.iter().map(|&a| out_base + a as u64))
+                .collect();
+            for (w, v) in words.chunks_exact_mut(8).zip(table) {
+                w.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        let word = |k: usize| tables + (8 * k * n) as u64;
+        let mut done = vec![0u64; 2 * n];
+        // SAFETY: the device buffers are as large as the copies and the tables nvCOMP reads;
+        // `staged` and `done` outlive the stream's work (synchronized below).
+        unsafe {
+            result::memcpy_htod_async(in_base, &staged.as_slice()[..in_total], s)?;
+            result::memcpy_htod_async(tables, &staged.as_slice()[in_total..], s)?;
+            api.check(
+                (api.snappy_decompress)(
+                    word(0) as *const *const c_void,
+                    word(1) as *const usize,
+                    word(2) as *const usize,
+                    word(4) as *mut usize,
+                    n,
+                    ptr(&d_temp, stream) as *mut c_void,
+                    temp_bytes,
+                    word(3) as *const *mut c_void,
+                    DECOMPRESS_OPTS,
+                    word(5) as *mut Status,
+                    s,
+                ),
+                "snappy decompression",
+            )?;
+            result::memcpy_dtoh_async(&mut done[..], word(4), s)?;
+        }
+        stream.synchronize()?;
+        drop((staged, d_in, d_temp, d_tables));
+        let statuses = done[n..]
+            .iter()
+            .flat_map(|w| [*w as u32 as i32, (*w >> 32) as u32 as i32]);
+        for (i, (status, (&written, &size))) in statuses.zip(done[..n].iter().zip(sizes)).enumerate() {
+            if status != SUCCESS || written as usize != size {
+                return Err(CudaSortError::Compression(format!(
+                    "nvCOMP could not decompress snappy buffer {i} of {n} to its {size} bytes ({written} \
+                     written): {}",
+                    check_launch(status, "snappy", Some(api.status_string))
+                        .err()
+                        .unwrap_or_default()
+                )));
+            }
+        }
+        held.shrink_to(out_total);
+        Ok(DeviceBuffers {
+            data,
+            offsets: out_at,
+            sizes: sizes.to_vec(),
+            _held: held,
+        })
     }
 }
 
@@ -580,7 +785,12 @@ mod tests {
     /// GPUSORT_REQUIRE_NVCOMP=1 (device-unpack.sh sets it where it carried nvCOMP); a missing GPU
     /// fails it under GPUSORT_REQUIRE_GPU=1 whether nvCOMP is there or not.
     fn compressor_for_test(test: &str) -> Option<ZstdCompressor> {
-        match ZstdCompressor::try_new(0) {
+        nvcomp_for_test(test, || ZstdCompressor::try_new(0))
+    }
+
+    /// As [`compressor_for_test`], for whatever `open` makes on GPU 0 with nvCOMP.
+    fn nvcomp_for_test<T>(test: &str, open: impl FnOnce() -> Result<T>) -> Option<T> {
+        match open() {
             Ok(c) => Some(c),
             Err(e @ CudaSortError::Compression(_)) if std::env::var("GPUSORT_REQUIRE_NVCOMP").as_deref() != Ok("1") => {
                 if let Err(no_gpu) = crate::device::probe(0) {
@@ -594,6 +804,54 @@ mod tests {
                 None
             }
         }
+    }
+
+    /// Snappy buffers of every shape (empty, one byte, runs, noise, up to 1 MiB as Parquet pages
+    /// are) decompress on the GPU to what the CPU's snappy made them from; a corrupt buffer or
+    /// a wrong size is an error, and a budget without room refuses the call.
+    #[test]
+    fn snappy_pages_decompress_on_the_gpu_as_on_the_cpu() {
+        let test = "snappy_pages_decompress_on_the_gpu_as_on_the_cpu";
+        let Some(gpu) = nvcomp_for_test(test, || SnappyDecompressor::try_new(0)) else {
+            return;
+        };
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let plain: Vec<Vec<u8>> = (0..300)
+            .map(|i| {
+                let len = match i % 6 {
+                    0 => (next() % 64) as usize,
+                    1 => (next() % (1 << 20)) as usize,
+                    _ => (next() % 70_000) as usize,
+                };
+                let noisy = i % 3 == 0;
+                (0..len)
+                    .map(|j| if noisy { next() as u8 } else { (j / 7 % 13) as u8 + b'a' })
+                    .collect()
+            })
+            .collect();
+        let compressed: Vec<Vec<u8>> = (plain.iter())
+            .map(|p| snap::raw::Encoder::new().compress_vec(p).unwrap())
+            .collect();
+        let refs: Vec<&[u8]> = compressed.iter().map(|c| c.as_slice()).collect();
+        let sizes: Vec<usize> = plain.iter().map(|p| p.len()).collect();
+        let out = gpu.decompress(&refs, &sizes).unwrap();
+        for (i, (o, p)) in out.iter().zip(&plain).enumerate() {
+            assert!(o == p, "buffer {i} ({} bytes) differs", p.len());
+        }
+        let mut wrong = sizes.clone();
+        wrong[7] += 1;
+        assert!(gpu.decompress(&refs, &wrong).is_err(), "a wrong size");
+        let cut = &compressed[1][..compressed[1].len() / 2];
+        assert!(gpu.decompress(&[refs[0], cut], &sizes[..2]).is_err(), "a cut buffer");
+        assert_eq!(gpu.decompress(&[], &[]).unwrap().len(), 0);
+        let refused = gpu.with_budget(DeviceBudget::new(64 << 10));
+        assert!(refused.decompress(&refs, &sizes).is_err(), "no room");
     }
 
     /// Inputs packed on several threads land where one thread puts them, gaps untouched.
