@@ -641,17 +641,23 @@ impl SnappyDecompressor {
                 _held: self.device.budget().reservation(),
             });
         }
-        if full.len() < sizes.len() {
-            let inputs: Vec<&[u8]> = full.iter().map(|&i| compressed[i]).collect();
-            let lens: Vec<usize> = full.iter().map(|&i| sizes[i]).collect();
-            let mut out = self.decompress_to_device(&inputs, &lens)?;
-            let mut at = vec![0; sizes.len()];
-            for (&i, &a) in full.iter().zip(&out.offsets) {
-                at[i] = a;
-            }
-            (out.offsets, out.sizes) = (at, sizes.to_vec());
-            return Ok(out);
+        if full.len() == sizes.len() {
+            return self.decompress_full(compressed, sizes);
         }
+        let inputs: Vec<&[u8]> = full.iter().map(|&i| compressed[i]).collect();
+        let lens: Vec<usize> = full.iter().map(|&i| sizes[i]).collect();
+        let mut out = self.decompress_full(&inputs, &lens)?;
+        let mut at = vec![0; sizes.len()];
+        for (&i, &a) in full.iter().zip(&out.offsets) {
+            at[i] = a;
+        }
+        (out.offsets, out.sizes) = (at, sizes.to_vec());
+        Ok(out)
+    }
+
+    /// [`Self::decompress_to_device`] of buffers that are none of them empty: hold the call's
+    /// device memory of the budget, pack, upload, decompress, check each size and status.
+    fn decompress_full(&self, compressed: &[&[u8]], sizes: &[usize]) -> Result<DeviceBuffers> {
         let (api, stream, s) = (self.device.api, &self.stream, self.stream.cu_stream());
         let n = compressed.len();
         let (in_at, in_total) = pack(compressed.iter().map(|c| c.len()), 8);
