@@ -9,7 +9,6 @@
 //!
 //! Needs a GPU and nvCOMP 6 (`GPUSORT_NVCOMP`); without them it says so and lists the pages only.
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -32,7 +31,7 @@ fn main() {
     let groups: Vec<Vec<ColumnChunkPages>> = (reader.metadata().row_groups().par_iter())
         .map(|g| {
             (g.columns().iter())
-                .map(|c| column_chunk_pages(Arc::new(bytes.clone()), c, g.num_rows() as usize).expect("pages"))
+                .map(|c| column_chunk_pages(&bytes, c, g.num_rows() as usize).expect("pages"))
                 .collect()
         })
         .collect();

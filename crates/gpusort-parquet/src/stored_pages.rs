@@ -7,8 +7,9 @@
 //! [`column_chunk_pages`] walks a chunk with the Parquet crate's page reader (its headers,
 //! page index and encryption checks) told that the chunk is uncompressed, so that each page
 //! comes back as stored. What a decoder needs that the page then no longer says, the size of
-//! its values decompressed, is read from the compressed bytes themselves: snappy and zstd
-//! frames begin with it ([`uncompressed_size`]).
+//! its values decompressed, is read from the page's header (its first fields, which every
+//! writer writes first), else from the compressed bytes themselves: snappy and zstd frames
+//! may begin with it ([`uncompressed_size`]).
 
 use std::sync::Arc;
 
@@ -17,7 +18,6 @@ use parquet::basic::{Compression, Encoding, Type as PhysicalType};
 use parquet::column::page::{Page, PageReader};
 use parquet::errors::{ParquetError, Result};
 use parquet::file::metadata::ColumnChunkMetaData;
-use parquet::file::reader::ChunkReader;
 use parquet::file::serialized_reader::SerializedPageReader;
 
 /// What a stored page holds.
@@ -82,20 +82,18 @@ impl ColumnChunkPages {
     }
 }
 
-/// The pages of the column chunk `meta` describes (of a row group of `rows` rows), read from
-/// `reader`, each as stored.
-pub fn column_chunk_pages<R: ChunkReader + 'static>(
-    reader: Arc<R>,
-    meta: &ColumnChunkMetaData,
-    rows: usize,
-) -> Result<ColumnChunkPages> {
+/// The pages of the column chunk `meta` describes (of a row group of `rows` rows) in `file`
+/// (the whole file's bytes), each as stored.
+pub fn column_chunk_pages(file: &Bytes, meta: &ColumnChunkMetaData, rows: usize) -> Result<ColumnChunkPages> {
     let codec = meta.compression();
     let stored = meta
         .clone()
         .into_builder()
         .set_compression(Compression::UNCOMPRESSED)
         .build()?;
-    let mut pages = SerializedPageReader::new(reader, &stored, rows, None)?;
+    let mut pages = SerializedPageReader::new(Arc::new(file.clone()), &stored, rows, None)?;
+    // Where the next page's header starts in `file`.
+    let mut header_at = meta.byte_range().0 as usize;
     let mut out = ColumnChunkPages {
         codec,
         physical_type: meta.column_type(),
@@ -149,6 +147,17 @@ pub fn column_chunk_pages<R: ChunkReader + 'static>(
                 }
             }
         };
+        let mut page = page;
+        // The page's bytes are a slice of `file` (the reader of `Bytes` does not copy): its
+        // header is what lies between them and the page before.
+        let at = (page.bytes.as_ptr() as usize).wrapping_sub(file.as_ptr() as usize);
+        if let Some((plain, stored)) = file.get(header_at..at).and_then(header_sizes)
+            && stored == page.bytes.len()
+            && plain >= page.levels_bytes
+        {
+            page.uncompressed_bytes = Some(plain - page.levels_bytes);
+        }
+        header_at = at + page.bytes.len();
         match page.kind {
             PageKind::Dictionary if out.dictionary.is_some() || !out.data.is_empty() => {
                 return Err(ParquetError::General(
@@ -175,16 +184,42 @@ pub fn uncompressed_size(codec: Compression, compressed: &[u8]) -> Option<usize>
     }
 }
 
-/// Snappy's preamble: the uncompressed length as a varint of at most 5 bytes (32 bits).
-fn snappy_length(bytes: &[u8]) -> Option<usize> {
+/// The sizes a page header gives, uncompressed and stored: its fields 2 and 3, after field 1
+/// (the page's type), each a 32-bit integer of Thrift's compact protocol (a field header byte,
+/// then a zigzag varint). `None` where the header does not begin so.
+fn header_sizes(header: &[u8]) -> Option<(usize, usize)> {
+    const I32: u8 = 5;
+    let (mut at, mut id, mut fields) = (0, 0u8, [0i64; 3]);
+    while id < 3 {
+        let b = *header.get(at)?;
+        let delta = b >> 4;
+        if b & 0x0f != I32 || delta == 0 {
+            return None;
+        }
+        id += delta;
+        let (v, n) = varint(header.get(at + 1..)?)?;
+        *fields.get_mut(usize::from(id) - 1)? = (v >> 1) as i64 ^ -((v & 1) as i64);
+        at += 1 + n;
+    }
+    Some((usize::try_from(fields[1]).ok()?, usize::try_from(fields[2]).ok()?))
+}
+
+/// A little-endian base-128 varint of at most 10 bytes: its value and length.
+fn varint(bytes: &[u8]) -> Option<(u64, usize)> {
     let mut value = 0u64;
-    for (i, &b) in bytes.iter().take(5).enumerate() {
+    for (i, &b) in bytes.iter().take(10).enumerate() {
         value |= u64::from(b & 0x7f) << (7 * i);
         if b & 0x80 == 0 {
-            return u32::try_from(value).ok().map(|v| v as usize);
+            return Some((value, i + 1));
         }
     }
     None
+}
+
+/// Snappy's preamble: the uncompressed length as a varint of at most 5 bytes (32 bits).
+fn snappy_length(bytes: &[u8]) -> Option<usize> {
+    let (value, _) = varint(&bytes[..bytes.len().min(5)])?;
+    u32::try_from(value).ok().map(|v| v as usize)
 }
 
 /// A zstd frame's content size, from its frame header (RFC 8878, 3.1.1.1): the descriptor's
@@ -288,7 +323,7 @@ mod tests {
                     for (g, group) in reader.metadata().row_groups().iter().enumerate() {
                         let rows = group.num_rows() as usize;
                         for (c, meta) in group.columns().iter().enumerate() {
-                            let ours = column_chunk_pages(Arc::new(bytes.clone()), meta, rows).unwrap();
+                            let ours = column_chunk_pages(&bytes, meta, rows).unwrap();
                             // The file names the codec, not its level.
                             assert_eq!(std::mem::discriminant(&ours.codec), std::mem::discriminant(&codec));
                             assert_eq!(ours.num_values(), rows, "{what}");
@@ -305,15 +340,9 @@ mod tests {
                             for (s, t) in stored.iter().zip(&theirs) {
                                 let plain = decompressed(codec, s);
                                 assert_eq!(plain, t.buffer().as_ref(), "{what}");
-                                // The Parquet crate's zstd streams its frames without their
-                                // size; snappy and plain bytes always say it.
-                                match s.uncompressed_bytes {
-                                    Some(n) => assert_eq!(n, plain.len() - s.levels_bytes, "{what}"),
-                                    None => assert!(
-                                        s.compressed && matches!(codec, Compression::ZSTD(_)),
-                                        "{what}: no size"
-                                    ),
-                                }
+                                // From the header (the Parquet crate's zstd frames do not
+                                // say their size).
+                                assert_eq!(s.uncompressed_bytes, Some(plain.len() - s.levels_bytes), "{what}");
                                 assert_eq!((s.num_values, s.encoding), (t.num_values() as usize, t.encoding()));
                                 let kind = match t {
                                     Page::DictionaryPage { .. } => PageKind::Dictionary,
@@ -343,6 +372,13 @@ mod tests {
             assert_eq!(uncompressed_size(codec, &zstd), Some(len), "zstd {len}");
             assert_eq!(uncompressed_size(Compression::UNCOMPRESSED, &data), Some(len));
         }
+        // A page header: type 0 (data page), 1,000 bytes uncompressed, 300 stored, then more.
+        assert_eq!(
+            header_sizes(&[0x15, 0x00, 0x15, 0xd0, 0x0f, 0x15, 0xd8, 0x04, 0x2c]),
+            Some((1000, 300))
+        );
+        assert_eq!(header_sizes(&[0x15, 0x00, 0x15, 0xd0]), None, "cut");
+        assert_eq!(header_sizes(&[0x18, 0x00]), None, "not an i32");
         // A varint that does not end, a zstd frame without its size, a codec that says none.
         assert_eq!(snappy_length(&[0x80, 0x80]), None);
         assert_eq!(zstd_content_size(&[0x28, 0xb5, 0x2f, 0xfd, 0x00, 0x00]), None);
