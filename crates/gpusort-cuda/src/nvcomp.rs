@@ -30,7 +30,7 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, result};
 use crate::error::{CudaSortError, Result};
 use crate::memory::{DeviceBudget, DeviceReservation};
 use crate::options::GpuOptions;
-use crate::pinned::PinnedPool;
+use crate::pinned::{HostBuffer, PinnedPool};
 
 /// The library's file name.
 pub const NVCOMP_LIBRARY: &str = "libnvcomp.so.6";
@@ -450,20 +450,12 @@ impl ZstdCompressor {
         let (in_base, out_base, tables) = (ptr(&d_in, stream), ptr(&d_out, stream), ptr(&d_tables, stream));
 
         let t_alloc = t0.elapsed();
-        let mut staged = PinnedPool::global().alloc(in_total + 8 * 3 * n);
+        let table: Vec<u64> = (in_at.iter().map(|&a| in_base + a as u64))
+            .chain(inputs.iter().map(|i| i.len() as u64))
+            .chain(out_at.iter().map(|&a| out_base + a as u64))
+            .collect();
+        let staged = stage(inputs, &in_at, in_total, &table);
         let staged_pinned = staged.is_pinned();
-        {
-            let bytes = staged.as_mut_slice();
-            let (packed, words) = bytes.split_at_mut(in_total);
-            pack_in_parallel(packed, inputs, &in_at);
-            let table: Vec<u64> = (in_at.iter().map(|&a| in_base + a as u64))
-                .chain(inputs.iter().map(|i| i.len() as u64))
-                .chain(out_at.iter().map(|&a| out_base + a as u64))
-                .collect();
-            for (w, v) in words.chunks_exact_mut(8).zip(table) {
-                w.copy_from_slice(&v.to_le_bytes());
-            }
-        }
         let t_pack = t0.elapsed();
         let s = stream.cu_stream();
         // SAFETY: the device buffers are as large as the copies; `staged` outlives the
@@ -525,11 +517,7 @@ impl ZstdCompressor {
         unsafe { result::memcpy_dtoh_async(&mut meta[..], out_sizes, s)? };
         stream.synchronize()?;
         let sizes = &meta[..n];
-        let statuses: Vec<Status> = meta[n..]
-            .iter()
-            .flat_map(|w| [*w as u32 as i32, (*w >> 32) as u32 as i32])
-            .take(n)
-            .collect();
+        let statuses = unpack_statuses(&meta[n..], n);
         if let Some((i, &bad)) = statuses.iter().enumerate().find(|(_, s)| **s != SUCCESS) {
             return Err(CudaSortError::Compression(format!(
                 "nvCOMP could not compress buffer {i} of {n}: {}",
@@ -682,19 +670,12 @@ impl SnappyDecompressor {
         let (d_in, data) = (alloc(stream, in_total)?, alloc(stream, out_total)?);
         let (d_temp, d_tables) = (alloc(stream, temp_bytes)?, alloc(stream, table_bytes)?);
         let (in_base, out_base, tables) = (ptr(&d_in, stream), ptr(&data, stream), ptr(&d_tables, stream));
-        let mut staged = PinnedPool::global().alloc(in_total + 8 * 4 * n);
-        {
-            let (packed, words) = staged.as_mut_slice().split_at_mut(in_total);
-            pack_in_parallel(packed, compressed, &in_at);
-            let table: Vec<u64> = (in_at.iter().map(|&a| in_base + a as u64))
-                .chain(compressed.iter().map(|c| c.len() as u64))
-                .chain(sizes.iter().map(|&n| n as u64))
-                .chain(out_at.iter().map(|&a| out_base + a as u64))
-                .collect();
-            for (w, v) in words.chunks_exact_mut(8).zip(table) {
-                w.copy_from_slice(&v.to_le_bytes());
-            }
-        }
+        let table: Vec<u64> = (in_at.iter().map(|&a| in_base + a as u64))
+            .chain(compressed.iter().map(|c| c.len() as u64))
+            .chain(sizes.iter().map(|&n| n as u64))
+            .chain(out_at.iter().map(|&a| out_base + a as u64))
+            .collect();
+        let staged = stage(compressed, &in_at, in_total, &table);
         let word = |k: usize| tables + (8 * k * n) as u64;
         let mut done = vec![0u64; 2 * n];
         // SAFETY: the device buffers are as large as the copies and the tables nvCOMP reads;
@@ -722,10 +703,8 @@ impl SnappyDecompressor {
         }
         stream.synchronize()?;
         drop((staged, d_in, d_temp, d_tables));
-        let statuses = done[n..]
-            .iter()
-            .flat_map(|w| [*w as u32 as i32, (*w >> 32) as u32 as i32]);
-        for (i, (status, (&written, &size))) in statuses.zip(done[..n].iter().zip(sizes)).enumerate() {
+        let statuses = unpack_statuses(&done[n..], n);
+        for (i, (status, (&written, &size))) in statuses.into_iter().zip(done[..n].iter().zip(sizes)).enumerate() {
             if status != SUCCESS || written as usize != size {
                 return Err(CudaSortError::Compression(format!(
                     "nvCOMP could not decompress snappy buffer {i} of {n} to its {size} bytes ({written} \
@@ -744,6 +723,26 @@ impl SnappyDecompressor {
             _held: held,
         })
     }
+}
+
+/// One pinned buffer holding `inputs` packed at their offsets `at` (`total` bytes), then
+/// `table`'s words: what a call's two host-to-device copies read.
+fn stage(inputs: &[&[u8]], at: &[usize], total: usize, table: &[u64]) -> HostBuffer {
+    let mut staged = PinnedPool::global().alloc(total + 8 * table.len());
+    let (packed, words) = staged.as_mut_slice().split_at_mut(total);
+    pack_in_parallel(packed, inputs, at);
+    for (w, v) in words.chunks_exact_mut(8).zip(table) {
+        w.copy_from_slice(&v.to_le_bytes());
+    }
+    staged
+}
+
+/// The `n` 4-byte statuses nvCOMP wrote into `words` (downloaded as 8-byte words).
+fn unpack_statuses(words: &[u64], n: usize) -> Vec<Status> {
+    (words.iter())
+        .flat_map(|w| [*w as u32 as i32, (*w >> 32) as u32 as i32])
+        .take(n)
+        .collect()
 }
 
 /// Bytes of inputs one thread packs: a call's ~65 MB of TPC-H lineitem's pages took one thread
@@ -901,6 +900,25 @@ mod tests {
         let refused = fresh.with_budget(DeviceBudget::new(64 << 10));
         let no_room = refused.decompress(&refs, &sizes).unwrap_err().to_string();
         assert!(no_room.contains("no room"), "{no_room}");
+    }
+
+    /// A call's staging: the inputs at their offsets, then the table's words, little-endian;
+    /// statuses come back two to a downloaded word, low half first.
+    #[test]
+    fn calls_stage_inputs_then_tables_and_read_statuses_two_to_a_word() {
+        let inputs: [&[u8]; 3] = [b"abc", b"", b"defgh"];
+        let (at, total) = pack(inputs.iter().map(|i| i.len()), 8);
+        let staged = stage(&inputs, &at, total, &[7, u64::MAX - 1]);
+        let bytes = staged.as_slice();
+        assert_eq!(bytes.len(), total + 16);
+        assert_eq!(
+            (&bytes[at[0]..at[0] + 3], &bytes[at[2]..at[2] + 5]),
+            (&b"abc"[..], &b"defgh"[..])
+        );
+        assert_eq!(&bytes[total..total + 8], &7u64.to_le_bytes());
+        assert_eq!(&bytes[total + 8..], &(u64::MAX - 1).to_le_bytes());
+        let words = [5u64 << 32, 1000];
+        assert_eq!(unpack_statuses(&words, 3), vec![0, 5, 1000]);
     }
 
     /// Inputs packed on several threads land where one thread puts them, gaps untouched.
