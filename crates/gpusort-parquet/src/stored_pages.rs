@@ -66,6 +66,38 @@ impl StoredPage {
     }
 }
 
+impl StoredPage {
+    /// A data page v2: `levels_bytes` of levels, never compressed, then its values,
+    /// `compressed` with the chunk's `codec` or not.
+    fn v2(
+        codec: Compression,
+        bytes: Bytes,
+        levels_bytes: usize,
+        compressed: bool,
+        num_values: u32,
+        encoding: Encoding,
+    ) -> Result<Self> {
+        let Some(values) = bytes.get(levels_bytes..) else {
+            return Err(ParquetError::General(format!(
+                "a data page v2 of {} bytes with {levels_bytes} bytes of levels",
+                bytes.len()
+            )));
+        };
+        Ok(Self {
+            kind: PageKind::DataV2,
+            uncompressed_bytes: match compressed {
+                true => uncompressed_size(codec, values),
+                false => Some(values.len()),
+            },
+            levels_bytes,
+            compressed,
+            num_values: num_values as usize,
+            encoding,
+            bytes,
+        })
+    }
+}
+
 /// The stored pages of one column chunk.
 #[derive(Debug, Clone)]
 pub struct ColumnChunkPages {
@@ -100,9 +132,8 @@ pub fn column_chunk_pages(file: &Bytes, meta: &ColumnChunkMetaData, rows: usize)
         dictionary: None,
         data: vec![],
     };
-    let compressed = codec != Compression::UNCOMPRESSED;
     while let Some(page) = pages.get_next_page()? {
-        let page = match page {
+        let mut page = match page {
             Page::DictionaryPage {
                 buf,
                 num_values,
@@ -125,29 +156,10 @@ pub fn column_chunk_pages(file: &Bytes, meta: &ColumnChunkMetaData, rows: usize)
                 ..
             } => {
                 let levels_bytes = (def_levels_byte_len + rep_levels_byte_len) as usize;
-                if levels_bytes > buf.len() {
-                    return Err(ParquetError::General(format!(
-                        "a data page v2 of {} bytes with {levels_bytes} bytes of levels",
-                        buf.len()
-                    )));
-                }
-                let compressed = compressed && is_compressed;
-                let values = buf.slice(levels_bytes..);
-                StoredPage {
-                    kind: PageKind::DataV2,
-                    uncompressed_bytes: match compressed {
-                        true => uncompressed_size(codec, &values),
-                        false => Some(values.len()),
-                    },
-                    bytes: buf,
-                    levels_bytes,
-                    compressed,
-                    num_values: num_values as usize,
-                    encoding,
-                }
+                let compressed = codec != Compression::UNCOMPRESSED && is_compressed;
+                StoredPage::v2(codec, buf, levels_bytes, compressed, num_values, encoding)?
             }
         };
-        let mut page = page;
         // The page's bytes are a slice of `file` (the reader of `Bytes` does not copy): its
         // header is what lies between them and the page before.
         let at = (page.bytes.as_ptr() as usize).wrapping_sub(file.as_ptr() as usize);
