@@ -737,14 +737,7 @@ fn ranges_of_the_sorted_rows_are_the_whole_sort_in_pieces() {
         let what = format!("seed {seed} case {case}: {len} rows, {strategy:?}, limit {limit:?}, ranges {sizes:?}");
         let (ranged, count, stats) = sorted_in_ranges(gpu, c.batch.schema(), &c.spec, strategy, &parts, limit, sizes);
         let whole = check_session(gpu, &c.batch, &c.spec, &parts, 4096, limit, &what);
-        assert_eq!(ranged.num_rows(), whole.batch.num_rows(), "{what}");
-        for (k, (a, b)) in ranged.columns().iter().zip(whole.batch.columns()).enumerate() {
-            assert!(
-                a.to_data() == b.to_data(),
-                "{what}: column {k} ({}) differs",
-                a.data_type()
-            );
-        }
+        assert_same_rows(&ranged, &whole.batch, &what);
         let largest = sizes.iter().map(|&s| s.max(1)).max().unwrap();
         assert!(
             count >= whole.batch.num_rows().div_ceil(largest),
@@ -955,14 +948,7 @@ fn released_input_sorts_the_same_rows_from_the_columns_left_on_the_host() {
         }
         let got = arrow::compute::concat_batches(&c.batch.schema(), &got).unwrap();
         let whole = check_session(gpu, &c.batch, &c.spec, &parts, 4096, limit, &what);
-        assert_eq!(got.num_rows(), whole.batch.num_rows(), "{what}");
-        for (k, (a, b)) in got.columns().iter().zip(whole.batch.columns()).enumerate() {
-            assert!(
-                a.to_data() == b.to_data(),
-                "{what}: column {k} ({}) differs",
-                a.data_type()
-            );
-        }
+        assert_same_rows(&got, &whole.batch, &what);
     }
     // Views, every column on the device: the payload's views are hollow in the batches kept,
     // their data buffers not.
@@ -993,4 +979,16 @@ fn released_input_sorts_the_same_rows_from_the_columns_left_on_the_host() {
         assert_eq!(got, whole.batch, "{what}");
     }
     assert!(released_any, "no random case released a column");
+}
+
+/// `got` holds `expected`'s rows, column for column (their Arrow data equal).
+fn assert_same_rows(got: &RecordBatch, expected: &RecordBatch, what: &str) {
+    assert_eq!(got.num_rows(), expected.num_rows(), "{what}");
+    for (k, (a, b)) in got.columns().iter().zip(expected.columns()).enumerate() {
+        assert!(
+            a.to_data() == b.to_data(),
+            "{what}: column {k} ({}) differs",
+            a.data_type()
+        );
+    }
 }
