@@ -38,6 +38,10 @@ pub enum CudaSortError {
     /// nvCOMP is absent or refused a compression ([`crate::nvcomp`]).
     #[error("GPU compression: {0}")]
     Compression(String),
+    /// A Parquet page the device decoder cannot read: corrupt, or of a kind it does not decode
+    /// ([`crate::parquet`]).
+    #[error("Parquet decode on the GPU: {0}")]
+    Decode(String),
     /// An error of the core crate (key encoding, planning).
     #[error(transparent)]
     Core(#[from] gpusort::GpusortError),

@@ -31,6 +31,7 @@ pub const FAMILIES: &[(&str, &str)] = &[
     ("ties.cu", include_str!("../kernels/ties.cu")),
     ("merge.cu", include_str!("../kernels/merge.cu")),
     ("sample.cu", include_str!("../kernels/sample.cu")),
+    ("parquet.cu", include_str!("../kernels/parquet.cu")),
 ];
 
 /// The family (source file of [`FAMILIES`]) that defines kernel `name`.
@@ -47,6 +48,7 @@ pub fn family_of(name: &str) -> &'static str {
         n if n.starts_with("ties_") => "ties.cu",
         n if n.starts_with("merge_") => "merge.cu",
         n if n.starts_with("sample_") => "sample.cu",
+        n if n.starts_with("parquet_") => "parquet.cu",
         _ => "gather.cu",
     }
 }
@@ -176,7 +178,21 @@ pub const SHARED_CONSTANTS: &[(&str, u64, bool)] = &[
     ("SAMPLE_SPLITTERS", SAMPLE_SPLITTERS as u64, false),
     ("SAMPLE_OVERSAMPLE", SAMPLE_OVERSAMPLE as u64, false),
     ("SAMPLE_SIZE", SAMPLE_SIZE as u64, false),
+    ("PARQUET_BLOCK", PARQUET_BLOCK as u64, false),
+    ("PARQUET_TILE", PARQUET_TILE as u64, false),
+    ("PARQUET_PLAIN", crate::parquet::PAGE_PLAIN as u64, true),
+    ("PARQUET_DICT", crate::parquet::PAGE_DICT as u64, true),
+    ("PARQUET_V1_LEVELS", crate::parquet::PAGE_V1_LEVELS as u64, true),
+    ("PARQUET_OPTIONAL", crate::parquet::PAGE_OPTIONAL as u64, true),
 ];
+
+/// Threads of a `parquet_decode` block (`PARQUET_BLOCK`): one block a page.
+pub(crate) const PARQUET_BLOCK: u32 = 256;
+/// Values of a page one `parquet_decode` tile takes (`PARQUET_TILE`): two a thread; the runs of
+/// the hybrid encoding covering a tile, two tables of as many, fill 16 KiB of shared memory.
+pub(crate) const PARQUET_TILE: u32 = 2 * PARQUET_BLOCK;
+/// Threads of a `parquet_plain_views` block: one thread a region.
+pub(crate) const PARQUET_VIEWS_BLOCK: u32 = 64;
 
 /// Splitters a segment of a sample sort is split by (`SAMPLE_SPLITTERS` in kernels/sample.cu):
 /// with the buckets of keys equal to a splitter, `2 * 127 + 1 = 255` buckets, which the 256-bin
@@ -794,6 +810,10 @@ pub struct Kernels {
     pub sample_splitters: CudaFunction,
     /// Sample sort: each row's bucket by the splitters, and each chunk's bucket counts.
     pub sample_classify: CudaFunction,
+    /// Parquet: data pages decoded into Arrow's layout, one block a page.
+    pub parquet_decode: CudaFunction,
+    /// Parquet: PLAIN byte arrays as views into their pages.
+    pub parquet_plain_views: CudaFunction,
     /// A tile of a round of merges of sorted runs.
     pub merge_tiles: CudaFunction,
     /// The dynamic shared memory the scatters, the one-sweep pass and the MSD kernels may use
@@ -927,6 +947,8 @@ impl Kernels {
             merge_tiles: f("merge_tiles")?,
             sample_splitters: f("sample_splitters")?,
             sample_classify: f("sample_classify")?,
+            parquet_decode: f("parquet_decode")?,
+            parquet_plain_views: f("parquet_plain_views")?,
             modules: modules.clone(),
             smem: DynSmem::default(),
         };

@@ -29,7 +29,8 @@
 //! | `memory` | — | device memory a sort needs |
 //! | `options` | — | [`GpuOptions`]: the `GPUSORT_*` settings, read once when a device opens |
 //! | [`tune`] | — | `gpusort tune`: the empirical search over the kernels' settings, the tuning profile |
-//! | [`nvcomp`] | — | zstd on the GPU through nvCOMP, loaded at run time: the tool's Parquet pages |
+//! | [`nvcomp`] | — | nvCOMP, loaded at run time: zstd for the tool's Parquet pages, snappy pages decompressed for reading |
+//! | [`parquet`] | `parquet.cu` | Parquet data pages decoded into Arrow's layout on the device |
 //!
 //! Dependencies point one way: `backend` -> `session` -> `sort` -> `lsd`/`sample`/`msd`/`gather` ->
 //! the families -> `lanes` -> `gpu` -> `kernels`/`device`.
@@ -53,6 +54,7 @@ pub mod msd;
 mod multi;
 pub mod nvcomp;
 pub mod onesweep;
+pub mod parquet;
 mod options;
 pub mod pinned;
 pub mod prebuilt;

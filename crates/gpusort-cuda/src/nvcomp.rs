@@ -643,6 +643,35 @@ impl SnappyDecompressor {
         Ok(out)
     }
 
+    /// `buffers` copied as they are into one device buffer, laid out as
+    /// [`Self::decompress_to_device`]'s output is (pages no codec compressed, v2 pages' levels),
+    /// held of the same budget.
+    pub fn upload_to_device(&self, buffers: &[&[u8]]) -> Result<DeviceBuffers> {
+        let (at, total) = pack(buffers.iter().map(|b| b.len()), 8);
+        let mut held = self.device.budget().reservation();
+        if !held.try_grow_to(total) {
+            return Err(CudaSortError::Compression(format!(
+                "the device memory budget has no room for {:.1} MB of pages now",
+                total as f64 / 1e6
+            )));
+        }
+        let data = alloc(&self.stream, total)?;
+        if total > 0 {
+            let staged = stage(buffers, &at, total, &[]);
+            // SAFETY: `data` holds `total` bytes; `staged` outlives the copy (synchronized).
+            unsafe {
+                result::memcpy_htod_async(ptr(&data, &self.stream), staged.as_slice(), self.stream.cu_stream())?;
+            }
+            self.stream.synchronize()?;
+        }
+        Ok(DeviceBuffers {
+            data,
+            offsets: at,
+            sizes: buffers.iter().map(|b| b.len()).collect(),
+            _held: held,
+        })
+    }
+
     /// [`Self::decompress_to_device`] of buffers that are none of them empty: hold the call's
     /// device memory of the budget, pack, upload, decompress, check each size and status.
     fn decompress_full(&self, compressed: &[&[u8]], sizes: &[usize]) -> Result<DeviceBuffers> {

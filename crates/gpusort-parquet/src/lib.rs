@@ -11,12 +11,14 @@
 //! - [`pages`]: pages compressed apart from encoding, a row group at a time, by a
 //!   [`pages::PageCompressor`]: zstd on the CPU, or ([`gpu_pages`]) on the GPU through nvCOMP.
 //! - [`stored_pages`]: on the input side, a column chunk's pages as the file stores them, for
-//!   a decoder other than the Parquet crate's (the GPU's, to come).
+//!   a decoder other than the Parquet crate's: [`gpu_decode`], row groups decompressed and
+//!   decoded on the GPU into Arrow columns in device memory.
 //!
 //! The output is standard Parquet: what the Parquet crate's writer makes with the same
 //! properties, page for page (the tests compare the two).
 
 pub mod encoder;
+pub mod gpu_decode;
 pub mod gpu_pages;
 pub mod pages;
 mod row_group;

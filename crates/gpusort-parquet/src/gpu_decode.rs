@@ -1,0 +1,670 @@
+//! Row groups of a Parquet file decoded on the GPU into Arrow columns in device memory (issue
+//! 20's reading phase; `crates/gpusort-cuda/kernels/NOTES.md`, "Parquet decode on the GPU: the
+//! plan", step 3). [`GpuPageDecoder::decode`] lists the chunks' pages as stored
+//! ([`column_chunk_pages`]), decompresses every snappy page of the call in one nvCOMP call and
+//! uploads the uncompressed ones, makes views of the PLAIN byte arrays, and decodes every data
+//! page in one launch ([`gpusort_cuda::parquet`]).
+//!
+//! What it decodes: flat columns, required or optional, of the types [`ColumnPlan::for_field`]
+//! lists (integers, floats, dates, times, timestamps, decimals stored as INT32 or INT64, byte
+//! arrays as `Utf8View` / `BinaryView`), pages v1 and v2 that are PLAIN or dictionary encoded,
+//! uncompressed or snappy. Anything else is refused before the GPU is touched
+//! ([`GpuPageDecoder::plan`]), and the caller reads the file with the Parquet crate.
+//!
+//! Byte arrays' views point into the decompressed pages themselves: buffer 0 is the snappy
+//! output, buffer 1 the uploaded pages ([`GpuRowGroups::buffers`]); no byte is copied.
+
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, RecordBatch, make_array};
+use arrow::buffer::{BooleanBuffer, Buffer, NullBuffer};
+use arrow::datatypes::{DataType, Field, FieldRef, Schema, SchemaRef};
+use bytes::Bytes;
+use gpusort_cuda::parquet::{PAGE_DICT, PAGE_OPTIONAL, PAGE_PLAIN, PAGE_V1_LEVELS, ParquetPage, ViewRegion};
+use gpusort_cuda::{DeviceBuffers, Gpu, KernelCache, SnappyDecompressor};
+use parquet::arrow::parquet_to_arrow_schema;
+use parquet::basic::{Compression, Encoding, Type as PhysicalType};
+use parquet::errors::{ParquetError, Result};
+use parquet::file::metadata::ParquetMetaData;
+
+use crate::stored_pages::{ColumnChunkPages, PageKind, StoredPage, column_chunk_pages};
+
+/// How one column is decoded: bytes a stored value takes (0: byte arrays), bytes of its Arrow
+/// value (16 for views), whether it widens with its sign, and its output field.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ColumnPlan {
+    pub in_width: u32,
+    pub out_width: u32,
+    pub sign: bool,
+    pub optional: bool,
+    pub field: FieldRef,
+}
+
+impl ColumnPlan {
+    /// The plan of `field` (as the Parquet crate's reader returns it) stored as `physical`, or
+    /// why the device does not decode it.
+    pub fn for_field(field: &Field, physical: PhysicalType, optional: bool) -> Result<Self, String> {
+        use DataType as D;
+        use PhysicalType as P;
+        let (in_width, out_width, sign, out_type) = match (physical, field.data_type()) {
+            (P::INT32, D::Int32 | D::UInt32 | D::Date32 | D::Time32(_) | D::Decimal32(..)) => (4, 4, false, None),
+            (P::INT32, D::Int8 | D::UInt8) => (4, 1, false, None),
+            (P::INT32, D::Int16 | D::UInt16) => (4, 2, false, None),
+            (P::INT32, D::Decimal64(..)) => (4, 8, true, None),
+            (P::INT32, D::Decimal128(..)) => (4, 16, true, None),
+            (P::INT64, D::Int64 | D::UInt64 | D::Time64(_) | D::Timestamp(..) | D::Decimal64(..)) => {
+                (8, 8, false, None)
+            }
+            (P::INT64, D::Decimal128(..)) => (8, 16, true, None),
+            (P::FLOAT, D::Float32) => (4, 4, false, None),
+            (P::DOUBLE, D::Float64) => (8, 8, false, None),
+            (P::BYTE_ARRAY, D::Utf8 | D::LargeUtf8 | D::Utf8View) => (0, 16, false, Some(D::Utf8View)),
+            (P::BYTE_ARRAY, D::Binary | D::LargeBinary | D::BinaryView) => (0, 16, false, Some(D::BinaryView)),
+            (p, t) => return Err(format!("column '{}': {t} stored as {p}", field.name())),
+        };
+        let out = match out_type {
+            Some(t) => Field::new(field.name(), t, optional),
+            None => field.clone().with_nullable(optional),
+        };
+        Ok(Self {
+            in_width,
+            out_width,
+            sign,
+            optional,
+            field: Arc::new(out),
+        })
+    }
+}
+
+/// Decodes Parquet row groups on one GPU; see the module doc.
+pub struct GpuPageDecoder {
+    gpu: Arc<Gpu>,
+    snappy: SnappyDecompressor,
+}
+
+impl std::fmt::Debug for GpuPageDecoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuPageDecoder").field("snappy", &self.snappy).finish_non_exhaustive()
+    }
+}
+
+/// A column of the decoded row groups in device memory: `width` bytes a row, and a validity
+/// bitmap (Arrow's, in 32-bit words) where the column is optional.
+pub struct GpuColumn {
+    pub field: FieldRef,
+    pub width: usize,
+    pub values: cudarc::driver::CudaSlice<u8>,
+    pub validity: Option<cudarc::driver::CudaSlice<u32>>,
+}
+
+/// Row groups decoded into device memory: their columns, and the decompressed pages the byte
+/// arrays' views point into (buffer 0: snappy's output; buffer 1: pages uploaded as stored).
+pub struct GpuRowGroups {
+    pub rows: usize,
+    pub columns: Vec<GpuColumn>,
+    pub buffers: [DeviceBuffers; 2],
+    /// Where the call's time went.
+    pub times: DecodeTimes,
+    _views: cudarc::driver::CudaSlice<u8>,
+}
+
+/// Seconds of a [`GpuPageDecoder::decode`] call: listing the pages, moving them to the device
+/// (packing, upload, nvCOMP), and the kernels (views, then pages; waited for).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DecodeTimes {
+    pub list: f64,
+    pub pages: f64,
+    pub kernels: f64,
+}
+
+fn external(e: impl std::error::Error + Send + Sync + 'static) -> ParquetError {
+    ParquetError::External(Box::new(e))
+}
+
+/// Where a page's bytes went: buffer 0 (decompressed) or 1 (uploaded), and its index there.
+#[derive(Debug, Clone, Copy)]
+struct Placed {
+    buffer: usize,
+    index: usize,
+}
+
+/// The buffers a call sends to the device: snappy pages and their sizes, and raw bytes.
+#[derive(Default)]
+struct Uploads<'a> {
+    snappy: Vec<&'a [u8]>,
+    sizes: Vec<usize>,
+    raw: Vec<&'a [u8]>,
+}
+
+impl<'a> Uploads<'a> {
+    /// Sends `page`'s values (past any v2 levels): decompressed where compressed.
+    fn values(&mut self, page: &'a StoredPage, codec: Compression) -> Result<Placed> {
+        let bytes = &page.bytes[page.levels_bytes..];
+        if !page.compressed {
+            return Ok(self.raw(bytes));
+        }
+        if codec != Compression::SNAPPY {
+            return Err(ParquetError::NYI(format!("{codec} pages on the GPU")));
+        }
+        let size = page
+            .uncompressed_bytes
+            .ok_or_else(|| ParquetError::General("a snappy page without its size".into()))?;
+        self.snappy.push(bytes);
+        self.sizes.push(size);
+        Ok(Placed {
+            buffer: 0,
+            index: self.snappy.len() - 1,
+        })
+    }
+
+    fn raw(&mut self, bytes: &'a [u8]) -> Placed {
+        self.raw.push(bytes);
+        Placed {
+            buffer: 1,
+            index: self.raw.len() - 1,
+        }
+    }
+}
+
+/// A data page of a column chunk, before the device addresses are known.
+struct PagePlan {
+    column: usize,
+    row: u64,
+    values: Placed,
+    levels: Option<Placed>,
+    levels_len: usize,
+    /// The dictionary page's place (fixed-width dictionaries), or the index of its views'
+    /// region (byte arrays); a PLAIN byte-array page: its own region.
+    dict: Option<Placed>,
+    region: Option<usize>,
+    dict_len: usize,
+    page: ParquetPage,
+}
+
+impl GpuPageDecoder {
+    /// A decoder on GPU `ordinal`; an error says why there is none (no GPU, no nvCOMP).
+    pub fn try_new(ordinal: usize) -> gpusort_cuda::Result<Self> {
+        let snappy = SnappyDecompressor::try_new(ordinal)?;
+        let gpu = Arc::new(Gpu::open(ordinal, &KernelCache::from_env())?);
+        Ok(Self { gpu, snappy })
+    }
+
+    /// The GPU it decodes on.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    /// How each column of `meta`'s file is decoded, or why the device cannot decode the file
+    /// (a nested or repeated column, a type of no plan).
+    pub fn plan(meta: &ParquetMetaData) -> Result<Vec<ColumnPlan>, String> {
+        let file = meta.file_metadata();
+        let descr = file.schema_descr();
+        let schema = parquet_to_arrow_schema(descr, file.key_value_metadata()).map_err(|e| e.to_string())?;
+        if schema.fields().len() != descr.num_columns() {
+            return Err("nested columns".into());
+        }
+        (schema.fields().iter().enumerate())
+            .map(|(i, field)| {
+                let col = descr.column(i);
+                if col.max_rep_level() > 0 || col.max_def_level() > 1 {
+                    return Err(format!("column '{}' is repeated or nested", field.name()));
+                }
+                ColumnPlan::for_field(field, col.physical_type(), col.max_def_level() == 1)
+            })
+            .collect()
+    }
+
+    /// Decodes `row_groups` of `file` (its bytes; `meta` its metadata) into device memory.
+    pub fn decode(&self, file: &Bytes, meta: &ParquetMetaData, row_groups: &[usize]) -> Result<GpuRowGroups> {
+        let start = std::time::Instant::now();
+        let plans = Self::plan(meta).map_err(ParquetError::NYI)?;
+        // Every chunk's pages, row group by row group.
+        let mut chunks = vec![];
+        let mut rows = 0u64;
+        for &g in row_groups {
+            let rg = meta.row_group(g);
+            for c in 0..plans.len() {
+                chunks.push((c, rows, column_chunk_pages(file, rg.column(c), rg.num_rows() as usize)?));
+            }
+            rows += rg.num_rows() as u64;
+        }
+        let rows = rows as usize;
+        let mut uploads = Uploads::default();
+        let (pages, regions) = plan_pages(&chunks, &plans, &mut uploads)?;
+        let mut times = DecodeTimes {
+            list: start.elapsed().as_secs_f64(),
+            ..DecodeTimes::default()
+        };
+        let buffers = [
+            self.snappy.decompress_to_device(&uploads.snappy, &uploads.sizes).map_err(external)?,
+            self.snappy.upload_to_device(&uploads.raw).map_err(external)?,
+        ];
+        times.pages = start.elapsed().as_secs_f64() - times.list;
+        let columns = (plans.iter())
+            .map(|p| self.alloc_column(p, rows))
+            .collect::<gpusort_cuda::Result<Vec<_>>>()
+            .map_err(external)?;
+        let view_count: usize = regions.iter().map(|r| r.1).sum();
+        let views = self.gpu.alloc_bytes(16 * view_count).map_err(external)?;
+        let (regions, pages) = describe(&buffers, &columns, &views, &regions, pages, self.gpu.stream())?;
+        let launched = std::time::Instant::now();
+        self.gpu.parquet_plain_views(&regions).map_err(external)?;
+        self.gpu.parquet_decode(&pages).map_err(external)?;
+        times.kernels = launched.elapsed().as_secs_f64();
+        Ok(GpuRowGroups {
+            rows,
+            columns,
+            buffers,
+            times,
+            _views: views,
+        })
+    }
+
+    fn alloc_column(&self, plan: &ColumnPlan, rows: usize) -> gpusort_cuda::Result<GpuColumn> {
+        let validity = match plan.optional {
+            true => Some(self.gpu.stream().alloc_zeros::<u32>(rows.div_ceil(32).max(1))?),
+            false => None,
+        };
+        Ok(GpuColumn {
+            field: Arc::clone(&plan.field),
+            width: plan.out_width as usize,
+            values: self.gpu.alloc_bytes(rows * plan.out_width as usize)?,
+            validity,
+        })
+    }
+}
+
+/// A region of PLAIN byte arrays to view: where its bytes went, values at most, v1 levels first.
+type RegionPlan = (Placed, usize, bool);
+
+/// Each data page's plan and the regions of PLAIN byte arrays, every page's bytes added to
+/// `uploads`; an error for an encoding the device does not decode.
+fn plan_pages<'a>(
+    chunks: &'a [(usize, u64, ColumnChunkPages)],
+    plans: &[ColumnPlan],
+    uploads: &mut Uploads<'a>,
+) -> Result<(Vec<PagePlan>, Vec<RegionPlan>)> {
+    let (mut pages, mut regions) = (vec![], vec![]);
+    for (column, first_row, chunk) in chunks {
+        let plan = &plans[*column];
+        let bytes = plan.in_width == 0;
+        let dict = match &chunk.dictionary {
+            Some(d) if matches!(d.encoding, Encoding::PLAIN | Encoding::PLAIN_DICTIONARY) => {
+                let placed = uploads.values(d, chunk.codec)?;
+                if bytes {
+                    regions.push((placed, d.num_values, false));
+                }
+                Some((placed, regions.len().wrapping_sub(1), d.num_values))
+            }
+            Some(d) => return Err(ParquetError::NYI(format!("a dictionary of {} on the GPU", d.encoding))),
+            None => None,
+        };
+        let mut row = *first_row;
+        for page in &chunk.data {
+            let encoding = match page.encoding {
+                Encoding::PLAIN => PAGE_PLAIN,
+                Encoding::RLE_DICTIONARY | Encoding::PLAIN_DICTIONARY if dict.is_some() => PAGE_DICT,
+                e => return Err(ParquetError::NYI(format!("{e} pages on the GPU"))),
+            };
+            let v1_levels = plan.optional && page.kind == PageKind::DataV1;
+            let values = uploads.values(page, chunk.codec)?;
+            let levels = (plan.optional && page.kind == PageKind::DataV2)
+                .then(|| uploads.raw(&page.bytes[..page.levels_bytes]));
+            let (mut dict_at, mut region, mut dict_len) = (None, None, 0);
+            if encoding == PAGE_DICT {
+                let (placed, r, n) = dict.expect("checked above");
+                (dict_at, region, dict_len) = (Some(placed), bytes.then_some(r), n);
+            } else if bytes {
+                regions.push((values, page.num_values, v1_levels));
+                (region, dict_len) = (Some(regions.len() - 1), page.num_values);
+            }
+            let flags = if plan.optional { PAGE_OPTIONAL } else { 0 } | if v1_levels { PAGE_V1_LEVELS } else { 0 };
+            pages.push(PagePlan {
+                column: *column,
+                row,
+                values,
+                levels,
+                levels_len: if levels.is_some() { page.levels_bytes } else { 0 },
+                dict: dict_at,
+                region,
+                dict_len,
+                page: ParquetPage {
+                    encoding,
+                    flags,
+                    num_values: u32_of(page.num_values)?,
+                    in_width: plan.in_width,
+                    out_width: plan.out_width,
+                    sign: plan.sign as u32,
+                    ..ParquetPage::default()
+                },
+            });
+            row += page.num_values as u64;
+        }
+        if row - first_row != chunk.num_values() as u64 {
+            return Err(ParquetError::General("a chunk's pages hold other than its rows".into()));
+        }
+    }
+    Ok((pages, regions))
+}
+
+fn u32_of(n: usize) -> Result<u32> {
+    u32::try_from(n).map_err(|_| ParquetError::General(format!("{n} does not fit a page's 32 bits")))
+}
+
+/// The plans with the device addresses filled in: the regions' and the pages' descriptors.
+fn describe(
+    buffers: &[DeviceBuffers; 2],
+    columns: &[GpuColumn],
+    views: &cudarc::driver::CudaSlice<u8>,
+    regions: &[RegionPlan],
+    pages: Vec<PagePlan>,
+    stream: &Arc<cudarc::driver::CudaStream>,
+) -> Result<(Vec<ViewRegion>, Vec<ParquetPage>)> {
+    use cudarc::driver::DevicePtr;
+    let base: Vec<u64> = buffers.iter().map(|b| b.data.device_ptr(stream).0).collect();
+    for b in buffers {
+        if b.data.len() > u32::MAX as usize {
+            return Err(ParquetError::NYI("over 4 GiB of pages in one call".into()));
+        }
+    }
+    let at = |p: Placed| base[p.buffer] + buffers[p.buffer].offsets[p.index] as u64;
+    let len = |p: Placed| u32_of(buffers[p.buffer].sizes[p.index]);
+    let views_base = views.device_ptr(stream).0;
+    let mut region_views = vec![];
+    let mut out = vec![];
+    for &(placed, count, v1_levels) in regions {
+        let first: u64 = region_views.last().map_or(0, |&(a, n): &(u64, usize)| a + 16 * n as u64);
+        region_views.push((first, count));
+        out.push(ViewRegion {
+            data: at(placed),
+            views: views_base + first,
+            base: base[placed.buffer],
+            len: len(placed)?,
+            count: u32_of(count)?,
+            buffer: placed.buffer as u32,
+            flags: if v1_levels { PAGE_V1_LEVELS } else { 0 },
+        });
+    }
+    let mut descs = Vec::with_capacity(pages.len());
+    for p in pages {
+        let column = &columns[p.column];
+        let mut d = p.page;
+        d.data = at(p.values);
+        d.data_len = len(p.values)?;
+        if let Some(l) = p.levels {
+            d.levels = at(l);
+            d.levels_len = u32_of(p.levels_len)?;
+        }
+        d.dict = match (p.region, p.dict) {
+            (Some(r), _) => views_base + region_views[r].0,
+            (None, Some(placed)) => at(placed),
+            (None, None) => 0,
+        };
+        d.dict_len = u32_of(p.dict_len)?;
+        d.out = column.values.device_ptr(stream).0;
+        d.validity = column.validity.as_ref().map_or(0, |v| v.device_ptr(stream).0);
+        d.row = p.row;
+        descs.push(d);
+    }
+    Ok((out, descs))
+}
+
+impl GpuRowGroups {
+    /// The output schema: each column's field (byte arrays as views).
+    pub fn schema(&self) -> SchemaRef {
+        Arc::new(Schema::new(
+            self.columns.iter().map(|c| Arc::clone(&c.field)).collect::<Vec<_>>(),
+        ))
+    }
+
+    /// The columns downloaded as a record batch (tests, and checks against the CPU's reader):
+    /// the views' buffers are the two page buffers, downloaded whole.
+    pub fn download(&self, gpu: &Gpu) -> gpusort_cuda::Result<RecordBatch> {
+        let s = gpu.stream();
+        let pages: Vec<Buffer> = (self.buffers.iter())
+            .map(|b| s.clone_dtoh(&b.data).map(Buffer::from_vec))
+            .collect::<Result<_, _>>()?;
+        let mut arrays: Vec<ArrayRef> = vec![];
+        for c in &self.columns {
+            let mut values = s.clone_dtoh(&c.values)?;
+            values.truncate(self.rows * c.width);
+            let nulls = match &c.validity {
+                Some(v) => {
+                    let words = s.clone_dtoh(v)?;
+                    let bits = BooleanBuffer::new(Buffer::from_vec(words), 0, self.rows);
+                    Some(NullBuffer::new(bits))
+                }
+                None => None,
+            };
+            let mut buffers = vec![Buffer::from_vec(values)];
+            if c.width == 16 && matches!(c.field.data_type(), DataType::Utf8View | DataType::BinaryView) {
+                buffers.extend(pages.iter().cloned());
+            }
+            let data = arrow::array::ArrayData::try_new(
+                c.field.data_type().clone(),
+                self.rows,
+                nulls.map(|n| n.into_inner().into_inner()),
+                0,
+                buffers,
+                vec![],
+            )
+            .map_err(|e| gpusort_cuda::CudaSortError::Decode(e.to_string()))?;
+            data.validate_full()
+                .map_err(|e| gpusort_cuda::CudaSortError::Decode(e.to_string()))?;
+            arrays.push(make_array(data));
+        }
+        s.synchronize()?;
+        RecordBatch::try_new(self.schema(), arrays).map_err(|e| gpusort_cuda::CudaSortError::Decode(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{
+        Array, BinaryArray, Date32Array, Decimal128Array, Float32Array, Float64Array, Int8Array, Int16Array,
+        Int32Array, Int64Array, LargeStringArray, StringArray, TimestampMicrosecondArray, UInt8Array, UInt16Array,
+        UInt32Array, UInt64Array,
+    };
+    use parquet::arrow::ArrowWriter;
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use parquet::file::metadata::ParquetMetaDataReader;
+    use parquet::file::properties::{WriterProperties, WriterVersion};
+    use rand::rngs::SmallRng;
+    use rand::{Rng, SeedableRng};
+
+    /// The decoder on GPU 0, or `None` with a note that `test` did not run; missing nvCOMP or
+    /// GPU fails it under GPUSORT_REQUIRE_NVCOMP=1 or GPUSORT_REQUIRE_GPU=1.
+    fn decoder_for_test(test: &str) -> Option<GpuPageDecoder> {
+        match GpuPageDecoder::try_new(0) {
+            Ok(d) => Some(d),
+            Err(why) if std::env::var("GPUSORT_REQUIRE_NVCOMP").as_deref() == Ok("1") => {
+                panic!("GPUSORT_REQUIRE_NVCOMP=1 but {why}")
+            }
+            Err(why)
+                if std::env::var("GPUSORT_REQUIRE_GPU").as_deref() == Ok("1") && gpusort_cuda::probe(0).is_err() =>
+            {
+                panic!("GPUSORT_REQUIRE_GPU=1 but no GPU: {why}")
+            }
+            Err(why) => {
+                eprintln!("{test} did not run: {why}");
+                None
+            }
+        }
+    }
+
+    /// A batch of every type the decoder takes; `nulls` of the rows null in nullable columns,
+    /// `distinct` values a column draws from (few: dictionaries hold them all).
+    fn batch(rng: &mut SmallRng, rows: usize, nulls: f64, distinct: u64) -> RecordBatch {
+        let pick = |rng: &mut SmallRng| -> Option<u64> {
+            (!rng.random_bool(nulls)).then(|| rng.random_range(0..distinct).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        };
+        let col = |rng: &mut SmallRng| (0..rows).map(|_| pick(rng)).collect::<Vec<_>>();
+        let text = |v: u64| "ab".repeat((v % 11) as usize) + &v.to_string();
+        let columns: Vec<(&str, ArrayRef, bool)> = vec![
+            ("i8", Arc::new(col(rng).into_iter().map(|v| v.map(|v| v as i8)).collect::<Int8Array>()), true),
+            ("i16", Arc::new(col(rng).into_iter().map(|v| v.map(|v| v as i16)).collect::<Int16Array>()), true),
+            ("i32", Arc::new(col(rng).into_iter().map(|v| v.map(|v| v as i32)).collect::<Int32Array>()), true),
+            ("i64", Arc::new(col(rng).into_iter().map(|v| v.map(|v| v as i64)).collect::<Int64Array>()), true),
+            ("u8", Arc::new(col(rng).into_iter().map(|v| v.map(|v| v as u8)).collect::<UInt8Array>()), true),
+            ("u16", Arc::new(col(rng).into_iter().map(|v| v.map(|v| v as u16)).collect::<UInt16Array>()), true),
+            ("u32", Arc::new(col(rng).into_iter().map(|v| v.map(|v| v as u32)).collect::<UInt32Array>()), true),
+            ("u64", Arc::new(col(rng).into_iter().map(|v| v.map(|v| v)).collect::<UInt64Array>()), true),
+            ("f32", Arc::new(col(rng).into_iter().map(|v| v.map(|v| v as i32 as f32 / 7.0)).collect::<Float32Array>()), true),
+            ("f64", Arc::new(col(rng).into_iter().map(|v| v.map(|v| v as i64 as f64 / 3.0)).collect::<Float64Array>()), true),
+            ("date", Arc::new(col(rng).into_iter().map(|v| v.map(|v| (v % 40_000) as i32 - 20_000)).collect::<Date32Array>()), true),
+            ("ts", Arc::new(col(rng).into_iter().map(|v| v.map(|v| v as i64 >> 8)).collect::<TimestampMicrosecondArray>()), true),
+            ("dec9", Arc::new(col(rng).into_iter().map(|v| v.map(|v| (v as i32 % 999_999_999) as i128)).collect::<Decimal128Array>().with_precision_and_scale(9, 2).unwrap()), true),
+            ("dec15", Arc::new(col(rng).into_iter().map(|v| v.map(|v| (v as i64 % 999_999_999_999_999) as i128)).collect::<Decimal128Array>().with_precision_and_scale(15, 2).unwrap()), true),
+            ("s", Arc::new(col(rng).into_iter().map(|v| v.map(text)).collect::<StringArray>()), true),
+            ("ls", Arc::new(col(rng).into_iter().map(|v| v.map(text)).collect::<LargeStringArray>()), true),
+            ("b", Arc::new(col(rng).into_iter().map(|v| v.map(|v| v.to_le_bytes()[..(v % 9) as usize].to_vec())).collect::<BinaryArray>()), true),
+            // Required columns: no levels.
+            ("req_i64", Arc::new((0..rows as i64).map(|i| i * 31 % 1000).collect::<Int64Array>()), false),
+            ("req_s", Arc::new((0..rows).map(|i| text(i as u64 * 7 % distinct.max(1))).map(Some).collect::<StringArray>()), false),
+        ];
+        let fields: Vec<Field> = (columns.iter())
+            .map(|(n, a, nullable)| Field::new(*n, a.data_type().clone(), *nullable))
+            .collect();
+        RecordBatch::try_new(Arc::new(Schema::new(fields)), columns.into_iter().map(|c| c.1).collect()).unwrap()
+    }
+
+    fn write(batch: &RecordBatch, props: WriterProperties) -> Bytes {
+        let mut out = vec![];
+        let mut w = ArrowWriter::try_new(&mut out, batch.schema(), Some(props)).unwrap();
+        // Two row groups a write, of uneven sizes.
+        let cut = batch.num_rows() / 3;
+        w.write(&batch.slice(0, cut)).unwrap();
+        w.flush().unwrap();
+        w.write(&batch.slice(cut, batch.num_rows() - cut)).unwrap();
+        w.close().unwrap();
+        Bytes::from(out)
+    }
+
+    /// What the Parquet crate reads of `row_groups`, with byte arrays as views.
+    fn cpu_read(file: &Bytes, row_groups: &[usize]) -> Vec<ArrayRef> {
+        let reader = ParquetRecordBatchReaderBuilder::try_new(file.clone())
+            .unwrap()
+            .with_row_groups(row_groups.to_vec())
+            .with_batch_size(1 << 20)
+            .build()
+            .unwrap();
+        let schema = arrow::array::RecordBatchReader::schema(&reader);
+        let batches: Vec<RecordBatch> = reader.map(|b| b.unwrap()).collect();
+        let whole = arrow::compute::concat_batches(&schema, &batches).unwrap();
+        (whole.columns().iter())
+            .map(|a| match a.data_type() {
+                DataType::Utf8 | DataType::LargeUtf8 => arrow::compute::cast(a, &DataType::Utf8View).unwrap(),
+                DataType::Binary | DataType::LargeBinary => arrow::compute::cast(a, &DataType::BinaryView).unwrap(),
+                _ => Arc::clone(a),
+            })
+            .collect()
+    }
+
+    /// Every column of every row group, decoded on the GPU, equals the Parquet crate's reading:
+    /// every type, with and without nulls, dictionaries and their fallback to PLAIN, pages v1
+    /// and v2, snappy and uncompressed, pages of a few rows and of many.
+    #[test]
+    fn gpu_decode_reads_as_the_parquet_crate() {
+        let Some(decoder) = decoder_for_test("gpu_decode_reads_as_the_parquet_crate") else { return };
+        let mut rng = SmallRng::seed_from_u64(20);
+        let mut cases = 0;
+        for (rows, nulls, distinct) in [(5_000, 0.2, 50), (20_000, 0.0, 1 << 40), (3_000, 1.0, 10), (1, 0.5, 3)] {
+            let data = batch(&mut rng, rows, nulls, distinct);
+            for version in [WriterVersion::PARQUET_1_0, WriterVersion::PARQUET_2_0] {
+                for (codec, dictionary, page_rows) in [
+                    (Compression::SNAPPY, true, 1_000),
+                    (Compression::SNAPPY, false, 20_000),
+                    (Compression::UNCOMPRESSED, true, 333),
+                    (Compression::UNCOMPRESSED, false, 64),
+                ] {
+                    let props = WriterProperties::builder()
+                        .set_writer_version(version)
+                        .set_compression(codec)
+                        .set_dictionary_enabled(dictionary)
+                        // Small dictionaries fall back to PLAIN inside a chunk.
+                        .set_dictionary_page_size_limit(4096)
+                        .set_data_page_row_count_limit(page_rows)
+                        .set_write_batch_size(page_rows.min(1024))
+                        .build();
+                    let file = write(&data, props);
+                    let meta = ParquetMetaDataReader::new().parse_and_finish(&file).unwrap();
+                    let groups: Vec<usize> = (0..meta.num_row_groups()).collect();
+                    for chosen in [groups.clone(), groups[groups.len() - 1..].to_vec()] {
+                        let what = format!("{rows} rows, nulls {nulls}, {version:?}, {codec}, dictionary {dictionary}, {page_rows} a page, row groups {chosen:?}");
+                        let decoded = decoder.decode(&file, &meta, &chosen).unwrap_or_else(|e| panic!("{what}: {e}"));
+                        let got = decoded.download(decoder.gpu()).unwrap_or_else(|e| panic!("{what}: {e}"));
+                        let expected = cpu_read(&file, &chosen);
+                        assert_eq!(got.num_rows(), expected[0].len(), "{what}");
+                        for (i, (g, e)) in got.columns().iter().zip(&expected).enumerate() {
+                            assert_eq!(g.as_ref(), e.as_ref(), "{what}: column {}", got.schema().field(i).name());
+                        }
+                        cases += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(cases, 64);
+    }
+
+    /// Types and shapes the device does not decode are refused by the plan, before any GPU
+    /// work.
+    #[test]
+    fn plans_refuse_what_the_device_does_not_decode() {
+        use arrow::array::{BooleanArray, FixedSizeBinaryArray};
+        let cases: Vec<(ArrayRef, &str)> = vec![
+            (Arc::new(BooleanArray::from(vec![true, false])), "Boolean stored as BOOLEAN"),
+            (
+                Arc::new(FixedSizeBinaryArray::try_from_iter([[1u8, 2], [3, 4]].into_iter()).unwrap()),
+                "FixedSizeBinary(2) stored as FIXED_LEN_BYTE_ARRAY",
+            ),
+            (
+                Arc::new(Decimal128Array::from(vec![1, 2]).with_precision_and_scale(30, 2).unwrap()),
+                "stored as FIXED_LEN_BYTE_ARRAY",
+            ),
+        ];
+        for (array, says) in cases {
+            let data = RecordBatch::try_from_iter([("c", array)]).unwrap();
+            let file = write(&data, WriterProperties::builder().build());
+            let meta = ParquetMetaDataReader::new().parse_and_finish(&file).unwrap();
+            let why = GpuPageDecoder::plan(&meta).unwrap_err();
+            assert!(why.contains(says), "{why}");
+        }
+        let data = batch(&mut SmallRng::seed_from_u64(1), 10, 0.1, 5);
+        let file = write(&data, WriterProperties::builder().build());
+        let meta = ParquetMetaDataReader::new().parse_and_finish(&file).unwrap();
+        let plans = GpuPageDecoder::plan(&meta).unwrap();
+        assert_eq!(plans.len(), data.num_columns());
+        assert_eq!(plans[14].field.data_type(), &DataType::Utf8View);
+        assert_eq!((plans[12].in_width, plans[12].out_width, plans[12].sign), (4, 16, true));
+        assert!(plans[0].optional && !plans[17].optional);
+    }
+
+    /// A corrupt page (a dictionary page's bit width above 32, a PLAIN string's length past the
+    /// page) fails the decode with what is wrong, not with wrong rows.
+    #[test]
+    fn corrupt_pages_fail_the_decode() {
+        let Some(decoder) = decoder_for_test("corrupt_pages_fail_the_decode") else { return };
+        let data = batch(&mut SmallRng::seed_from_u64(2), 2_000, 0.0, 20);
+        for (dictionary, column, says) in [
+            (true, 17, "a bit width above 32"),
+            (false, 18, "PLAIN values past the end of the page"),
+        ] {
+            let props = WriterProperties::builder()
+                .set_compression(Compression::UNCOMPRESSED)
+                .set_dictionary_enabled(dictionary)
+                .build();
+            let file = write(&data, props);
+            let meta = ParquetMetaDataReader::new().parse_and_finish(&file).unwrap();
+            let rg = meta.row_group(0);
+            let pages = column_chunk_pages(&file, rg.column(column), rg.num_rows() as usize).unwrap();
+            // The first data page's first byte: the indices' bit width, or the low byte of the
+            // first string's length.
+            let at = pages.data[0].bytes.as_ptr() as usize - file.as_ptr() as usize;
+            let mut bad = file.to_vec();
+            bad[at] = 200;
+            let err = decoder.decode(&Bytes::from(bad), &meta, &[0]).err().expect("a corrupt page");
+            assert!(err.to_string().contains(says), "{err}");
+        }
+    }
+}
