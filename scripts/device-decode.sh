@@ -4,7 +4,7 @@
 #   gpusort_cuda     the CUDA crate's unit tests: nvCOMP's and the decode kernels' ($CUDA_FILTER)
 #   gpusort_parquet  the Parquet crate's unit tests (the GPU decode against the Parquet crate's)
 #   gpu_decode       the bench: lineitem decoded on the GPU against the Parquet crate's reader,
-#                    $GROUPS row groups a call (default "32 64")
+#                    $DECODE_GROUPS row groups a call (default "32 64")
 # Logs in $OUT: cuda.log, parquet.log, decode.log.
 #
 #   SF=10 bash scripts/device-decode.sh
@@ -22,7 +22,7 @@ if [ -x .gpu/gpusort_parquet ]; then
   grep -E "FAILED|panicked|did not run" "$OUT/parquet.log" | head -20
 fi
 if [ -x .gpu/gpu_decode ] && [ -f "$data" ]; then
-  for g in ${GROUPS:-32 64}; do
+  for g in ${DECODE_GROUPS:-32 64}; do
     .gpu/gpu_decode "$data" "$g" 2>&1 | tee -a "$OUT/decode.log"
   done
 fi

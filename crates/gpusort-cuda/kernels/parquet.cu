@@ -8,9 +8,10 @@
 // * parquet_plain_views: byte arrays stored PLAIN (a 4-byte little-endian length, then the
 //   bytes, value after value) as Arrow views of 16 bytes: the length, then the bytes themselves
 //   when there are at most 12, else their first 4, a buffer index and the offset of the bytes in
-//   that buffer. The views point into the decompressed pages: no byte is copied. One thread walks
-//   a region (a dictionary page of byte arrays, or a PLAIN data page's values), since each length
-//   says where the next value starts.
+//   that buffer. The views point into the decompressed pages: no byte is copied. One block takes
+//   a region (a dictionary page of byte arrays, or a PLAIN data page's values) a chunk of shared
+//   memory at a time; one thread walks the chunk's lengths, since each says where the next value
+//   starts, and the block writes the views.
 // * parquet_decode: one block a data page, in tiles of PARQUET_TILE values. The definition
 //   levels and the dictionary indices are the RLE / bit-packed hybrid: a run header (ULEB128;
 //   low bit 1: (header >> 1) groups of 8 values bit-packed, LSB first; 0: (header >> 1) copies
@@ -28,7 +29,7 @@
 // above 1, a bit width above 32) stop their block and leave an error code and the page's index
 // in `error[0..2]` for the host, which fails the read.
 
-#if !defined(PARQUET_BLOCK) || !defined(PARQUET_TILE) || !defined(PARQUET_PLAIN) || !defined(PARQUET_DICT) || \
+#if !defined(PARQUET_BLOCK) || !defined(PARQUET_TILE) || !defined(PARQUET_VIEWS_BLOCK) || !defined(PARQUET_VIEWS_CHUNK) || !defined(PARQUET_PLAIN) || !defined(PARQUET_DICT) || \
     !defined(PARQUET_V1_LEVELS) || !defined(PARQUET_OPTIONAL)
 #error "the Parquet decoder's constants come from the host (kernels.rs SHARED_CONSTANTS)"
 #endif
@@ -415,50 +416,103 @@ struct ViewRegion {
 };
 static_assert(sizeof(ViewRegion) == 40, "kernels.rs ViewRegion");
 
-// One thread a region of `regions`; see the file's top. A value cut by the region's end is an
-// error (PQ_ERR_PLAIN, with the region's index).
-extern "C" __global__ void parquet_plain_views(const ViewRegion* __restrict__ regions, u32 nregions, u32* error) {
-    const u32 r = blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= nregions) return;
+// The view of the `n` bytes at `bytes` (offset `at` from the region's base).
+__device__ __forceinline__ uint4 make_view(const u8* bytes, u32 n, u32 buffer, u32 at) {
+    uint4 view = make_uint4(n, 0, 0, 0);
+    if (n <= 12) {
+        u32 w[3] = {0, 0, 0};
+        for (u32 k = 0; k < n; k++) w[k / 4] |= (u32)bytes[k] << (8 * (k % 4));
+        view.y = w[0];
+        view.z = w[1];
+        view.w = w[2];
+    } else {
+        view.y = (u32)load_le(bytes, 4);
+        view.z = buffer;
+        view.w = at;
+    }
+    return view;
+}
+
+// Shared state of a parquet_plain_views block.
+struct ViewsShared {
+    u8 chunk[PARQUET_VIEWS_CHUNK];
+    u32 start[PARQUET_VIEWS_CHUNK / 4];  // each value found in the chunk: where its bytes start
+    u32 len[PARQUET_VIEWS_CHUNK / 4];
+    const u8* data;
+    u32 data_len, found, walked, cut;
+};
+
+// One block a region of `regions` (see the file's top): the block copies the next
+// PARQUET_VIEWS_CHUNK bytes into shared memory, thread 0 walks the lengths there (the walk is
+// serial: from global memory each step waited for the last one's load, ~40 ms for a dictionary
+// of 40K strings on the H200), and the block writes the views found. A value longer than a
+// chunk is taken alone, its length read from global memory. A value cut by the region's end is
+// an error (PQ_ERR_PLAIN, with the region's index).
+extern "C" __global__ void __launch_bounds__(PARQUET_VIEWS_BLOCK)
+    parquet_plain_views(const ViewRegion* __restrict__ regions, u32* error) {
+    __shared__ ViewsShared s;
+    const u32 r = blockIdx.x;
     const ViewRegion g = regions[r];
-    ParquetPage p;
-    p.data = g.data;
-    p.data_len = g.len;
-    p.levels = nullptr;
-    p.levels_len = 0;
-    p.flags = g.flags;
-    const u8 *levels, *data;
-    u32 levels_len, len;
-    if (u32 code = page_streams(p, &levels, &levels_len, &data, &len)) {
-        report(error, code, r);
+    if (threadIdx.x == 0) {
+        ParquetPage p;
+        p.data = g.data;
+        p.data_len = g.len;
+        p.levels = nullptr;
+        p.levels_len = 0;
+        p.flags = g.flags;
+        const u8* levels;
+        u32 levels_len;
+        s.cut = page_streams(p, &levels, &levels_len, &s.data, &s.data_len);
+    }
+    __syncthreads();
+    if (s.cut) {
+        if (threadIdx.x == 0) report(error, s.cut, r);
         return;
     }
+    const u8* data = s.data;
+    const u32 len = s.data_len;
     uint4* views = (uint4*)g.views;
-    u32 pos = 0, i = 0;
-    bool cut = false;
-    for (; i < g.count && pos < len; i++) {
-        cut = len - pos < 4;
-        if (cut) break;
-        const u32 n = (u32)load_le(data + pos, 4);
-        pos += 4;
-        cut = n > len - pos;
-        if (cut) break;
-        const u8* bytes = data + pos;
-        uint4 view = make_uint4(n, 0, 0, 0);
-        if (n <= 12) {
-            u32 w[3] = {0, 0, 0};
-            for (u32 k = 0; k < n; k++) w[k / 4] |= (u32)bytes[k] << (8 * (k % 4));
-            view.y = w[0];
-            view.z = w[1];
-            view.w = w[2];
-        } else {
-            view.y = (u32)load_le(bytes, 4);
-            view.z = g.buffer;
-            view.w = (u32)((u64)bytes - g.base);
+    u32 pos = 0, i = 0;  // bytes walked, values found (the same in every thread)
+    while (i < g.count && pos < len) {
+        const u32 chunk = min((u32)PARQUET_VIEWS_CHUNK, len - pos);
+        for (u32 b = threadIdx.x; b < chunk; b += blockDim.x) s.chunk[b] = data[pos + b];
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            u32 at = 0, k = 0;
+            while (i + k < g.count && at + 4 <= chunk) {
+                const u32 n = (u32)load_le(s.chunk + at, 4);
+                if (n > chunk - at - 4) break;
+                s.start[k] = pos + at + 4;
+                s.len[k] = n;
+                k++;
+                at += 4 + n;
+            }
+            if (k == 0) {
+                // A value longer than a chunk (or cut by the region's end).
+                const u32 n = len - pos >= 4 ? (u32)load_le(data + pos, 4) : ~0u;
+                if (len - pos >= 4 && n <= len - pos - 4) {
+                    s.start[0] = pos + 4;
+                    s.len[0] = n;
+                    k = 1;
+                    at = 4 + n;
+                } else {
+                    s.cut = PQ_ERR_PLAIN;
+                }
+            }
+            s.found = k;
+            s.walked = at;
         }
-        views[i] = view;
-        pos += n;
+        __syncthreads();
+        if (s.cut) break;
+        const u32 found = s.found;
+        for (u32 k = threadIdx.x; k < found; k += blockDim.x) {
+            const u32 at = s.start[k];
+            views[i + k] = make_view(data + at, s.len[k], g.buffer, (u32)((u64)(data + at) - g.base));
+        }
+        i += found;
+        pos += s.walked;
+        __syncthreads();
     }
-    if (cut) report(error, PQ_ERR_PLAIN, r);
-    for (; i < g.count; i++) views[i] = make_uint4(PQ_MISSING_VIEW, 0, 0, 0);
+    if (threadIdx.x == 0 && s.cut) report(error, PQ_ERR_PLAIN, r);
+    for (u32 k = i + threadIdx.x; k < g.count; k += blockDim.x) views[k] = make_uint4(PQ_MISSING_VIEW, 0, 0, 0);
 }

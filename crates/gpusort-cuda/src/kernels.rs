@@ -180,6 +180,8 @@ pub const SHARED_CONSTANTS: &[(&str, u64, bool)] = &[
     ("SAMPLE_SIZE", SAMPLE_SIZE as u64, false),
     ("PARQUET_BLOCK", PARQUET_BLOCK as u64, false),
     ("PARQUET_TILE", PARQUET_TILE as u64, false),
+    ("PARQUET_VIEWS_BLOCK", PARQUET_VIEWS_BLOCK as u64, false),
+    ("PARQUET_VIEWS_CHUNK", PARQUET_VIEWS_CHUNK as u64, false),
     ("PARQUET_PLAIN", crate::parquet::PAGE_PLAIN as u64, true),
     ("PARQUET_DICT", crate::parquet::PAGE_DICT as u64, true),
     ("PARQUET_V1_LEVELS", crate::parquet::PAGE_V1_LEVELS as u64, true),
@@ -191,8 +193,12 @@ pub(crate) const PARQUET_BLOCK: u32 = 256;
 /// Values of a page one `parquet_decode` tile takes (`PARQUET_TILE`): two a thread; the runs of
 /// the hybrid encoding covering a tile, two tables of as many, fill 16 KiB of shared memory.
 pub(crate) const PARQUET_TILE: u32 = 2 * PARQUET_BLOCK;
-/// Threads of a `parquet_plain_views` block: one thread a region.
-pub(crate) const PARQUET_VIEWS_BLOCK: u32 = 64;
+/// Threads of a `parquet_plain_views` block (`PARQUET_VIEWS_BLOCK`): one block a region.
+pub(crate) const PARQUET_VIEWS_BLOCK: u32 = 128;
+/// Bytes of a region `parquet_plain_views` copies to shared memory at a time
+/// (`PARQUET_VIEWS_CHUNK`), with two words a value it may hold (values take 4 bytes at least):
+/// 16 KiB in all.
+pub(crate) const PARQUET_VIEWS_CHUNK: u32 = 4096;
 
 /// Splitters a segment of a sample sort is split by (`SAMPLE_SPLITTERS` in kernels/sample.cu):
 /// with the buckets of keys equal to a splitter, `2 * 127 + 1 = 255` buckets, which the 256-bin

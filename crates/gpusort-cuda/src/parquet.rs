@@ -102,7 +102,7 @@ fn describe(code: u32) -> &'static str {
 }
 
 impl Gpu {
-    /// Writes the views of every region's PLAIN byte arrays (one thread a region); an error
+    /// Writes the views of every region's PLAIN byte arrays (one block a region); an error
     /// names a region whose bytes end inside a value.
     pub fn parquet_plain_views(&self, regions: &[ViewRegion]) -> Result<()> {
         if regions.is_empty() {
@@ -111,11 +111,11 @@ impl Gpu {
         let n = u32::try_from(regions.len())
             .map_err(|_| CudaSortError::Decode(format!("{} regions in one launch", regions.len())))?;
         let cfg = LaunchConfig {
-            grid_dim: (n.div_ceil(PARQUET_VIEWS_BLOCK), 1, 1),
+            grid_dim: (n, 1, 1),
             block_dim: (PARQUET_VIEWS_BLOCK, 1, 1),
             shared_mem_bytes: 0,
         };
-        self.parquet_launch("region", regions, |k| &k.parquet_plain_views, cfg, Some(n))
+        self.parquet_launch("region", regions, |k| &k.parquet_plain_views, cfg)
     }
 
     /// Decodes every page of `pages` into its column (one block a page), then waits for them;
@@ -131,7 +131,7 @@ impl Gpu {
             block_dim: (PARQUET_BLOCK, 1, 1),
             shared_mem_bytes: 0,
         };
-        self.parquet_launch("page", pages, |k| &k.parquet_decode, cfg, None)
+        self.parquet_launch("page", pages, |k| &k.parquet_decode, cfg)
     }
 
     /// Uploads `items`, launches `kernel` over them with an error word pair, waits, and turns
@@ -142,18 +142,13 @@ impl Gpu {
         items: &[T],
         kernel: impl Fn(&crate::kernels::Kernels) -> &cudarc::driver::CudaFunction,
         cfg: LaunchConfig,
-        count: Option<u32>,
     ) -> Result<()> {
         let kernels = self.kernels()?;
         let s = self.stream();
         let d_items = s.clone_htod(items)?;
         let mut error = s.alloc_zeros::<u32>(2)?;
         let mut launch = s.launch_builder(kernel(kernels));
-        launch.arg(&d_items);
-        if let Some(n) = &count {
-            launch.arg(n);
-        }
-        launch.arg(&mut error);
+        launch.arg(&d_items).arg(&mut error);
         // SAFETY: the caller's descriptors name device memory as large as their counts say
         // (the kernels check every read against them); `error` holds two words.
         unsafe { launch.launch(cfg) }?;

@@ -84,7 +84,9 @@ pub struct GpuPageDecoder {
 
 impl std::fmt::Debug for GpuPageDecoder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GpuPageDecoder").field("snappy", &self.snappy).finish_non_exhaustive()
+        f.debug_struct("GpuPageDecoder")
+            .field("snappy", &self.snappy)
+            .finish_non_exhaustive()
     }
 }
 
@@ -236,7 +238,9 @@ impl GpuPageDecoder {
             ..DecodeTimes::default()
         };
         let buffers = [
-            self.snappy.decompress_to_device(&uploads.snappy, &uploads.sizes).map_err(external)?,
+            self.snappy
+                .decompress_to_device(&uploads.snappy, &uploads.sizes)
+                .map_err(external)?,
             self.snappy.upload_to_device(&uploads.raw).map_err(external)?,
         ];
         times.pages = start.elapsed().as_secs_f64() - times.list;
@@ -308,8 +312,8 @@ fn plan_pages<'a>(
             };
             let v1_levels = plan.optional && page.kind == PageKind::DataV1;
             let values = uploads.values(page, chunk.codec)?;
-            let levels = (plan.optional && page.kind == PageKind::DataV2)
-                .then(|| uploads.raw(&page.bytes[..page.levels_bytes]));
+            let levels =
+                (plan.optional && page.kind == PageKind::DataV2).then(|| uploads.raw(&page.bytes[..page.levels_bytes]));
             let (mut dict_at, mut region, mut dict_len) = (None, None, 0);
             if encoding == PAGE_DICT {
                 let (placed, r, n) = dict.expect("checked above");
@@ -373,7 +377,9 @@ fn describe(
     let mut region_views = vec![];
     let mut out = vec![];
     for &(placed, count, v1_levels) in regions {
-        let first: u64 = region_views.last().map_or(0, |&(a, n): &(u64, usize)| a + 16 * n as u64);
+        let first: u64 = region_views
+            .last()
+            .map_or(0, |&(a, n): &(u64, usize)| a + 16 * n as u64);
         region_views.push((first, count));
         out.push(ViewRegion {
             data: at(placed),
@@ -502,31 +508,180 @@ mod tests {
         let col = |rng: &mut SmallRng| (0..rows).map(|_| pick(rng)).collect::<Vec<_>>();
         let text = |v: u64| "ab".repeat((v % 11) as usize) + &v.to_string();
         let columns: Vec<(&str, ArrayRef, bool)> = vec![
-            ("i8", Arc::new(col(rng).into_iter().map(|v| v.map(|v| v as i8)).collect::<Int8Array>()), true),
-            ("i16", Arc::new(col(rng).into_iter().map(|v| v.map(|v| v as i16)).collect::<Int16Array>()), true),
-            ("i32", Arc::new(col(rng).into_iter().map(|v| v.map(|v| v as i32)).collect::<Int32Array>()), true),
-            ("i64", Arc::new(col(rng).into_iter().map(|v| v.map(|v| v as i64)).collect::<Int64Array>()), true),
-            ("u8", Arc::new(col(rng).into_iter().map(|v| v.map(|v| v as u8)).collect::<UInt8Array>()), true),
-            ("u16", Arc::new(col(rng).into_iter().map(|v| v.map(|v| v as u16)).collect::<UInt16Array>()), true),
-            ("u32", Arc::new(col(rng).into_iter().map(|v| v.map(|v| v as u32)).collect::<UInt32Array>()), true),
-            ("u64", Arc::new(col(rng).into_iter().map(|v| v.map(|v| v)).collect::<UInt64Array>()), true),
-            ("f32", Arc::new(col(rng).into_iter().map(|v| v.map(|v| v as i32 as f32 / 7.0)).collect::<Float32Array>()), true),
-            ("f64", Arc::new(col(rng).into_iter().map(|v| v.map(|v| v as i64 as f64 / 3.0)).collect::<Float64Array>()), true),
-            ("date", Arc::new(col(rng).into_iter().map(|v| v.map(|v| (v % 40_000) as i32 - 20_000)).collect::<Date32Array>()), true),
-            ("ts", Arc::new(col(rng).into_iter().map(|v| v.map(|v| v as i64 >> 8)).collect::<TimestampMicrosecondArray>()), true),
-            ("dec9", Arc::new(col(rng).into_iter().map(|v| v.map(|v| (v as i32 % 999_999_999) as i128)).collect::<Decimal128Array>().with_precision_and_scale(9, 2).unwrap()), true),
-            ("dec15", Arc::new(col(rng).into_iter().map(|v| v.map(|v| (v as i64 % 999_999_999_999_999) as i128)).collect::<Decimal128Array>().with_precision_and_scale(15, 2).unwrap()), true),
-            ("s", Arc::new(col(rng).into_iter().map(|v| v.map(text)).collect::<StringArray>()), true),
-            ("ls", Arc::new(col(rng).into_iter().map(|v| v.map(text)).collect::<LargeStringArray>()), true),
-            ("b", Arc::new(col(rng).into_iter().map(|v| v.map(|v| v.to_le_bytes()[..(v % 9) as usize].to_vec())).collect::<BinaryArray>()), true),
+            (
+                "i8",
+                Arc::new(col(rng).into_iter().map(|v| v.map(|v| v as i8)).collect::<Int8Array>()),
+                true,
+            ),
+            (
+                "i16",
+                Arc::new(
+                    col(rng)
+                        .into_iter()
+                        .map(|v| v.map(|v| v as i16))
+                        .collect::<Int16Array>(),
+                ),
+                true,
+            ),
+            (
+                "i32",
+                Arc::new(
+                    col(rng)
+                        .into_iter()
+                        .map(|v| v.map(|v| v as i32))
+                        .collect::<Int32Array>(),
+                ),
+                true,
+            ),
+            (
+                "i64",
+                Arc::new(
+                    col(rng)
+                        .into_iter()
+                        .map(|v| v.map(|v| v as i64))
+                        .collect::<Int64Array>(),
+                ),
+                true,
+            ),
+            (
+                "u8",
+                Arc::new(col(rng).into_iter().map(|v| v.map(|v| v as u8)).collect::<UInt8Array>()),
+                true,
+            ),
+            (
+                "u16",
+                Arc::new(
+                    col(rng)
+                        .into_iter()
+                        .map(|v| v.map(|v| v as u16))
+                        .collect::<UInt16Array>(),
+                ),
+                true,
+            ),
+            (
+                "u32",
+                Arc::new(
+                    col(rng)
+                        .into_iter()
+                        .map(|v| v.map(|v| v as u32))
+                        .collect::<UInt32Array>(),
+                ),
+                true,
+            ),
+            (
+                "u64",
+                Arc::new(col(rng).into_iter().map(|v| v.map(|v| v)).collect::<UInt64Array>()),
+                true,
+            ),
+            (
+                "f32",
+                Arc::new(
+                    col(rng)
+                        .into_iter()
+                        .map(|v| v.map(|v| v as i32 as f32 / 7.0))
+                        .collect::<Float32Array>(),
+                ),
+                true,
+            ),
+            (
+                "f64",
+                Arc::new(
+                    col(rng)
+                        .into_iter()
+                        .map(|v| v.map(|v| v as i64 as f64 / 3.0))
+                        .collect::<Float64Array>(),
+                ),
+                true,
+            ),
+            (
+                "date",
+                Arc::new(
+                    col(rng)
+                        .into_iter()
+                        .map(|v| v.map(|v| (v % 40_000) as i32 - 20_000))
+                        .collect::<Date32Array>(),
+                ),
+                true,
+            ),
+            (
+                "ts",
+                Arc::new(
+                    col(rng)
+                        .into_iter()
+                        .map(|v| v.map(|v| v as i64 >> 8))
+                        .collect::<TimestampMicrosecondArray>(),
+                ),
+                true,
+            ),
+            (
+                "dec9",
+                Arc::new(
+                    col(rng)
+                        .into_iter()
+                        .map(|v| v.map(|v| (v as i32 % 999_999_999) as i128))
+                        .collect::<Decimal128Array>()
+                        .with_precision_and_scale(9, 2)
+                        .unwrap(),
+                ),
+                true,
+            ),
+            (
+                "dec15",
+                Arc::new(
+                    col(rng)
+                        .into_iter()
+                        .map(|v| v.map(|v| (v as i64 % 999_999_999_999_999) as i128))
+                        .collect::<Decimal128Array>()
+                        .with_precision_and_scale(15, 2)
+                        .unwrap(),
+                ),
+                true,
+            ),
+            (
+                "s",
+                Arc::new(col(rng).into_iter().map(|v| v.map(text)).collect::<StringArray>()),
+                true,
+            ),
+            (
+                "ls",
+                Arc::new(col(rng).into_iter().map(|v| v.map(text)).collect::<LargeStringArray>()),
+                true,
+            ),
+            (
+                "b",
+                Arc::new(
+                    col(rng)
+                        .into_iter()
+                        .map(|v| v.map(|v| v.to_le_bytes()[..(v % 9) as usize].to_vec()))
+                        .collect::<BinaryArray>(),
+                ),
+                true,
+            ),
             // Required columns: no levels.
-            ("req_i64", Arc::new((0..rows as i64).map(|i| i * 31 % 1000).collect::<Int64Array>()), false),
-            ("req_s", Arc::new((0..rows).map(|i| text(i as u64 * 7 % distinct.max(1))).map(Some).collect::<StringArray>()), false),
+            (
+                "req_i64",
+                Arc::new((0..rows as i64).map(|i| i * 31 % 1000).collect::<Int64Array>()),
+                false,
+            ),
+            (
+                "req_s",
+                Arc::new(
+                    (0..rows)
+                        .map(|i| text(i as u64 * 7 % distinct.max(1)))
+                        .map(Some)
+                        .collect::<StringArray>(),
+                ),
+                false,
+            ),
         ];
         let fields: Vec<Field> = (columns.iter())
             .map(|(n, a, nullable)| Field::new(*n, a.data_type().clone(), *nullable))
             .collect();
-        RecordBatch::try_new(Arc::new(Schema::new(fields)), columns.into_iter().map(|c| c.1).collect()).unwrap()
+        RecordBatch::try_new(
+            Arc::new(Schema::new(fields)),
+            columns.into_iter().map(|c| c.1).collect(),
+        )
+        .unwrap()
     }
 
     fn write(batch: &RecordBatch, props: WriterProperties) -> Bytes {
@@ -566,7 +721,9 @@ mod tests {
     /// and v2, snappy and uncompressed, pages of a few rows and of many.
     #[test]
     fn gpu_decode_reads_as_the_parquet_crate() {
-        let Some(decoder) = decoder_for_test("gpu_decode_reads_as_the_parquet_crate") else { return };
+        let Some(decoder) = decoder_for_test("gpu_decode_reads_as_the_parquet_crate") else {
+            return;
+        };
         let mut rng = SmallRng::seed_from_u64(20);
         let mut cases = 0;
         for (rows, nulls, distinct) in [(5_000, 0.2, 50), (20_000, 0.0, 1 << 40), (3_000, 1.0, 10), (1, 0.5, 3)] {
@@ -578,8 +735,11 @@ mod tests {
                     (Compression::UNCOMPRESSED, true, 333),
                     (Compression::UNCOMPRESSED, false, 64),
                 ] {
+                    // Pages v2 fall back from a full dictionary to PLAIN here: to the DELTA
+                    // encodings by default, which the device does not decode (refused below).
                     let props = WriterProperties::builder()
                         .set_writer_version(version)
+                        .set_encoding(Encoding::PLAIN)
                         .set_compression(codec)
                         .set_dictionary_enabled(dictionary)
                         // Small dictionaries fall back to PLAIN inside a chunk.
@@ -591,13 +751,24 @@ mod tests {
                     let meta = ParquetMetaDataReader::new().parse_and_finish(&file).unwrap();
                     let groups: Vec<usize> = (0..meta.num_row_groups()).collect();
                     for chosen in [groups.clone(), groups[groups.len() - 1..].to_vec()] {
-                        let what = format!("{rows} rows, nulls {nulls}, {version:?}, {codec}, dictionary {dictionary}, {page_rows} a page, row groups {chosen:?}");
-                        let decoded = decoder.decode(&file, &meta, &chosen).unwrap_or_else(|e| panic!("{what}: {e}"));
-                        let got = decoded.download(decoder.gpu()).unwrap_or_else(|e| panic!("{what}: {e}"));
+                        let what = format!(
+                            "{rows} rows, nulls {nulls}, {version:?}, {codec}, dictionary {dictionary}, {page_rows} a page, row groups {chosen:?}"
+                        );
+                        let decoded = decoder
+                            .decode(&file, &meta, &chosen)
+                            .unwrap_or_else(|e| panic!("{what}: {e}"));
+                        let got = decoded
+                            .download(decoder.gpu())
+                            .unwrap_or_else(|e| panic!("{what}: {e}"));
                         let expected = cpu_read(&file, &chosen);
                         assert_eq!(got.num_rows(), expected[0].len(), "{what}");
                         for (i, (g, e)) in got.columns().iter().zip(&expected).enumerate() {
-                            assert_eq!(g.as_ref(), e.as_ref(), "{what}: column {}", got.schema().field(i).name());
+                            assert_eq!(
+                                g.as_ref(),
+                                e.as_ref(),
+                                "{what}: column {}",
+                                got.schema().field(i).name()
+                            );
                         }
                         cases += 1;
                     }
@@ -605,6 +776,19 @@ mod tests {
             }
         }
         assert_eq!(cases, 64);
+        // The DELTA encodings are refused (before the GPU is used): the caller reads the file
+        // with the Parquet crate.
+        let props = WriterProperties::builder()
+            .set_writer_version(WriterVersion::PARQUET_2_0)
+            .set_dictionary_enabled(false)
+            .build();
+        let file = write(&batch(&mut rng, 100, 0.1, 10), props);
+        let meta = ParquetMetaDataReader::new().parse_and_finish(&file).unwrap();
+        let err = decoder.decode(&file, &meta, &[0]).err().expect("DELTA pages refused");
+        assert!(
+            err.to_string().contains("DELTA_BINARY_PACKED pages on the GPU"),
+            "{err}"
+        );
     }
 
     /// Types and shapes the device does not decode are refused by the plan, before any GPU
@@ -613,13 +797,20 @@ mod tests {
     fn plans_refuse_what_the_device_does_not_decode() {
         use arrow::array::{BooleanArray, FixedSizeBinaryArray};
         let cases: Vec<(ArrayRef, &str)> = vec![
-            (Arc::new(BooleanArray::from(vec![true, false])), "Boolean stored as BOOLEAN"),
+            (
+                Arc::new(BooleanArray::from(vec![true, false])),
+                "Boolean stored as BOOLEAN",
+            ),
             (
                 Arc::new(FixedSizeBinaryArray::try_from_iter([[1u8, 2], [3, 4]].into_iter()).unwrap()),
                 "FixedSizeBinary(2) stored as FIXED_LEN_BYTE_ARRAY",
             ),
             (
-                Arc::new(Decimal128Array::from(vec![1, 2]).with_precision_and_scale(30, 2).unwrap()),
+                Arc::new(
+                    Decimal128Array::from(vec![1, 2])
+                        .with_precision_and_scale(30, 2)
+                        .unwrap(),
+                ),
                 "stored as FIXED_LEN_BYTE_ARRAY",
             ),
         ];
@@ -644,7 +835,9 @@ mod tests {
     /// page) fails the decode with what is wrong, not with wrong rows.
     #[test]
     fn corrupt_pages_fail_the_decode() {
-        let Some(decoder) = decoder_for_test("corrupt_pages_fail_the_decode") else { return };
+        let Some(decoder) = decoder_for_test("corrupt_pages_fail_the_decode") else {
+            return;
+        };
         let data = batch(&mut SmallRng::seed_from_u64(2), 2_000, 0.0, 20);
         for (dictionary, column, says) in [
             (true, 17, "a bit width above 32"),
@@ -663,7 +856,10 @@ mod tests {
             let at = pages.data[0].bytes.as_ptr() as usize - file.as_ptr() as usize;
             let mut bad = file.to_vec();
             bad[at] = 200;
-            let err = decoder.decode(&Bytes::from(bad), &meta, &[0]).err().expect("a corrupt page");
+            let err = decoder
+                .decode(&Bytes::from(bad), &meta, &[0])
+                .err()
+                .expect("a corrupt page");
             assert!(err.to_string().contains(says), "{err}");
         }
     }
