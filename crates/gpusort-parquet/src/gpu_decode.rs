@@ -216,10 +216,35 @@ impl GpuPageDecoder {
             .collect()
     }
 
+    /// Whether the device decodes the chunks of `row_groups` of `meta`'s file, by what their
+    /// metadata lists (codec, encodings), or why not; [`Self::decode`] checks each page again.
+    pub fn check_row_groups(meta: &ParquetMetaData, row_groups: &[usize]) -> Result<(), String> {
+        for &g in row_groups {
+            let rg = meta.row_groups().get(g).ok_or_else(|| format!("no row group {g}"))?;
+            for chunk in rg.columns() {
+                let name = chunk.column_path().string();
+                if !matches!(chunk.compression(), Compression::SNAPPY | Compression::UNCOMPRESSED) {
+                    return Err(format!("column '{name}': {} pages", chunk.compression()));
+                }
+                // RLE: the levels' (and booleans'); BIT_PACKED, old levels, is not read.
+                if let Some(e) = chunk.encodings().find(|e| {
+                    !matches!(
+                        e,
+                        Encoding::PLAIN | Encoding::PLAIN_DICTIONARY | Encoding::RLE_DICTIONARY | Encoding::RLE
+                    )
+                }) {
+                    return Err(format!("column '{name}': {e} pages"));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Decodes `row_groups` of `file` (its bytes; `meta` its metadata) into device memory.
     pub fn decode(&self, file: &Bytes, meta: &ParquetMetaData, row_groups: &[usize]) -> Result<GpuRowGroups> {
         let start = std::time::Instant::now();
         let plans = Self::plan(meta).map_err(ParquetError::NYI)?;
+        Self::check_row_groups(meta, row_groups).map_err(ParquetError::NYI)?;
         // Every chunk's pages, row group by row group.
         let mut chunks = vec![];
         let mut rows = 0u64;
@@ -780,11 +805,10 @@ mod tests {
             .build();
         let file = write(&batch(&mut rng, 100, 0.1, 10), props);
         let meta = ParquetMetaDataReader::new().parse_and_finish(&file).unwrap();
+        let why = GpuPageDecoder::check_row_groups(&meta, &[0]).unwrap_err();
+        assert!(why.contains("DELTA_BINARY_PACKED pages"), "{why}");
         let err = decoder.decode(&file, &meta, &[0]).err().expect("DELTA pages refused");
-        assert!(
-            err.to_string().contains("DELTA_BINARY_PACKED pages on the GPU"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("DELTA_BINARY_PACKED pages"), "{err}");
     }
 
     /// Types and shapes the device does not decode are refused by the plan, before any GPU
@@ -818,7 +842,24 @@ mod tests {
             assert!(why.contains(says), "{why}");
         }
         let data = batch(&mut SmallRng::seed_from_u64(1), 10, 0.1, 5);
-        let file = write(&data, WriterProperties::builder().build());
+        let zstd = WriterProperties::builder()
+            .set_compression(Compression::ZSTD(Default::default()))
+            .build();
+        let file = write(&data, zstd);
+        let meta = ParquetMetaDataReader::new().parse_and_finish(&file).unwrap();
+        let why = GpuPageDecoder::check_row_groups(&meta, &[0]).unwrap_err();
+        assert_eq!(why, "column 'i8': ZSTD(ZstdLevel(1)) pages");
+        assert!(
+            GpuPageDecoder::check_row_groups(&meta, &[9])
+                .unwrap_err()
+                .contains("no row group 9")
+        );
+        let file = write(
+            &data,
+            WriterProperties::builder().set_compression(Compression::SNAPPY).build(),
+        );
+        let meta = ParquetMetaDataReader::new().parse_and_finish(&file).unwrap();
+        assert_eq!(GpuPageDecoder::check_row_groups(&meta, &[0, 1]), Ok(()));
         let meta = ParquetMetaDataReader::new().parse_and_finish(&file).unwrap();
         let plans = GpuPageDecoder::plan(&meta).unwrap();
         assert_eq!(plans.len(), data.num_columns());
