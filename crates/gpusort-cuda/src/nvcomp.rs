@@ -461,7 +461,9 @@ impl ZstdCompressor {
         // SAFETY: the device buffers are as large as the copies; `staged` outlives the
         // stream's work (it is synchronized below before `staged` drops).
         unsafe {
-            result::memcpy_htod_async(in_base, &staged.as_slice()[..in_total], s)?;
+            if in_total > 0 {
+                result::memcpy_htod_async(in_base, &staged.as_slice()[..in_total], s)?;
+            }
             result::memcpy_htod_async(tables, &staged.as_slice()[in_total..], s)?;
         }
         let (in_ptrs, in_sizes, out_ptrs) = (tables, tables + 8 * n as u64, tables + 16 * n as u64);
@@ -563,6 +565,39 @@ pub struct DeviceBuffers {
     _held: DeviceReservation,
 }
 
+/// The compressed buffers of a call: in host memory (packed into pinned memory and uploaded by
+/// the call), or on the device already (an address and a length each, in memory that outlives
+/// the call).
+#[derive(Debug, Clone)]
+enum Inputs<'a> {
+    Host(Vec<&'a [u8]>),
+    Device(Vec<(u64, usize)>),
+}
+
+impl Inputs<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Inputs::Host(v) => v.len(),
+            Inputs::Device(v) => v.len(),
+        }
+    }
+
+    fn bytes(&self, i: usize) -> usize {
+        match self {
+            Inputs::Host(v) => v[i].len(),
+            Inputs::Device(v) => v[i].1,
+        }
+    }
+
+    /// The inputs `keep` lists, in its order.
+    fn select(&self, keep: &[usize]) -> Self {
+        match self {
+            Inputs::Host(v) => Inputs::Host(keep.iter().map(|&i| v[i]).collect()),
+            Inputs::Device(v) => Inputs::Device(keep.iter().map(|&i| v[i]).collect()),
+        }
+    }
+}
+
 impl std::fmt::Debug for SnappyDecompressor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SnappyDecompressor")
@@ -611,6 +646,17 @@ impl SnappyDecompressor {
     /// error where the device memory budget has no room now, or where nvCOMP finds a buffer
     /// corrupt or of another size than `sizes` says.
     pub fn decompress_to_device(&self, compressed: &[&[u8]], sizes: &[usize]) -> Result<DeviceBuffers> {
+        self.decompress_inputs(Inputs::Host(compressed.to_vec()), sizes)
+    }
+
+    /// As [`Self::decompress_to_device`], of buffers on the device already: `compressed[i]` is
+    /// the address and length of buffer `i` (in device memory that outlives the call; a file's
+    /// range uploaded whole by [`Self::upload_range`], say): nothing is packed or copied.
+    pub fn decompress_on_device(&self, compressed: &[(u64, usize)], sizes: &[usize]) -> Result<DeviceBuffers> {
+        self.decompress_inputs(Inputs::Device(compressed.to_vec()), sizes)
+    }
+
+    fn decompress_inputs(&self, compressed: Inputs<'_>, sizes: &[usize]) -> Result<DeviceBuffers> {
         if compressed.len() != sizes.len() {
             return Err(CudaSortError::Compression(format!(
                 "{} snappy buffers with {} sizes",
@@ -630,11 +676,10 @@ impl SnappyDecompressor {
             });
         }
         if full.len() == sizes.len() {
-            return self.decompress_full(compressed, sizes);
+            return self.decompress_full(&compressed, sizes);
         }
-        let inputs: Vec<&[u8]> = full.iter().map(|&i| compressed[i]).collect();
         let lens: Vec<usize> = full.iter().map(|&i| sizes[i]).collect();
-        let mut out = self.decompress_full(&inputs, &lens)?;
+        let mut out = self.decompress_full(&compressed.select(&full), &lens)?;
         let mut at = vec![0; sizes.len()];
         for (&i, &a) in full.iter().zip(&out.offsets) {
             at[i] = a;
@@ -643,41 +688,50 @@ impl SnappyDecompressor {
         Ok(out)
     }
 
-    /// `buffers` copied as they are into one device buffer, laid out as
-    /// [`Self::decompress_to_device`]'s output is (pages no codec compressed, v2 pages' levels),
-    /// held of the same budget.
-    pub fn upload_to_device(&self, buffers: &[&[u8]]) -> Result<DeviceBuffers> {
-        let (at, total) = pack(buffers.iter().map(|b| b.len()), 8);
-        let mut held = self.device.budget().reservation();
-        if !held.try_grow_to(total) {
+    /// `bytes` (a file's range, say: in pinned memory the copy runs at full speed) copied to
+    /// one device buffer, held of the decompressor's budget: the inputs of
+    /// [`Self::decompress_on_device`]. Its pieces are `pieces` (offsets and lengths in `bytes`),
+    /// which the output lists as its buffers.
+    pub fn upload_range(&self, bytes: &[u8], pieces: &[(usize, usize)]) -> Result<DeviceBuffers> {
+        if let Some(&(at, n)) = pieces.iter().find(|&&(at, n)| at + n > bytes.len()) {
             return Err(CudaSortError::Compression(format!(
-                "the device memory budget has no room for {:.1} MB of pages now",
-                total as f64 / 1e6
+                "a piece of {n} bytes at {at} of a range of {}",
+                bytes.len()
             )));
         }
-        let data = alloc(&self.stream, total)?;
-        if total > 0 {
-            let staged = stage(buffers, &at, total, &[]);
-            // SAFETY: `data` holds `total` bytes; `staged` outlives the copy (synchronized).
+        let mut held = self.device.budget().reservation();
+        if !held.try_grow_to(bytes.len()) {
+            return Err(CudaSortError::Compression(format!(
+                "the device memory budget has no room for {:.1} MB of pages now",
+                bytes.len() as f64 / 1e6
+            )));
+        }
+        let data = alloc(&self.stream, bytes.len())?;
+        if !bytes.is_empty() {
+            // SAFETY: `data` holds `bytes.len()` bytes; `bytes` outlives the copy (synchronized).
             unsafe {
-                result::memcpy_htod_async(ptr(&data, &self.stream), staged.as_slice(), self.stream.cu_stream())?;
+                result::memcpy_htod_async(ptr(&data, &self.stream), bytes, self.stream.cu_stream())?;
             }
             self.stream.synchronize()?;
         }
         Ok(DeviceBuffers {
             data,
-            offsets: at,
-            sizes: buffers.iter().map(|b| b.len()).collect(),
+            offsets: pieces.iter().map(|p| p.0).collect(),
+            sizes: pieces.iter().map(|p| p.1).collect(),
             _held: held,
         })
     }
 
     /// [`Self::decompress_to_device`] of buffers that are none of them empty: hold the call's
     /// device memory of the budget, pack, upload, decompress, check each size and status.
-    fn decompress_full(&self, compressed: &[&[u8]], sizes: &[usize]) -> Result<DeviceBuffers> {
+    fn decompress_full(&self, compressed: &Inputs<'_>, sizes: &[usize]) -> Result<DeviceBuffers> {
         let (api, stream, s) = (self.device.api, &self.stream, self.stream.cu_stream());
         let n = compressed.len();
-        let (in_at, in_total) = pack(compressed.iter().map(|c| c.len()), 8);
+        let host = match compressed {
+            Inputs::Host(h) => &h[..],
+            Inputs::Device(_) => &[],
+        };
+        let (in_at, in_total) = pack(host.iter().map(|c| c.len()), 8);
         let (out_at, out_total) = pack(sizes.iter().copied(), 8);
         let max_out = sizes.iter().copied().max().unwrap_or(0).max(1);
         let mut temp_bytes = 0;
@@ -699,18 +753,24 @@ impl SnappyDecompressor {
         let (d_in, data) = (alloc(stream, in_total)?, alloc(stream, out_total)?);
         let (d_temp, d_tables) = (alloc(stream, temp_bytes)?, alloc(stream, table_bytes)?);
         let (in_base, out_base, tables) = (ptr(&d_in, stream), ptr(&data, stream), ptr(&d_tables, stream));
-        let table: Vec<u64> = (in_at.iter().map(|&a| in_base + a as u64))
-            .chain(compressed.iter().map(|c| c.len() as u64))
+        let addresses: Vec<u64> = match compressed {
+            Inputs::Host(_) => in_at.iter().map(|&a| in_base + a as u64).collect(),
+            Inputs::Device(d) => d.iter().map(|&(a, _)| a).collect(),
+        };
+        let table: Vec<u64> = (addresses.into_iter())
+            .chain((0..n).map(|i| compressed.bytes(i) as u64))
             .chain(sizes.iter().map(|&n| n as u64))
             .chain(out_at.iter().map(|&a| out_base + a as u64))
             .collect();
-        let staged = stage(compressed, &in_at, in_total, &table);
+        let staged = stage(host, &in_at, in_total, &table);
         let word = |k: usize| tables + (8 * k * n) as u64;
         let mut done = vec![0u64; 2 * n];
         // SAFETY: the device buffers are as large as the copies and the tables nvCOMP reads;
         // `staged` and `done` outlive the stream's work (synchronized below).
         unsafe {
-            result::memcpy_htod_async(in_base, &staged.as_slice()[..in_total], s)?;
+            if in_total > 0 {
+                result::memcpy_htod_async(in_base, &staged.as_slice()[..in_total], s)?;
+            }
             result::memcpy_htod_async(tables, &staged.as_slice()[in_total..], s)?;
             api.check(
                 (api.snappy_decompress)(

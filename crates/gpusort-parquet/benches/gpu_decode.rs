@@ -18,7 +18,7 @@ use arrow::datatypes::{DataType, Field, Schema};
 use bytes::Bytes;
 use gpusort_parquet::gpu_decode::GpuPageDecoder;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
-use parquet::file::metadata::ParquetMetaDataReader;
+use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 use rayon::prelude::*;
 
 /// The metadata the CPU's readers share (read once, as the tool does): byte arrays as views.
@@ -93,7 +93,36 @@ fn main() {
         Ok(d) => d,
         Err(e) => return println!("GPU: not run ({e})"),
     };
-    let calls: Vec<Vec<usize>> = (0..groups)
+    gpu_rounds(
+        &decoder,
+        "file in pageable memory",
+        &file,
+        &meta,
+        groups_a_call,
+        &cpu,
+        cpu_s,
+    );
+    let (pinned, is_pinned) = gpusort_parquet::gpu_decode::read_pinned(std::path::Path::new(&path)).expect("the file");
+    let label = if is_pinned {
+        "file in pinned memory"
+    } else {
+        "file in the pool's pageable memory (no pinned memory)"
+    };
+    gpu_rounds(&decoder, label, &pinned, &meta, groups_a_call, &cpu, cpu_s);
+}
+
+/// Decodes `file` on the GPU, `groups_a_call` row groups a call, four rounds, round 0 checking
+/// every column against the CPU's reading (`cpu`, a row group's batches each).
+fn gpu_rounds(
+    decoder: &GpuPageDecoder,
+    label: &str,
+    file: &Bytes,
+    meta: &ParquetMetaData,
+    groups_a_call: usize,
+    cpu: &[Vec<RecordBatch>],
+    cpu_s: f64,
+) {
+    let calls: Vec<Vec<usize>> = (0..meta.num_row_groups())
         .collect::<Vec<_>>()
         .chunks(groups_a_call)
         .map(|c| c.to_vec())
@@ -103,7 +132,7 @@ fn main() {
         let (mut list, mut pages, mut kernels) = (0.0, 0.0, 0.0);
         let mut checked = 0;
         for call in &calls {
-            let decoded = decoder.decode(&file, &meta, call).expect("the GPU's decode");
+            let decoded = decoder.decode(file, meta, call).expect("the GPU's decode");
             (list, pages, kernels) = (
                 list + decoded.times.list,
                 pages + decoded.times.pages,
@@ -124,8 +153,8 @@ fn main() {
         }
         let s = start.elapsed().as_secs_f64();
         println!(
-            "GPU, {groups_a_call} row groups a call, round {round}: {:.1} ms (list {:.1}, pages {:.1}, kernels {:.1}){}; \
-             CPU / GPU {:.2}x",
+            "GPU, {label}, {groups_a_call} row groups a call, round {round}: {:.1} ms (list {:.1}, pages {:.1}, \
+             kernels {:.1}){}; CPU / GPU {:.2}x",
             s * 1e3,
             list * 1e3,
             pages * 1e3,
