@@ -688,11 +688,13 @@ impl SnappyDecompressor {
         Ok(out)
     }
 
-    /// `bytes` (a file's range, say: in pinned memory the copy runs at full speed) copied to
-    /// one device buffer, held of the decompressor's budget: the inputs of
-    /// [`Self::decompress_on_device`]. Its pieces are `pieces` (offsets and lengths in `bytes`),
-    /// which the output lists as its buffers.
-    pub fn upload_range(&self, bytes: &[u8], pieces: &[(usize, usize)]) -> Result<DeviceBuffers> {
+    /// `bytes` (a file's range, say) copied to one device buffer, held of the decompressor's
+    /// budget: the inputs of [`Self::decompress_on_device`]. Its pieces are `pieces` (offsets
+    /// and lengths in `bytes`), which the output lists as its buffers. Unless `pinned` says that
+    /// `bytes` are in pinned memory, they are copied into pinned memory first on a few threads:
+    /// a copy from pageable memory ran at ~5.5 GB/s on the H200 (lineitem SF10's 2.4 GB of
+    /// pages: 451 ms, against 217 ms packed into pinned memory and 129 ms straight from it).
+    pub fn upload_range(&self, bytes: &[u8], pieces: &[(usize, usize)], pinned: bool) -> Result<DeviceBuffers> {
         if let Some(&(at, n)) = pieces.iter().find(|&&(at, n)| at + n > bytes.len()) {
             return Err(CudaSortError::Compression(format!(
                 "a piece of {n} bytes at {at} of a range of {}",
@@ -708,9 +710,15 @@ impl SnappyDecompressor {
         }
         let data = alloc(&self.stream, bytes.len())?;
         if !bytes.is_empty() {
-            // SAFETY: `data` holds `bytes.len()` bytes; `bytes` outlives the copy (synchronized).
+            let staged = (!pinned).then(|| {
+                let parts: Vec<&[u8]> = bytes.chunks(PACK_BYTES_A_THREAD).collect();
+                let at: Vec<usize> = (0..parts.len()).map(|i| i * PACK_BYTES_A_THREAD).collect();
+                stage(&parts, &at, bytes.len(), &[])
+            });
+            let from = staged.as_ref().map_or(bytes, |s| s.as_slice());
+            // SAFETY: `data` holds `bytes.len()` bytes; `from` outlives the copy (synchronized).
             unsafe {
-                result::memcpy_htod_async(ptr(&data, &self.stream), bytes, self.stream.cu_stream())?;
+                result::memcpy_htod_async(ptr(&data, &self.stream), from, self.stream.cu_stream())?;
             }
             self.stream.synchronize()?;
         }

@@ -16,7 +16,7 @@ use std::time::Instant;
 use arrow::array::RecordBatch;
 use arrow::datatypes::{DataType, Field, Schema};
 use bytes::Bytes;
-use gpusort_parquet::gpu_decode::GpuPageDecoder;
+use gpusort_parquet::gpu_decode::{FileBytes, GpuPageDecoder};
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 use rayon::prelude::*;
@@ -93,17 +93,18 @@ fn main() {
         Ok(d) => d,
         Err(e) => return println!("GPU: not run ({e})"),
     };
+    let pageable = FileBytes::from(file.clone());
     gpu_rounds(
         &decoder,
         "file in pageable memory",
-        &file,
+        &pageable,
         &meta,
         groups_a_call,
         &cpu,
         cpu_s,
     );
-    let (pinned, is_pinned) = gpusort_parquet::gpu_decode::read_pinned(std::path::Path::new(&path)).expect("the file");
-    let label = if is_pinned {
+    let pinned = FileBytes::read_pinned(std::path::Path::new(&path)).expect("the file");
+    let label = if pinned.pinned {
         "file in pinned memory"
     } else {
         "file in the pool's pageable memory (no pinned memory)"
@@ -116,7 +117,7 @@ fn main() {
 fn gpu_rounds(
     decoder: &GpuPageDecoder,
     label: &str,
-    file: &Bytes,
+    file: &FileBytes,
     meta: &ParquetMetaData,
     groups_a_call: usize,
     cpu: &[Vec<RecordBatch>],

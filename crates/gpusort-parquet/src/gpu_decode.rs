@@ -119,8 +119,22 @@ pub struct DecodeTimes {
     pub kernels: f64,
 }
 
-/// A file's bytes in pinned host memory, as [`Bytes`] (what [`GpuPageDecoder::decode`] takes):
-/// the pages of a call then cross PCIe in one copy at full speed.
+/// A Parquet file's bytes, and whether they are in pinned host memory ([`Self::read_pinned`]):
+/// then the pages of a call cross PCIe in one copy at full speed, else through a pinned copy.
+#[derive(Debug, Clone)]
+pub struct FileBytes {
+    pub bytes: Bytes,
+    pub pinned: bool,
+}
+
+impl From<Bytes> for FileBytes {
+    /// Bytes in pageable memory.
+    fn from(bytes: Bytes) -> Self {
+        Self { bytes, pinned: false }
+    }
+}
+
+/// A file's bytes in pinned host memory.
 struct PinnedBytes(gpusort_cuda::HostBuffer);
 
 impl AsRef<[u8]> for PinnedBytes {
@@ -129,21 +143,26 @@ impl AsRef<[u8]> for PinnedBytes {
     }
 }
 
-/// Bytes a thread of [`read_pinned`] reads at a time.
+/// Bytes a thread of [`FileBytes::read_pinned`] reads at a time.
 const READ_PIECE: usize = 64 << 20;
 
-/// The file at `path` read into pinned host memory (from the process's pool; pageable memory
-/// where the pool has none), pieces of it on every core; and whether the memory is pinned.
-pub fn read_pinned(path: &std::path::Path) -> std::io::Result<(Bytes, bool)> {
-    use rayon::prelude::*;
-    use std::os::unix::fs::FileExt;
-    let file = std::fs::File::open(path)?;
-    let len = file.metadata()?.len() as usize;
-    let mut buffer = gpusort_cuda::PinnedPool::global().alloc(len);
-    (buffer.as_mut_slice().par_chunks_mut(READ_PIECE).enumerate())
-        .try_for_each(|(i, piece)| file.read_exact_at(piece, (i * READ_PIECE) as u64))?;
-    let pinned = buffer.is_pinned();
-    Ok((Bytes::from_owner(PinnedBytes(buffer)), pinned))
+impl FileBytes {
+    /// The file at `path` read into pinned host memory (from the process's pool; pageable
+    /// memory where the pool has none), pieces of it on every core.
+    pub fn read_pinned(path: &std::path::Path) -> std::io::Result<Self> {
+        use rayon::prelude::*;
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::File::open(path)?;
+        let len = file.metadata()?.len() as usize;
+        let mut buffer = gpusort_cuda::PinnedPool::global().alloc(len);
+        (buffer.as_mut_slice().par_chunks_mut(READ_PIECE).enumerate())
+            .try_for_each(|(i, piece)| file.read_exact_at(piece, (i * READ_PIECE) as u64))?;
+        let pinned = buffer.is_pinned();
+        Ok(Self {
+            bytes: Bytes::from_owner(PinnedBytes(buffer)),
+            pinned,
+        })
+    }
 }
 
 fn external(e: impl std::error::Error + Send + Sync + 'static) -> ParquetError {
@@ -268,7 +287,8 @@ impl GpuPageDecoder {
     }
 
     /// Decodes `row_groups` of `file` (its bytes; `meta` its metadata) into device memory.
-    pub fn decode(&self, file: &Bytes, meta: &ParquetMetaData, row_groups: &[usize]) -> Result<GpuRowGroups> {
+    pub fn decode(&self, file: &FileBytes, meta: &ParquetMetaData, row_groups: &[usize]) -> Result<GpuRowGroups> {
+        let (pinned, file) = (file.pinned, &file.bytes);
         let start = std::time::Instant::now();
         let plans = Self::plan(meta).map_err(ParquetError::NYI)?;
         Self::check_row_groups(meta, row_groups).map_err(ParquetError::NYI)?;
@@ -289,7 +309,7 @@ impl GpuPageDecoder {
             list: start.elapsed().as_secs_f64(),
             ..DecodeTimes::default()
         };
-        let buffers = self.to_device(file, &uploads)?;
+        let buffers = self.to_device(file, pinned, &uploads)?;
         times.pages = start.elapsed().as_secs_f64() - times.list;
         let columns = (plans.iter())
             .map(|p| self.alloc_column(p, rows))
@@ -312,10 +332,10 @@ impl GpuPageDecoder {
     }
 
     /// The call's pages on the device: the range of the file that holds them uploaded whole
-    /// (buffer 1, whose pieces are the uploads' raw slices: one copy, none packed; from pinned
-    /// memory at full speed, [`read_pinned`]), and the snappy pages decompressed from it there
-    /// (buffer 0).
-    fn to_device(&self, file: &Bytes, uploads: &Uploads) -> Result<[DeviceBuffers; 2]> {
+    /// (buffer 1, whose pieces are the uploads' raw slices: one copy, none packed; at full
+    /// speed from `pinned` memory, [`FileBytes::read_pinned`]), and the snappy pages
+    /// decompressed from it there (buffer 0).
+    fn to_device(&self, file: &Bytes, pinned: bool, uploads: &Uploads) -> Result<[DeviceBuffers; 2]> {
         let offset = |b: &[u8]| {
             let at = (b.as_ptr() as usize).wrapping_sub(file.as_ptr() as usize);
             match at.checked_add(b.len()) {
@@ -332,7 +352,9 @@ impl GpuPageDecoder {
         let pieces: Vec<(usize, usize)> = (uploads.raw.iter())
             .map(|b| Ok((offset(b)? - lo, b.len())))
             .collect::<Result<_>>()?;
-        let range = self.snappy.upload_range(&file[lo..hi], &pieces).map_err(external)?;
+        let range = (self.snappy)
+            .upload_range(&file[lo..hi], &pieces, pinned)
+            .map_err(external)?;
         let base = {
             use cudarc::driver::DevicePtr;
             range.data.device_ptr(self.snappy.stream()).0
@@ -774,6 +796,20 @@ mod tests {
         Bytes::from(out)
     }
 
+    /// `file` as the decoder takes it: in pageable memory, or copied to pinned memory.
+    fn input(file: &Bytes, pinned: bool) -> FileBytes {
+        if !pinned {
+            return file.clone().into();
+        }
+        let mut buffer = gpusort_cuda::PinnedPool::global().alloc(file.len());
+        buffer.as_mut_slice().copy_from_slice(file);
+        let pinned = buffer.is_pinned();
+        FileBytes {
+            bytes: Bytes::from_owner(PinnedBytes(buffer)),
+            pinned,
+        }
+    }
+
     /// What the Parquet crate reads of `row_groups`, with byte arrays as views.
     fn cpu_read(file: &Bytes, row_groups: &[usize]) -> Vec<ArrayRef> {
         let reader = ParquetRecordBatchReaderBuilder::try_new(file.clone())
@@ -796,7 +832,8 @@ mod tests {
 
     /// Every column of every row group, decoded on the GPU, equals the Parquet crate's reading:
     /// every type, with and without nulls, dictionaries and their fallback to PLAIN, pages v1
-    /// and v2, snappy and uncompressed, pages of a few rows and of many.
+    /// and v2, snappy and uncompressed, pages of a few rows and of many, the file in pinned
+    /// memory (all row groups) and in pageable memory (the last).
     #[test]
     fn gpu_decode_reads_as_the_parquet_crate() {
         let Some(decoder) = decoder_for_test("gpu_decode_reads_as_the_parquet_crate") else {
@@ -833,7 +870,7 @@ mod tests {
                             "{rows} rows, nulls {nulls}, {version:?}, {codec}, dictionary {dictionary}, {page_rows} a page, row groups {chosen:?}"
                         );
                         let decoded = decoder
-                            .decode(&file, &meta, &chosen)
+                            .decode(&input(&file, chosen.len() > 1), &meta, &chosen)
                             .unwrap_or_else(|e| panic!("{what}: {e}"));
                         let got = decoded
                             .download(decoder.gpu())
@@ -864,7 +901,10 @@ mod tests {
         let meta = ParquetMetaDataReader::new().parse_and_finish(&file).unwrap();
         let why = GpuPageDecoder::check_row_groups(&meta, &[0]).unwrap_err();
         assert!(why.contains("DELTA_BINARY_PACKED pages"), "{why}");
-        let err = decoder.decode(&file, &meta, &[0]).err().expect("DELTA pages refused");
+        let err = decoder
+            .decode(&file.into(), &meta, &[0])
+            .err()
+            .expect("DELTA pages refused");
         assert!(err.to_string().contains("DELTA_BINARY_PACKED pages"), "{err}");
     }
 
@@ -876,10 +916,10 @@ mod tests {
             let mut rng = SmallRng::seed_from_u64(len as u64);
             let bytes: Vec<u8> = (0..len).map(|_| rng.random()).collect();
             std::fs::write(&path, &bytes).unwrap();
-            let (read, _pinned) = read_pinned(&path).unwrap();
-            assert!(read[..] == bytes[..], "{len} bytes");
+            let read = FileBytes::read_pinned(&path).unwrap();
+            assert!(read.bytes[..] == bytes[..], "{len} bytes");
         }
-        assert!(read_pinned(&dir.path().join("missing")).is_err());
+        assert!(FileBytes::read_pinned(&dir.path().join("missing")).is_err());
     }
 
     /// Types and shapes the device does not decode are refused by the plan, before any GPU
@@ -965,7 +1005,7 @@ mod tests {
             let mut bad = file.to_vec();
             bad[at] = 200;
             let err = decoder
-                .decode(&Bytes::from(bad), &meta, &[0])
+                .decode(&Bytes::from(bad).into(), &meta, &[0])
                 .err()
                 .expect("a corrupt page");
             assert!(err.to_string().contains(says), "{err}");
