@@ -620,6 +620,12 @@ impl SnappyDecompressor {
         self
     }
 
+    /// An empty reservation of the budget its calls hold their device memory of: what a caller
+    /// holds of the same budget for the memory it allocates beside them (the decoded columns).
+    pub fn reservation(&self) -> DeviceReservation {
+        self.device.budget().reservation()
+    }
+
     /// The stream the output is written on (synchronized before [`Self::decompress_to_device`]
     /// returns).
     pub fn stream(&self) -> &Arc<CudaStream> {

@@ -108,6 +108,8 @@ pub struct GpuRowGroups {
     /// Where the call's time went.
     pub times: DecodeTimes,
     _views: cudarc::driver::CudaSlice<u8>,
+    /// The columns' and views' device memory, held of the budget (the pages hold theirs).
+    _held: gpusort_cuda::DeviceReservation,
 }
 
 /// Seconds of a [`GpuPageDecoder::decode`] call: listing the pages, moving them to the device
@@ -237,6 +239,13 @@ impl GpuPageDecoder {
         Ok(Self { gpu, snappy })
     }
 
+    /// Holds its device memory (the pages, the decoded columns) of `budget` instead of the
+    /// process's budget of the device.
+    pub fn with_budget(mut self, budget: Arc<gpusort_cuda::DeviceBudget>) -> Self {
+        self.snappy = self.snappy.with_budget(budget);
+        self
+    }
+
     /// The GPU it decodes on.
     pub fn gpu(&self) -> &Arc<Gpu> {
         &self.gpu
@@ -311,11 +320,22 @@ impl GpuPageDecoder {
         };
         let buffers = self.to_device(file, pinned, &uploads)?;
         times.pages = start.elapsed().as_secs_f64() - times.list;
+        let view_count: usize = regions.iter().map(|r| r.1).sum();
+        // The columns and the views, held of the budget the pages are.
+        let column_bytes: usize = (plans.iter())
+            .map(|p| rows * p.out_width as usize + if p.optional { 4 * rows.div_ceil(32) } else { 0 })
+            .sum();
+        let mut held = self.snappy.reservation();
+        if !held.try_grow_to(column_bytes + 16 * view_count) {
+            return Err(ParquetError::General(format!(
+                "the device memory budget has no room for {:.1} MB of decoded columns now",
+                (column_bytes + 16 * view_count) as f64 / 1e6
+            )));
+        }
         let columns = (plans.iter())
             .map(|p| self.alloc_column(p, rows))
             .collect::<gpusort_cuda::Result<Vec<_>>>()
             .map_err(external)?;
-        let view_count: usize = regions.iter().map(|r| r.1).sum();
         let views = self.gpu.alloc_bytes(16 * view_count).map_err(external)?;
         let (regions, pages) = describe(&buffers, &columns, &views, &regions, pages, self.gpu.stream())?;
         let launched = std::time::Instant::now();
@@ -328,6 +348,7 @@ impl GpuPageDecoder {
             buffers,
             times,
             _views: views,
+            _held: held,
         })
     }
 
@@ -977,6 +998,29 @@ mod tests {
         assert_eq!(plans[14].field.data_type(), &DataType::Utf8View);
         assert_eq!((plans[12].in_width, plans[12].out_width, plans[12].sign), (4, 16, true));
         assert!(plans[0].optional && !plans[17].optional);
+    }
+
+    /// The decoder's device memory is held of its budget while the decoded row groups live,
+    /// and given back when they go; a budget without room for the columns refuses the decode.
+    #[test]
+    fn decoded_row_groups_hold_their_memory_of_the_budget() {
+        let Some(decoder) = decoder_for_test("decoded_row_groups_hold_their_memory_of_the_budget") else {
+            return;
+        };
+        let data = batch(&mut SmallRng::seed_from_u64(3), 20_000, 0.1, 1000);
+        let file: FileBytes = write(&data, WriterProperties::builder().build()).into();
+        let meta = ParquetMetaDataReader::new().parse_and_finish(&file.bytes).unwrap();
+        let budget = gpusort_cuda::DeviceBudget::new(1 << 30);
+        let decoder = decoder.with_budget(Arc::clone(&budget));
+        let decoded = decoder.decode(&file, &meta, &[0, 1]).unwrap();
+        assert!(budget.stats().reserved >= 20_000 * 16, "{:?}", budget.stats());
+        drop(decoded);
+        assert_eq!(budget.stats().reserved, 0);
+        let small = gpusort_cuda::DeviceBudget::new(64 << 10);
+        let decoder = GpuPageDecoder::try_new(0).unwrap().with_budget(Arc::clone(&small));
+        let err = decoder.decode(&file, &meta, &[0, 1]).err().expect("no room");
+        assert!(err.to_string().contains("budget has no room"), "{err}");
+        assert_eq!(small.stats().reserved, 0);
     }
 
     /// A corrupt page (a dictionary page's bit width above 32, a PLAIN string's length past the
