@@ -1,5 +1,5 @@
 //! Writes sorted Arrow batches to one Parquet file, fast: this crate's one job is the Parquet
-//! files of a sort, the output above all. The `gpusort` tool writes its output with it, and
+//! files of a sort, the output above all, and the input's pages decoded on the GPU. The `gpusort` tool writes its output with it, and
 //! `datafusion-gpusort`'s `GpuParquetSink` writes SQL's `COPY (... ORDER BY ...) TO
 //! 'file.parquet'` with it.
 //!
