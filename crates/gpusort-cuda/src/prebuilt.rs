@@ -41,6 +41,7 @@ const CUBINS: &[(&str, &str, &[u8])] = cubins![
     "sm_90" / "ties.cu",
     "sm_90" / "merge.cu",
     "sm_90" / "sample.cu",
+    "sm_90" / "parquet.cu",
 ];
 
 /// The hash of a program's source as built for `arch` (the options included).
