@@ -307,7 +307,8 @@ impl GpuPageDecoder {
         for &g in row_groups {
             let rg = meta.row_group(g);
             for c in 0..plans.len() {
-                chunks.push((c, rows, column_chunk_pages(file, rg.column(c), rg.num_rows() as usize)?));
+                let pages = column_chunk_pages(file, rg.column(c), rg.num_rows() as usize)?;
+                chunks.push((c, rows..rows + rg.num_rows() as u64, pages));
             }
             rows += rg.num_rows() as u64;
         }
@@ -409,12 +410,12 @@ type RegionPlan = (Placed, usize, bool);
 /// Each data page's plan and the regions of PLAIN byte arrays, every page's bytes added to
 /// `uploads`; an error for an encoding the device does not decode.
 fn plan_pages<'a>(
-    chunks: &'a [(usize, u64, ColumnChunkPages)],
+    chunks: &'a [(usize, std::ops::Range<u64>, ColumnChunkPages)],
     plans: &[ColumnPlan],
     uploads: &mut Uploads<'a>,
 ) -> Result<(Vec<PagePlan>, Vec<RegionPlan>)> {
     let (mut pages, mut regions) = (vec![], vec![]);
-    for (column, first_row, chunk) in chunks {
+    for (column, rows, chunk) in chunks {
         let plan = &plans[*column];
         let bytes = plan.in_width == 0;
         let dict = match &chunk.dictionary {
@@ -428,7 +429,7 @@ fn plan_pages<'a>(
             Some(d) => return Err(ParquetError::NYI(format!("a dictionary of {} on the GPU", d.encoding))),
             None => None,
         };
-        let mut row = *first_row;
+        let mut row = rows.start;
         for page in &chunk.data {
             let encoding = match page.encoding {
                 Encoding::PLAIN => PAGE_PLAIN,
@@ -469,8 +470,14 @@ fn plan_pages<'a>(
             });
             row += page.num_values as u64;
         }
-        if row - first_row != chunk.num_values() as u64 {
-            return Err(ParquetError::General("a chunk's pages hold other than its rows".into()));
+        // Every output row is written by a page: a chunk whose pages hold other than its row
+        // group's rows is refused rather than leave rows unwritten.
+        if row != rows.end {
+            return Err(ParquetError::General(format!(
+                "a chunk's pages hold {} rows of its row group's {}",
+                row - rows.start,
+                rows.end - rows.start
+            )));
         }
     }
     Ok((pages, regions))
