@@ -105,44 +105,35 @@ impl Gpu {
     /// Writes the views of every region's PLAIN byte arrays (one block a region); an error
     /// names a region whose bytes end inside a value.
     pub fn parquet_plain_views(&self, regions: &[ViewRegion]) -> Result<()> {
-        if regions.is_empty() {
-            return Ok(());
-        }
-        let n = u32::try_from(regions.len())
-            .map_err(|_| CudaSortError::Decode(format!("{} regions in one launch", regions.len())))?;
-        let cfg = LaunchConfig {
-            grid_dim: (n, 1, 1),
-            block_dim: (PARQUET_VIEWS_BLOCK, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        self.parquet_launch("region", regions, |k| &k.parquet_plain_views, cfg)
+        self.parquet_launch("region", regions, |k| &k.parquet_plain_views, PARQUET_VIEWS_BLOCK)
     }
 
     /// Decodes every page of `pages` into its column (one block a page), then waits for them;
     /// an error names a page that is corrupt (`kernels/parquet.cu` says what is checked).
     pub fn parquet_decode(&self, pages: &[ParquetPage]) -> Result<()> {
-        if pages.is_empty() {
-            return Ok(());
-        }
-        let n = u32::try_from(pages.len())
-            .map_err(|_| CudaSortError::Decode(format!("{} pages in one launch", pages.len())))?;
-        let cfg = LaunchConfig {
-            grid_dim: (n, 1, 1),
-            block_dim: (PARQUET_BLOCK, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        self.parquet_launch("page", pages, |k| &k.parquet_decode, cfg)
+        self.parquet_launch("page", pages, |k| &k.parquet_decode, PARQUET_BLOCK)
     }
 
-    /// Uploads `items`, launches `kernel` over them with an error word pair, waits, and turns
-    /// a code the kernel left into an error naming the `what` it was found in.
+    /// Uploads `items`, launches `kernel` over them (one block of `block` threads an item) with
+    /// an error word pair, waits, and turns a code the kernel left into an error naming the
+    /// `what` it was found in.
     fn parquet_launch<T: DeviceRepr + Unpin>(
         &self,
         what: &str,
         items: &[T],
         kernel: impl Fn(&crate::kernels::Kernels) -> &cudarc::driver::CudaFunction,
-        cfg: LaunchConfig,
+        block: u32,
     ) -> Result<()> {
+        if items.is_empty() {
+            return Ok(());
+        }
+        let n = u32::try_from(items.len())
+            .map_err(|_| CudaSortError::Decode(format!("{} {what}s in one launch", items.len())))?;
+        let cfg = LaunchConfig {
+            grid_dim: (n, 1, 1),
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: 0,
+        };
         let kernels = self.kernels()?;
         let s = self.stream();
         let d_items = s.clone_htod(items)?;
