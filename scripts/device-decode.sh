@@ -5,7 +5,10 @@
 #   gpusort_parquet  the Parquet crate's unit tests (the GPU decode against the Parquet crate's)
 #   gpu_decode       the bench: lineitem decoded on the GPU against the Parquet crate's reader,
 #                    $DECODE_GROUPS row groups a call (default "32 64")
-# Logs in $OUT: cuda.log, parquet.log, decode.log.
+#   gpu_session      the GPU session's tests (device batches beside host batches)
+#   device_sort      the bench: lineitem sorted from host batches and from device batches,
+#                    ORDER BY lists $SORT_LISTS (default 1,3), $SORT_GROUPS row groups a call
+# Logs in $OUT: cuda.log, parquet.log, decode.log, session.log, sort.log.
 #
 #   SF=10 bash scripts/device-decode.sh
 set -u
@@ -25,4 +28,12 @@ if [ -x .gpu/gpu_decode ] && [ -f "$data" ]; then
   for g in ${DECODE_GROUPS:-32 64}; do
     .gpu/gpu_decode "$data" "$g" 2>&1 | tee -a "$OUT/decode.log"
   done
+fi
+if [ -x .gpu/gpu_session ]; then
+  .gpu/gpu_session --test-threads=1 > "$OUT/session.log" 2>&1
+  echo "gpu_session: $(grep -E '^test result' "$OUT/session.log")"
+  grep -E "FAILED|panicked" "$OUT/session.log" | head -20
+fi
+if [ -x .gpu/device_sort ] && [ -f "$data" ]; then
+  .gpu/device_sort "$data" "${SORT_LISTS:-1,3}" "${SORT_GROUPS:-64}" 2>&1 | tee "$OUT/sort.log"
 fi

@@ -82,7 +82,10 @@ pub use nvcomp::{CompressStats, DeviceBuffers, SnappyDecompressor, ZstdCompresso
 pub use options::{DEVICE_TIES_MIN_MEAN_ROWS, DeviceTies, GpuOptions};
 pub use pinned::{FRESH_PIN_MAX, HostBuffer, PinnedPool, PinnedPoolStats};
 pub use presorted::DISTINCT_MIN_ROWS;
-pub use session::{GPU_STRING_PREFIX_BYTES, GPU_WHOLE_STRING_BYTES, GpuSortSession, SortedRows, gpu_encoder_options};
+pub use session::{
+    DeviceBatch, DeviceBatchColumn, GPU_STRING_PREFIX_BYTES, GPU_WHOLE_STRING_BYTES, GpuSortSession, SortedRows,
+    gpu_encoder_options,
+};
 pub use table::{DeviceColumn, DeviceRecords, DeviceTable, GpuSortPlan, GpuSortResult, SortSwitches};
 pub use tune::{TuneOutcome, Tuner, TuningProfile};
 

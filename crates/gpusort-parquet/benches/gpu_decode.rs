@@ -10,44 +10,16 @@
 //!
 //! Needs a GPU and nvCOMP 6 (`GPUSORT_NVCOMP`); without them it says so after the CPU's run.
 
-use std::sync::Arc;
+mod common;
+
 use std::time::Instant;
 
 use arrow::array::RecordBatch;
-use arrow::datatypes::{DataType, Field, Schema};
 use bytes::Bytes;
+use common::{CPU_BATCH_ROWS, cpu_metadata, cpu_row_group};
 use gpusort_parquet::gpu_decode::{FileBytes, GpuPageDecoder};
-use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 use rayon::prelude::*;
-
-/// The metadata the CPU's readers share (read once, as the tool does): byte arrays as views.
-fn cpu_metadata(file: &Bytes) -> ArrowReaderMetadata {
-    let plain = ArrowReaderMetadata::load(file, ArrowReaderOptions::new()).unwrap();
-    let fields: Vec<Field> = (plain.schema().fields().iter())
-        .map(|f| match f.data_type() {
-            DataType::Utf8 | DataType::LargeUtf8 => f.as_ref().clone().with_data_type(DataType::Utf8View),
-            DataType::Binary | DataType::LargeBinary => f.as_ref().clone().with_data_type(DataType::BinaryView),
-            _ => f.as_ref().clone(),
-        })
-        .collect();
-    let options = ArrowReaderOptions::new().with_schema(Arc::new(Schema::new(fields)));
-    ArrowReaderMetadata::try_new(Arc::clone(plain.metadata()), options).unwrap()
-}
-
-/// Rows of the CPU reader's batches (the tool's DataFusion reads 8,192 by default; the larger
-/// batch is the cheaper one here).
-const CPU_BATCH_ROWS: usize = 65_536;
-
-/// The row group `g` of `file` read by the Parquet crate, in batches.
-fn cpu_row_group(file: &Bytes, meta: &ArrowReaderMetadata, g: usize) -> Vec<RecordBatch> {
-    let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file.clone(), meta.clone())
-        .with_row_groups(vec![g])
-        .with_batch_size(CPU_BATCH_ROWS)
-        .build()
-        .unwrap();
-    reader.map(|b| b.unwrap()).collect()
-}
 
 fn main() {
     let mut args = std::env::args().skip(1).filter(|a| a != "--bench");

@@ -21,7 +21,7 @@ use arrow::buffer::{BooleanBuffer, Buffer, NullBuffer};
 use arrow::datatypes::{DataType, Field, FieldRef, Schema, SchemaRef};
 use bytes::Bytes;
 use gpusort_cuda::parquet::{PAGE_DICT, PAGE_OPTIONAL, PAGE_PLAIN, PAGE_V1_LEVELS, ParquetPage, ViewRegion};
-use gpusort_cuda::{DeviceBuffers, Gpu, KernelCache, SnappyDecompressor};
+use gpusort_cuda::{DeviceBatch, DeviceBatchColumn, DeviceBuffers, Gpu, KernelCache, SnappyDecompressor};
 use parquet::arrow::parquet_to_arrow_schema;
 use parquet::basic::{Compression, Encoding, Type as PhysicalType};
 use parquet::errors::{ParquetError, Result};
@@ -105,6 +105,8 @@ pub struct GpuRowGroups {
     pub rows: usize,
     pub columns: Vec<GpuColumn>,
     pub buffers: [DeviceBuffers; 2],
+    /// The buffer index of `buffers[0]` in the long views ([`GpuPageDecoder::decode_at`]).
+    pub first_buffer: u32,
     /// Where the call's time went.
     pub times: DecodeTimes,
     _views: cudarc::driver::CudaSlice<u8>,
@@ -297,6 +299,19 @@ impl GpuPageDecoder {
 
     /// Decodes `row_groups` of `file` (its bytes; `meta` its metadata) into device memory.
     pub fn decode(&self, file: &FileBytes, meta: &ParquetMetaData, row_groups: &[usize]) -> Result<GpuRowGroups> {
+        self.decode_at(file, meta, row_groups, 0)
+    }
+
+    /// [`Self::decode`], the long views indexing the two page buffers as `first_buffer` and
+    /// `first_buffer + 1`: where they come among the buffers of a sort's earlier row groups
+    /// ([`GpuRowGroups::into_device_batch`]).
+    pub fn decode_at(
+        &self,
+        file: &FileBytes,
+        meta: &ParquetMetaData,
+        row_groups: &[usize],
+        first_buffer: u32,
+    ) -> Result<GpuRowGroups> {
         let (pinned, file) = (file.pinned, &file.bytes);
         let start = std::time::Instant::now();
         let plans = Self::plan(meta).map_err(ParquetError::NYI)?;
@@ -338,7 +353,8 @@ impl GpuPageDecoder {
             .collect::<gpusort_cuda::Result<Vec<_>>>()
             .map_err(external)?;
         let views = self.gpu.alloc_bytes(16 * view_count).map_err(external)?;
-        let (regions, pages) = describe(&buffers, &columns, &views, &regions, pages, self.gpu.stream())?;
+        let stream = self.gpu.stream();
+        let (regions, pages) = describe(&buffers, first_buffer, &columns, &views, &regions, pages, stream)?;
         let launched = std::time::Instant::now();
         self.gpu.parquet_plain_views(&regions).map_err(external)?;
         self.gpu.parquet_decode(&pages).map_err(external)?;
@@ -347,6 +363,7 @@ impl GpuPageDecoder {
             rows,
             columns,
             buffers,
+            first_buffer,
             times,
             _views: views,
             _held: held,
@@ -490,6 +507,7 @@ fn u32_of(n: usize) -> Result<u32> {
 /// The plans with the device addresses filled in: the regions' and the pages' descriptors.
 fn describe(
     buffers: &[DeviceBuffers; 2],
+    first_buffer: u32,
     columns: &[GpuColumn],
     views: &cudarc::driver::CudaSlice<u8>,
     regions: &[RegionPlan],
@@ -519,7 +537,9 @@ fn describe(
             base: base[placed.buffer],
             len: len(placed)?,
             count: u32_of(count)?,
-            buffer: placed.buffer as u32,
+            buffer: first_buffer
+                .checked_add(placed.buffer as u32)
+                .ok_or_else(|| ParquetError::General("over 2^32 page buffers".into()))?,
             flags: if v1_levels { PAGE_V1_LEVELS } else { 0 },
         });
     }
@@ -555,6 +575,23 @@ impl GpuRowGroups {
         ))
     }
 
+    /// The row groups as a sort's [`DeviceBatch`]: the columns move, the page buffers (which
+    /// the views index, as [`GpuPageDecoder::decode_at`] numbered them) and the budget's
+    /// reservation go with the batch's owner.
+    pub fn into_device_batch(self) -> DeviceBatch {
+        use cudarc::driver::DevicePtr;
+        let stream = Arc::clone(self.buffers[0].data.stream());
+        let addresses = (self.buffers.iter()).map(|b| b.data.device_ptr(&stream).0).collect();
+        let columns = (self.columns.into_iter())
+            .map(|c| DeviceBatchColumn {
+                values: c.values,
+                validity: c.validity,
+            })
+            .collect();
+        let owner = Box::new((self.buffers, self._views, self._held));
+        DeviceBatch::new(self.rows, columns, self.first_buffer, addresses, owner)
+    }
+
     /// The columns downloaded as a record batch (tests, and checks against the CPU's reader):
     /// the views' buffers are the two page buffers, downloaded whole.
     pub fn download(&self, gpu: &Gpu) -> gpusort_cuda::Result<RecordBatch> {
@@ -576,6 +613,8 @@ impl GpuRowGroups {
             };
             let mut buffers = vec![Buffer::from_vec(values)];
             if c.width == 16 && matches!(c.field.data_type(), DataType::Utf8View | DataType::BinaryView) {
+                // Buffers before the call's own stand empty (no view indexes them).
+                buffers.extend((0..self.first_buffer).map(|_| Buffer::from_vec(Vec::<u8>::new())));
                 buffers.extend(pages.iter().cloned());
             }
             let data = arrow::array::ArrayData::try_new(
@@ -934,6 +973,122 @@ mod tests {
             .err()
             .expect("DELTA pages refused");
         assert!(err.to_string().contains("DELTA_BINARY_PACKED pages"), "{err}");
+    }
+
+    /// `columns` sorted by `keys` (column, descending, nulls first), stably: arrow's sort with
+    /// each row's place as the last key.
+    fn sorted_on_the_cpu(columns: &[ArrayRef], keys: &[(usize, bool, bool)]) -> Vec<ArrayRef> {
+        use arrow::compute::{SortColumn, SortOptions, lexsort_to_indices, take};
+        let n = columns[0].len() as u32;
+        let mut sort: Vec<SortColumn> = (keys.iter())
+            .map(|&(c, descending, nulls_first)| SortColumn {
+                values: Arc::clone(&columns[c]),
+                options: Some(SortOptions { descending, nulls_first }),
+            })
+            .collect();
+        sort.push(SortColumn {
+            values: Arc::new(UInt32Array::from_iter_values(0..n)),
+            options: None,
+        });
+        let indices = lexsort_to_indices(&sort, None).unwrap();
+        columns.iter().map(|c| take(c.as_ref(), &indices, None).unwrap()).collect()
+    }
+
+    /// Row groups decoded on the GPU join a sort as device batches (each call's page buffers
+    /// numbered after the earlier calls'), and the sorted rows equal the Parquet crate's
+    /// reading sorted stably on the CPU: native keys and string keys, nulls first and last,
+    /// many ties and few, row groups whose rows start off a byte of the bitmaps, the rows taken
+    /// whole and in ranges of compacted batches. A session refuses what it cannot take.
+    #[test]
+    fn decoded_row_groups_sort_in_a_session_as_on_the_cpu() {
+        let test = "decoded_row_groups_sort_in_a_session_as_on_the_cpu";
+        let Some(decoder) = decoder_for_test(test) else {
+            return;
+        };
+        let backend = gpusort_cuda::CudaBackend::try_new(0).unwrap();
+        let mut rng = SmallRng::seed_from_u64(26);
+        for (rows, nulls, distinct) in [(30_001, 0.2, 1 << 40), (20_003, 0.3, 40)] {
+            let data = batch(&mut rng, rows, nulls, distinct);
+            let props = WriterProperties::builder()
+                .set_compression(Compression::SNAPPY)
+                .set_dictionary_page_size_limit(4096)
+                .set_max_row_group_row_count(Some(3_001))
+                .set_data_page_row_count_limit(1_000)
+                .set_write_batch_size(1_000)
+                .build();
+            let file = write(&data, props);
+            let meta = ParquetMetaDataReader::new().parse_and_finish(&file).unwrap();
+            let groups: Vec<usize> = (0..meta.num_row_groups()).collect();
+            let expected_input = cpu_read(&file, &groups);
+            let schema = decoder.decode(&input(&file, false), &meta, &[0]).unwrap().schema();
+            let at = |name: &str| schema.index_of(name).unwrap();
+            let lists: [Vec<(usize, bool, bool)>; 3] = [
+                vec![(at("i32"), false, true), (at("f64"), true, false)],
+                vec![(at("s"), false, false), (at("i64"), true, true)],
+                vec![(at("ls"), true, true), (at("date"), false, false), (at("dec15"), true, false)],
+            ];
+            for (l, keys) in lists.iter().enumerate() {
+                let what = format!("{rows} rows, {distinct} distinct, keys {keys:?}");
+                let spec = gpusort::SortSpec::new(keys.iter().map(|&(c, d, n)| gpusort::SortKey::new(c, d, n)));
+                let mut session = backend.begin_sort(Arc::clone(&schema), spec).unwrap();
+                assert_eq!(session.device_batches_refusal(), None, "{what}");
+                // Calls of 1, 2, 3... row groups.
+                let (mut next, mut take) = (0, 1);
+                while next < groups.len() {
+                    let chosen = &groups[next..(next + take).min(groups.len())];
+                    let decoded = decoder
+                        .decode_at(&input(&file, true), &meta, chosen, session.device_buffers())
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    session.push_device(decoded.into_device_batch()).unwrap_or_else(|e| panic!("{what}: {e}"));
+                    (next, take) = (next + take, take + 1);
+                }
+                assert_eq!(session.num_rows(), rows, "{what}");
+                let got: Vec<ArrayRef> = if l == 1 {
+                    // In ranges, each of batches whose views were laid out on the device.
+                    let mut sorted = session.finish_sorted(None).unwrap();
+                    let mut parts = vec![];
+                    while let Some(batches) = sorted.next_batches(7_000, 3_000).unwrap() {
+                        parts.extend(batches);
+                    }
+                    let whole = arrow::compute::concat_batches(&schema, &parts).unwrap();
+                    whole.columns().to_vec()
+                } else {
+                    session.finish(None).unwrap().batch.columns().to_vec()
+                };
+                let expected = sorted_on_the_cpu(&expected_input, keys);
+                for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
+                    assert_eq!(g.as_ref(), e.as_ref(), "{what}: column {}", schema.field(i).name());
+                }
+            }
+        }
+
+        // What a session refuses.
+        let file = write(&batch(&mut rng, 100, 0.1, 10), WriterProperties::builder().build());
+        let meta = ParquetMetaDataReader::new().parse_and_finish(&file).unwrap();
+        let decoded = || decoder.decode(&input(&file, false), &meta, &[0]).unwrap();
+        let schema = decoded().schema();
+        let spec = || gpusort::SortSpec::new([gpusort::SortKey::new(0, false, false)]);
+        let mut session = backend.begin_sort(Arc::clone(&schema), spec()).unwrap();
+        let wrong = decoder.decode_at(&input(&file, false), &meta, &[0], 5).unwrap();
+        let err = session.push_device(wrong.into_device_batch()).unwrap_err().to_string();
+        assert!(err.contains("index buffers from 5 on, where the session has 0"), "{err}");
+        session.push_device(decoded().into_device_batch()).unwrap();
+        let host = decoded().download(decoder.gpu()).unwrap();
+        let err = session.push(&host).unwrap_err().to_string();
+        assert!(err.contains("a batch of the host in a sort fed device batches"), "{err}");
+        // A column that is not a device column (strings not as views), and a host batch first.
+        let utf8 = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("s", DataType::Utf8, true),
+        ]));
+        let session = backend.begin_sort(utf8, spec()).unwrap();
+        let why = session.device_batches_refusal().unwrap();
+        assert!(why.contains("column 's' of type Utf8 is not a device column"), "{why}");
+        let mut session = backend.begin_sort(Arc::clone(&schema), spec()).unwrap();
+        session.push(&host).unwrap();
+        assert_eq!(session.device_batches_refusal().as_deref(), Some("batches of the host were pushed"));
+        let err = session.push_device(decoded().into_device_batch()).unwrap_err().to_string();
+        assert!(err.contains("batches of the host were pushed"), "{err}");
     }
 
     #[test]

@@ -22,6 +22,7 @@ use rayon::prelude::*;
 
 use super::range_blocks::{LongBytes, RangeBlocks};
 use super::sorted_rows::SortedRows;
+use super::device_input::DeviceOwners;
 use super::upload::{DeviceSegment, Uploaded};
 use super::{GpuColumn, GpuSortSession};
 use crate::encode::{DeviceEncodedKeys, DeviceKeyColumn, DeviceKeyKind, KEY_MAX_WORDS};
@@ -150,8 +151,15 @@ pub(super) struct EncodedKey {
 /// A view key column's distinct data buffers packed on the device, and the device address of
 /// the buffer each (raised) buffer index of its views names.
 pub(super) struct KeyViewBuffers {
-    _packed: CudaSlice<u8>,
+    _data: ViewData,
     pub(super) table: CudaSlice<u64>,
+}
+
+/// Where a view column's data buffers are on the device: packed by the session from the host's,
+/// or the device batches' own (held by their owners).
+enum ViewData {
+    Packed(#[allow(dead_code)] CudaSlice<u8>),
+    Batches(#[allow(dead_code)] Arc<DeviceOwners>),
 }
 
 /// GPU-side marks for the timeline (assembly, key upload), only while it is logged.
@@ -324,6 +332,13 @@ impl GpuSortSession {
     /// holds when they are native, else on the host into pinned buffers.
     fn host_side(&self, stats: &mut SortStats) -> Result<HostSide> {
         let device_keys = self.device_keys()?;
+        if self.device_input.is_some() && !device_keys.as_ref().is_some_and(|d| !d.inexact()) {
+            // The host holds none of the rows to encode the key or order tied prefixes with.
+            return Err(CudaSortError::Unsupported(
+                "device batches whose key the device cannot encode whole (string keys longer than it encodes)"
+                    .into(),
+            ));
+        }
         let start = Instant::now();
         let key_columns = || self.spec.keys().iter().map(|k| k.column);
         let mut on_host: Vec<usize> = match &device_keys {
@@ -366,10 +381,13 @@ impl GpuSortSession {
 
     /// Waits for the uploader's last copies.
     fn join_uploads(&mut self, stats: &mut SortStats) -> Result<Uploaded> {
-        let uploaded = match self.uploader.take() {
+        let mut uploaded = match self.uploader.take() {
             Some(u) => u.join()?,
             None => Uploaded::default(),
         };
+        if let Some(d) = &mut self.device_input {
+            uploaded.segments = std::mem::take(&mut d.segments);
+        }
         log::debug!(target: "gpusort::timeline", "session: uploads done");
         stats.stage_time = uploaded.stage_time;
         stats.upload_time = uploaded.upload_time;
@@ -408,7 +426,8 @@ impl GpuSortSession {
             .map(|(k, &(index, width))| GpuColumn {
                 index,
                 width,
-                nullable: uploaded.segments.iter().any(|s| s.bitmaps[k].is_some()),
+                nullable: uploaded.segments.iter().any(|s| s.bitmaps[k].is_some())
+                    || self.device_input.as_ref().is_some_and(|d| d.bits(k).is_some()),
             })
             .collect();
         let nullable: Vec<usize> = (0..columns.len()).filter(|&k| columns[k].nullable).collect();
@@ -789,11 +808,15 @@ impl GpuSortSession {
         for (key, &(k, t)) in self.spec.keys().iter().zip(&columns) {
             bytes_stats.push(match t {
                 DeviceKeyType::Ordinal(_) => None,
-                DeviceKeyType::Views => {
-                    let parts: Vec<&dyn Array> = self.batches.iter().map(|b| b.column(key.column).as_ref()).collect();
-                    buffer_bytes += self.view_buffers(k).0.iter().map(|b| b.len()).sum::<usize>();
-                    Some(gpusort::keys::bytes_column_stats(&parts)?)
-                }
+                DeviceKeyType::Views => match &self.device_input {
+                    Some(d) => d.stats(k),
+                    None => {
+                        let parts: Vec<&dyn Array> =
+                            self.batches.iter().map(|b| b.column(key.column).as_ref()).collect();
+                        buffer_bytes += self.view_buffers(k).0.iter().map(|b| b.len()).sum::<usize>();
+                        Some(gpusort::keys::bytes_column_stats(&parts)?)
+                    }
+                },
             });
         }
         // Values whole where the options take them so and the key still fits the device's
@@ -841,6 +864,16 @@ impl GpuSortSession {
     /// Device column `k`'s distinct view data buffers packed into one device buffer, with the
     /// table of each raised buffer index's address there; the bytes and buffers sent.
     fn upload_view_buffers(&self, k: usize, copies: &mut Transfers) -> Result<(KeyViewBuffers, usize, usize)> {
+        if let Some(d) = &self.device_input {
+            // The device batches' buffers are there: only their table goes up.
+            let mut addresses = d.buffers.clone();
+            addresses.push(0);
+            let buffers = KeyViewBuffers {
+                _data: ViewData::Batches(d.owners()),
+                table: copies.stream().clone_htod(&addresses)?,
+            };
+            return Ok((buffers, 0, 0));
+        }
         let (distinct, index) = self.view_buffers(k);
         let parts: Vec<&[u8]> = distinct.iter().map(|b| b.as_slice()).collect();
         let (packed, starts) = copies.upload_packed(&self.gpu, &parts)?;
@@ -848,7 +881,7 @@ impl GpuSortSession {
         let mut addresses: Vec<u64> = index.iter().map(|&d| base + starts[d] as u64).collect();
         addresses.push(0);
         let buffers = KeyViewBuffers {
-            _packed: packed,
+            _data: ViewData::Packed(packed),
             table: copies.stream().clone_htod(&addresses)?,
         };
         Ok((buffers, parts.iter().map(|p| p.len()).sum(), parts.len()))
@@ -858,7 +891,9 @@ impl GpuSortSession {
     /// their bytes: none unless [`GpuSortSession::with_output_views`] and
     /// [`GpuOptions::compact_views`](crate::GpuOptions::compact_views).
     fn output_view_columns(&self, keys: &KeySource) -> (Vec<usize>, usize) {
-        if !self.output_views || !self.gpu.options().compact_views {
+        // Device batches' views have their data nowhere else.
+        let wanted = self.output_views || self.device_input.is_some();
+        if !wanted || !self.gpu.options().compact_views {
             return (vec![], 0);
         }
         let of_key = |k: usize| match keys {
@@ -1039,7 +1074,21 @@ impl GpuSortSession {
             // SAFETY: each source holds the segment's rows of the column, which land at their
             // own rows of `col`.
             unsafe { gpu.copy_ranges(&ranges) }?;
-            for s in &segments {
+            if let Some(d) = &self.device_input {
+                // Device batches' bits were laid end to end on the host; their values' memory
+                // is freed on their producer's stream, so the copies are waited for first.
+                if let (Some(bits), Some(host)) = (&bits, d.bits(k)) {
+                    // SAFETY: `host` outlives the synchronization below.
+                    unsafe {
+                        result::memcpy_htod_async(bits.device_ptr(stream).0, host, stream.cu_stream())?;
+                    }
+                }
+                stream.synchronize()?;
+                for s in segments.iter_mut() {
+                    s.values[k] = None;
+                }
+            }
+            for s in segments.iter().filter(|_| self.device_input.is_none()) {
                 if let Some(bits) = &bits {
                     // Segments start on a byte of the bitmap (their rows are a multiple of 64).
                     let dst = bits.device_ptr(stream).0 + (s.first_row / 8) as u64;

@@ -80,12 +80,16 @@ use crate::error::{CudaSortError, Result};
 use crate::gpu::Gpu;
 use crate::memory::DeviceBudget;
 
+mod device_input;
 mod finish;
 mod range_blocks;
 mod sorted_rows;
 mod upload;
 
+pub use self::device_input::{DeviceBatch, DeviceBatchColumn};
 pub use self::sorted_rows::SortedRows;
+
+use self::device_input::DeviceInput;
 
 use self::range_blocks::LongBytes;
 use self::upload::{Part, SegmentJob, SegmentLayout, Uploader};
@@ -216,6 +220,8 @@ pub struct GpuSortSession {
     uploader: Option<Uploader>,
     /// Why an upload failed: the session cannot sort any more.
     failed: Option<String>,
+    /// The batches that were on the device already ([`Self::push_device`]).
+    device_input: Option<DeviceInput>,
 }
 
 impl std::fmt::Debug for GpuSortSession {
@@ -268,6 +274,7 @@ impl GpuSortSession {
             copy_stream: None,
             uploader: None,
             failed: None,
+            device_input: None,
         })
     }
 
@@ -391,6 +398,11 @@ impl GpuSortSession {
             )));
         }
         self.check_failed()?;
+        if self.device_input.is_some() {
+            return Err(CudaSortError::Unsupported(
+                "a batch of the host in a sort fed device batches".into(),
+            ));
+        }
         check_rows(self.rows + n)?;
         if self.batches.is_empty() {
             let views = views_on_device(self.gpu.options().device_views, self.memory_limit);
@@ -443,6 +455,75 @@ impl GpuSortSession {
                 self.send_segment()?;
             }
         }
+        Ok(())
+    }
+
+    /// Why this session cannot take device batches ([`Self::push_device`]), or `None` when it
+    /// can: a column that is not a device column (fixed width of 1 to 16 bytes, or a view), a
+    /// key the device cannot encode from its columns, views with
+    /// [`GpuOptions::compact_views`](crate::GpuOptions::compact_views) off, batches of the
+    /// host pushed. A key of strings longer than the device encodes whole is refused only at
+    /// finish, when their lengths are known.
+    pub fn device_batches_refusal(&self) -> Option<String> {
+        if !self.batches.is_empty() {
+            return Some("batches of the host were pushed".into());
+        }
+        let (columns, _) = device_columns(&self.schema, true);
+        if let Some(f) = (self.schema.fields().iter().enumerate())
+            .find(|(i, _)| !columns.iter().any(|(c, _)| c == i))
+            .map(|(_, f)| f)
+        {
+            return Some(format!("column '{}' of type {} is not a device column", f.name(), f.data_type()));
+        }
+        let views = self.schema.fields().iter().any(|f| is_view(f.data_type()));
+        if views && !self.gpu.options().compact_views {
+            return Some("views are not compacted on the device (GPUSORT_COMPACT_VIEWS=0)".into());
+        }
+        if !self.gpu.options().device_keys {
+            return Some("keys are not encoded on the device (GPUSORT_DEVICE_KEYS=0)".into());
+        }
+        match gpusort::keys::KeyLayout::device_max_words(&self.spec, &self.schema, &self.encoder) {
+            Some(_) => None,
+            None => Some("a sort column is neither a native type nor a view: the device does not encode its key".into()),
+        }
+    }
+
+    /// The device data buffers the batches pushed by [`Self::push_device`] brought: the next
+    /// batch's long views index its own from this number on.
+    pub fn device_buffers(&self) -> u32 {
+        self.device_input.as_ref().map_or(0, |d| d.buffers.len() as u32)
+    }
+
+    /// Adds `batch`, rows already on the device (see [`DeviceBatch`]), to the sort: nothing
+    /// crosses PCIe but its validity bits and, for a string key, its views (for the key's
+    /// bounds). Refused when [`Self::device_batches_refusal`] says why, or when the batch's
+    /// columns or buffers do not fit the session's.
+    pub fn push_device(&mut self, batch: DeviceBatch) -> Result<()> {
+        if batch.num_rows() == 0 {
+            return Ok(());
+        }
+        self.check_failed()?;
+        if self.device_input.is_none() {
+            if let Some(why) = self.device_batches_refusal() {
+                return Err(CudaSortError::Unsupported(format!("device batches: {why}")));
+            }
+            (self.columns, self.view_lists) = device_columns(&self.schema, true);
+            self.long_bytes = vec![LongBytes::default(); self.columns.len()];
+            let view_keys: Vec<usize> = (self.spec.keys().iter())
+                .filter(|key| is_view(self.schema.field(key.column).data_type()))
+                .filter_map(|key| self.columns.iter().position(|(c, _)| *c == key.column))
+                .collect();
+            self.device_input = Some(DeviceInput::new(self.columns.len(), &view_keys, self.gpu.stream()));
+        }
+        check_rows(self.rows + batch.num_rows())?;
+        let stream = match &self.copy_stream {
+            Some(s) => Arc::clone(s),
+            None => Arc::clone(self.copy_stream.insert(self.gpu.context().new_stream()?)),
+        };
+        let widths: Vec<usize> = self.columns.iter().map(|(_, w)| *w).collect();
+        let n = batch.num_rows();
+        self.device_input.as_mut().expect("made above").push(batch, &widths, &stream)?;
+        self.rows += n;
         Ok(())
     }
 

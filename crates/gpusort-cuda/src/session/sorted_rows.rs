@@ -11,7 +11,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use arrow::array::{Array, ArrayRef, RecordBatch, RecordBatchOptions, UInt32Array};
+use arrow::array::{Array, ArrayRef, RecordBatch, RecordBatchOptions, UInt32Array, new_empty_array};
 use arrow::buffer::{BooleanBuffer, Buffer, NullBuffer, ScalarBuffer};
 use arrow::datatypes::SchemaRef;
 use cudarc::driver::CudaEvent;
@@ -126,6 +126,9 @@ pub struct SortedRows {
     /// Of the last range's start of downloads: the time in host buffers' allocation and in the
     /// views' compaction on the device (for the timeline).
     start_parts: [Duration; 2],
+    /// Whether views are compacted in every range, [`Self::next_batch`]'s too: the rows came
+    /// as device batches, whose views' data buffers the host does not have.
+    compact_always: bool,
     /// The pinned blocks the ranges come down into.
     blocks: RangeBlocks,
 }
@@ -154,6 +157,7 @@ impl SortedRows {
             stats,
             start_parts: Default::default(),
             blocks: RangeBlocks::new(0),
+            compact_always: false,
         }
     }
 
@@ -179,7 +183,7 @@ impl SortedRows {
                 let parts: Vec<&dyn Array> = batches.iter().map(|b| b.column(c.index).as_ref()).collect();
                 OutputColumn {
                     width: c.width,
-                    like: batches[0].column(c.index).slice(0, 0),
+                    like: new_empty_array(session.schema.field(c.index).data_type()),
                     view_data: lists.map(|l: ViewBufferLists| l.into_buffers(&parts)),
                 }
             })
@@ -192,6 +196,7 @@ impl SortedRows {
         rayon::spawn(move || drop(batches));
         let perm = std::mem::replace(&mut sorted.perm, HostBuffer::heap(0));
         let perm = if sorted.perm_first { perm } else { HostBuffer::heap(0) };
+        let compact_always = session.device_input.is_some();
         Self {
             device: Some(OnDevice {
                 sorted,
@@ -210,6 +215,7 @@ impl SortedRows {
             stats,
             start_parts: Default::default(),
             blocks,
+            compact_always,
         }
     }
 
@@ -232,7 +238,9 @@ impl SortedRows {
     /// session's schema, `None` once every row was handed out. Views index the input's data buffers (every range
     /// shares them); other columns are buffers of their own.
     pub fn next_batch(&mut self, max_rows: usize) -> Result<Option<RecordBatch>> {
-        let Some((host_sorted, device_sorted, rows)) = self.next_range(max_rows, None)? else {
+        // Compacted in one block, a range's views hold its own downloaded bytes.
+        let compact = self.compact_always.then_some(max_rows.max(1));
+        let Some((host_sorted, device_sorted, rows)) = self.next_range(max_rows, compact)? else {
             return Ok(None);
         };
         let columns = self.output_columns(host_sorted, device_sorted, rows);
