@@ -278,6 +278,25 @@ impl DeviceReservation {
         }
     }
 
+    /// Holds what `other` (of the same budget) holds too: one holder of both's bytes, as when
+    /// a sort takes over memory reserved for its input. `other` is given back when it is of
+    /// another budget.
+    pub fn merge(&mut self, mut other: DeviceReservation) -> Result<(), DeviceReservation> {
+        if !Arc::ptr_eq(&self.budget, &other.budget) {
+            return Err(other);
+        }
+        if other.bytes > 0 {
+            let mut s = self.budget.state();
+            // Two active holders become one.
+            if self.bytes > 0 {
+                s.active -= 1;
+            }
+            self.bytes += other.bytes;
+            other.bytes = 0;
+        }
+        Ok(())
+    }
+
     /// Holds at most `total` bytes from now on.
     pub fn shrink_to(&mut self, total: usize) {
         if total >= self.bytes {
@@ -334,6 +353,30 @@ mod tests {
         let s = budget.stats();
         assert_eq!((s.reserved, s.sorts, s.peak, s.refusals), (100, 2, 100, 0));
         drop((a, b));
+        let s = budget.stats();
+        assert_eq!((s.reserved, s.sorts, s.waiting), (0, 0, 0));
+    }
+
+    #[test]
+    fn merged_reservations_are_one_holder_of_both() {
+        let budget = DeviceBudget::new(100);
+        let mut a = budget.reservation();
+        let mut b = budget.reservation();
+        let mut empty = budget.reservation();
+        assert!(a.try_grow_to(40) && b.try_grow_to(30));
+        assert_eq!(budget.stats().sorts, 3);
+        a.merge(b).unwrap();
+        assert_eq!((a.bytes(), budget.stats().reserved, budget.stats().sorts), (70, 70, 2));
+        // What it merged is no other holder to wait for.
+        assert_eq!(a.grow_to(100), Ok(Duration::ZERO));
+        empty.merge(a).unwrap();
+        assert_eq!((empty.bytes(), budget.stats().sorts), (100, 1));
+        let other = DeviceBudget::new(100);
+        let mut c = other.reservation();
+        assert!(c.try_grow_to(5));
+        let c = empty.merge(c).unwrap_err();
+        assert_eq!((c.bytes(), empty.bytes()), (5, 100));
+        drop(empty);
         let s = budget.stats();
         assert_eq!((s.reserved, s.sorts, s.waiting), (0, 0, 0));
     }

@@ -565,6 +565,13 @@ pub struct DeviceBuffers {
     _held: DeviceReservation,
 }
 
+impl DeviceBuffers {
+    /// The device memory, and the budget's reservation that holds it.
+    pub fn into_parts(self) -> (CudaSlice<u8>, DeviceReservation) {
+        (self.data, self._held)
+    }
+}
+
 /// The compressed buffers of a call: in host memory (packed into pinned memory and uploaded by
 /// the call), or on the device already (an address and a length each, in memory that outlives
 /// the call).

@@ -250,8 +250,10 @@ fn main() {
     for list in &lists {
         let keys = order_by(list);
         // Round 0: both ways' rows compared.
-        let (mut h, _) = host_way(&backend, &input, &keys);
-        let (mut d, _, _) = device_way(&backend, &decoder, &input, &keys);
+        let (mut h, hp) = host_way(&backend, &input, &keys);
+        eprintln!("list {list}, round 0: host way sorted ({hp:?})");
+        let (mut d, dp, _) = device_way(&backend, &decoder, &input, &keys);
+        eprintln!("list {list}, round 0: device way sorted ({dp:?})");
         let checked = check(&mut h, &mut d);
         assert_eq!(checked as i64, rows, "list {list}: rows checked");
         println!("| {list} | both | 0 | {checked} rows equal, range by range | | | | | |");

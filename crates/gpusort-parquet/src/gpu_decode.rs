@@ -588,8 +588,14 @@ impl GpuRowGroups {
                 validity: c.validity,
             })
             .collect();
-        let owner = Box::new((self.buffers, self._views, self._held));
+        let [snappy, raw] = self.buffers;
+        let ((snappy, held_snappy), (raw, held_raw)) = (snappy.into_parts(), raw.into_parts());
+        let kept = snappy.len() + raw.len();
+        // The views of the PLAIN byte arrays were read by the decode, which waited for them.
+        drop(self._views);
+        let owner = Box::new((snappy, raw));
         DeviceBatch::new(self.rows, columns, self.first_buffer, addresses, owner)
+            .with_reservations(vec![self._held, held_snappy, held_raw], kept)
     }
 
     /// The columns downloaded as a record batch (tests, and checks against the CPU's reader):
@@ -1025,7 +1031,7 @@ mod tests {
             let lists: [Vec<(usize, bool, bool)>; 3] = [
                 vec![(at("i32"), false, true), (at("f64"), true, false)],
                 vec![(at("s"), false, false), (at("i64"), true, true)],
-                vec![(at("ls"), true, true), (at("date"), false, false), (at("dec15"), true, false)],
+                vec![(at("ls"), true, true), (at("date"), false, false), (at("ts"), true, false)],
             ];
             for (l, keys) in lists.iter().enumerate() {
                 let what = format!("{rows} rows, {distinct} distinct, keys {keys:?}");

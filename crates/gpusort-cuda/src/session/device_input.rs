@@ -40,6 +40,7 @@ use rayon::prelude::*;
 
 use super::upload::DeviceSegment;
 use crate::error::{CudaSortError, Result};
+use crate::memory::{DeviceBudget, DeviceReservation};
 
 /// One column of a [`DeviceBatch`]: at least `rows * width` bytes of values (a view column's
 /// 16-byte views), and Arrow's validity bits in 32-bit words when the column has nulls.
@@ -57,6 +58,8 @@ pub struct DeviceBatch {
     first_buffer: u32,
     buffers: Vec<u64>,
     owner: Box<dyn Any + Send + Sync>,
+    reservations: Vec<DeviceReservation>,
+    kept_bytes: usize,
 }
 
 impl DeviceBatch {
@@ -78,7 +81,19 @@ impl DeviceBatch {
             first_buffer,
             buffers,
             owner,
+            reservations: vec![],
+            kept_bytes: 0,
         }
+    }
+
+    /// With the budget's reservations that hold the batch's device memory (its columns and
+    /// its data buffers): the session takes them over, one holder with its own, so that the
+    /// sort never waits for memory it holds itself. `kept_bytes` of them are the data
+    /// buffers', which stay for the whole sort (the columns' become the sort's columns).
+    pub fn with_reservations(mut self, reservations: Vec<DeviceReservation>, kept_bytes: usize) -> Self {
+        self.reservations = reservations;
+        self.kept_bytes = kept_bytes;
+        self
     }
 
     /// Rows.
@@ -114,14 +129,23 @@ pub(super) struct DeviceInput {
     pub(super) buffers: Vec<u64>,
     /// The batches' owners (shared once the sort keeps the views' buffers).
     owners: Arc<DeviceOwners>,
+    /// The batches' reservations of the session's budget, merged.
+    pub(super) reservation: DeviceReservation,
+    /// Bytes of the batches' data buffers, held for the whole sort.
+    pub(super) kept_bytes: usize,
     rows: usize,
 }
 
 impl DeviceInput {
     /// No batch yet, of `columns` device columns, the view keys among them (`view_keys`)
     /// gathering statistics.
-    /// `stream` is the sort's, which reads the batches' memory.
-    pub(super) fn new(columns: usize, view_keys: &[usize], stream: &Arc<CudaStream>) -> Self {
+    /// `stream` is the sort's, which reads the batches' memory; `budget` the session's.
+    pub(super) fn new(
+        columns: usize,
+        view_keys: &[usize],
+        stream: &Arc<CudaStream>,
+        budget: &Arc<DeviceBudget>,
+    ) -> Self {
         Self {
             segments: vec![],
             bits: (0..columns).map(|_| None).collect(),
@@ -133,6 +157,8 @@ impl DeviceInput {
                 stream: Arc::clone(stream),
                 owners: vec![],
             }),
+            reservation: budget.reservation(),
+            kept_bytes: 0,
             rows: 0,
         }
     }
@@ -189,6 +215,13 @@ impl DeviceInput {
         });
         let owners = Arc::get_mut(&mut self.owners).expect("checked above");
         owners.owners.push(batch.owner);
+        for r in batch.reservations {
+            if let Err(other) = self.reservation.merge(r) {
+                // Of another budget: held as long as the memory.
+                owners.owners.push(Box::new(other));
+            }
+        }
+        self.kept_bytes += batch.kept_bytes;
         self.buffers.extend(batch.buffers);
         self.rows += n;
         Ok(())

@@ -387,6 +387,9 @@ impl GpuSortSession {
         };
         if let Some(d) = &mut self.device_input {
             uploaded.segments = std::mem::take(&mut d.segments);
+            // The sort's reservation starts from what holds the batches.
+            let held = std::mem::replace(&mut d.reservation, self.budget.reservation());
+            uploaded.reservation = Some(held);
         }
         log::debug!(target: "gpusort::timeline", "session: uploads done");
         stats.stage_time = uploaded.stage_time;
@@ -443,7 +446,9 @@ impl GpuSortSession {
             KeySource::Device(d) => d.buffer_bytes,
             KeySource::Host(_) => 0,
         };
-        let needed = |pack| device_bytes_needed(n, key_words, &widths, nullable.len(), direct, pack) + buffers;
+        // Device batches' data buffers stay until the sorted rows are released.
+        let kept = self.device_input.as_ref().map_or(0, |d| d.kept_bytes);
+        let needed = |pack| device_bytes_needed(n, key_words, &widths, nullable.len(), direct, pack) + buffers + kept;
         let available = self.budget.per_sort(self.gpu.free_memory()?, self.memory_limit);
         let (packed, needed) = (needed(true), needed(false));
         if needed > available {

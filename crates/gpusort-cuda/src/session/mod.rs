@@ -513,7 +513,12 @@ impl GpuSortSession {
                 .filter(|key| is_view(self.schema.field(key.column).data_type()))
                 .filter_map(|key| self.columns.iter().position(|(c, _)| *c == key.column))
                 .collect();
-            self.device_input = Some(DeviceInput::new(self.columns.len(), &view_keys, self.gpu.stream()));
+            self.device_input = Some(DeviceInput::new(
+                self.columns.len(),
+                &view_keys,
+                self.gpu.stream(),
+                &self.budget,
+            ));
         }
         check_rows(self.rows + batch.num_rows())?;
         let stream = match &self.copy_stream {
