@@ -100,12 +100,14 @@ fn host_way(backend: &CudaBackend, input: &Input, list: &[(&str, bool)]) -> (Sor
     session = session.with_expected_rows(rows as usize);
     let groups: Vec<usize> = (0..input.meta.num_row_groups()).collect();
     let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<RecordBatch>>(1);
+    let arrow_meta = &arrow_meta;
     std::thread::scope(|s| {
-        s.spawn(|| {
+        // The sender moves in: the pushes below end when it is dropped.
+        s.spawn(move || {
             for chunk in groups.chunks(HOST_GROUPS_AT_ONCE) {
                 let batches: Vec<RecordBatch> = chunk
                     .par_iter()
-                    .flat_map_iter(|&g| cpu_row_group(input.file, &arrow_meta, g))
+                    .flat_map_iter(|&g| cpu_row_group(input.file, arrow_meta, g))
                     .collect();
                 if tx.send(batches).is_err() {
                     return;
