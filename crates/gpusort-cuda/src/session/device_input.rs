@@ -22,9 +22,10 @@
 //!   reservations that hold them) stays with the session until the sorted rows are released;
 //!   the sort stream is synchronized before it goes, since it was read there.
 //! - **Key statistics.** A string or binary key needs its bounds (shortest, longest, bytes all
-//!   values start with): they are taken from the batch's views, downloaded as it joins (16
-//!   bytes a row; a long value's first 4 bytes are in its view, so a common prefix past them
-//!   is not seen: the key then holds a few bytes more than it needs, still in order).
+//!   values start with): they are taken from the batch's views, downloaded into pinned memory
+//!   as it joins (16 bytes a row; a long value's first 4 bytes are in its view, so a common
+//!   prefix past them is not seen: the key then holds a few bytes more than it needs, still in
+//!   order).
 //!
 //! A session is fed either batches of the host ([`GpuSortSession::push`]) or device batches,
 //! not both.
@@ -41,6 +42,8 @@ use rayon::prelude::*;
 use super::upload::DeviceSegment;
 use crate::error::{CudaSortError, Result};
 use crate::memory::{DeviceBudget, DeviceReservation};
+use crate::pinned::PinnedPool;
+use crate::transfer::Transfers;
 
 /// One column of a [`DeviceBatch`]: at least `rows * width` bytes of values (a view column's
 /// 16-byte views), and Arrow's validity bits in 32-bit words when the column has nulls.
@@ -201,8 +204,15 @@ impl DeviceInput {
                 None => None,
             };
             if let Some(stats) = &mut self.stats[k] {
-                let views = stream.clone_dtoh(&c.values.slice(0..16 * n))?;
-                stats.add(&views, bits.as_ref());
+                // Into a pinned block of the pool (the next batch's reuses it): at PCIe's
+                // speed, where a fresh heap buffer took ~0.1 s a call in page faults.
+                let mut views = PinnedPool::global().alloc(16 * n);
+                views.truncate(16 * n);
+                let mut copies = Transfers::new(stream);
+                // SAFETY: read once the stream synchronizes, right after.
+                unsafe { copies.download(&c.values, &mut views) }?;
+                stream.synchronize()?;
+                stats.add(views.as_slice(), bits.as_ref());
             }
             self.add_bits(k, bits.as_ref(), n);
             values.push(Some(c.values));
