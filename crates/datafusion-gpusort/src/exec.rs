@@ -23,6 +23,7 @@ use gpusort::Strategy;
 use gpusort::plan::{Layout, payload_fields};
 
 use crate::config::{DeviceChoice, GpuSortConfig, StrategyChoice};
+use crate::device_scan::DeviceScan;
 use crate::metrics::GpuSortMetrics;
 use crate::sorter::GpuSorter;
 use crate::strategy_name;
@@ -43,6 +44,8 @@ pub struct GpuSortExec {
     fetch: Option<usize>,
     preserve_partitioning: bool,
     options: GpuSortConfig,
+    /// The input's files, read and decoded on the GPU by the sort itself ([`DeviceScan`]).
+    device_scan: Option<Arc<DeviceScan>>,
     metrics: ExecutionPlanMetricsSet,
     cache: Arc<PlanProperties>,
 }
@@ -58,9 +61,23 @@ impl GpuSortExec {
             fetch: None,
             preserve_partitioning: false,
             options: GpuSortConfig::default(),
+            device_scan: None,
             metrics: ExecutionPlanMetricsSet::new(),
             cache: Arc::new(cache),
         })
+    }
+
+    /// Says that the input reads `scan`'s files whole, in order (every row and column, no
+    /// filter): a sort of one partition without `fetch` then reads them on the GPU itself
+    /// ([`DeviceScan`]), and executes the input only when the device cannot.
+    pub fn with_device_scan(mut self, scan: Option<DeviceScan>) -> Self {
+        self.device_scan = scan.map(Arc::new);
+        self
+    }
+
+    /// The files the sort reads on the GPU, when it was told them.
+    pub fn device_scan(&self) -> Option<&DeviceScan> {
+        self.device_scan.as_deref()
     }
 
     /// Sorts each input partition on its own (true) or all of them as one (false).
@@ -178,7 +195,11 @@ impl DisplayAs for GpuSortExec {
                     self.preserve_partitioning,
                     self.planned_strategy(),
                     self.options.device
-                )
+                )?;
+                match &self.device_scan {
+                    Some(scan) => write!(f, ", device_scan={} files", scan.files().len()),
+                    None => Ok(()),
+                }
             }
             DisplayFormatType::TreeRender => {
                 writeln!(f, "{}", self.expr)?;
@@ -236,6 +257,10 @@ impl ExecutionPlan for GpuSortExec {
             datafusion::error::DataFusionError::Internal(format!("GpuSortExec has one child, got {}", c.len()))
         })?;
         let mut new = self.as_ref().clone();
+        if !Arc::ptr_eq(&input, &self.input) {
+            // The scan named the old input's files: a new input may read others, or filter.
+            new.device_scan = None;
+        }
         new.cache = Arc::new(Self::compute_properties(
             &input,
             new.expr.clone(),
@@ -255,13 +280,15 @@ impl ExecutionPlan for GpuSortExec {
     }
 
     fn execute(&self, partition: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
-        let mut input = self.input.execute(partition, Arc::clone(&context))?;
+        // The files are read on the GPU only where the sort holds all of them at once.
+        let scan = (self.device_scan.clone()).filter(|_| !self.preserve_partitioning && self.fetch.is_none());
+        let (plan, task) = (Arc::clone(&self.input), Arc::clone(&context));
         let reservation = MemoryConsumer::new(format!("GpuSortExec[{partition}]"))
             .with_can_spill(self.fetch.is_none())
             .register(context.memory_pool());
         let metrics = GpuSortMetrics::new(&self.metrics, partition);
         let spill = spill_manager(&context, &metrics, self.schema());
-        let mut sorter = GpuSorter::new(
+        let sorter = GpuSorter::new(
             self.schema(),
             self.expr.clone(),
             self.fetch,
@@ -279,6 +306,15 @@ impl ExecutionPlan for GpuSortExec {
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             self.schema(),
             futures::stream::once(async move {
+                let mut sorter = sorter;
+                if let Some(scan) = scan {
+                    log::debug!(target: "gpusort::timeline", "GpuSortExec[{partition}]: reading the files on the GPU");
+                    sorter = match sorter.sort_device_scan(scan).await? {
+                        Ok(out) => return Ok(out),
+                        Err(sorter) => sorter,
+                    };
+                }
+                let mut input = plan.execute(partition, task)?;
                 log::debug!(target: "gpusort::timeline", "GpuSortExec[{partition}]: polling the input");
                 let mut batches = 0usize;
                 while let Some(batch) = input.next().await {

@@ -42,6 +42,7 @@ use rayon::prelude::*;
 use crate::config::{DeviceChoice, GpuSortConfig, StrategyChoice};
 use crate::device::{cpu_backend, gpu_backend, gpu_backends};
 use crate::device_output::DeviceOutput;
+use crate::device_scan::DeviceScan;
 use crate::error::GpuSortExecError;
 use crate::metrics::GpuSortMetrics;
 use crate::narrow_keys::{narrow_decimal, narrows, narrows_keys};
@@ -517,17 +518,7 @@ impl InMemorySorter {
     /// which decimal key columns are narrowed (`narrow_keys.rs`) where that lets the device
     /// encode the key.
     fn sort_input(&self, input: &RecordBatch, for_gpu: bool) -> Result<(RecordBatch, SortSpec)> {
-        let plain: Option<Vec<SortKey>> = self
-            .expr
-            .iter()
-            .map(|e| match e.expr.downcast_ref::<Column>() {
-                Some(c) if c.index() < input.num_columns() => Some(SortKey {
-                    column: c.index(),
-                    options: e.options,
-                }),
-                _ => None,
-            })
-            .collect();
+        let plain = self.column_keys(input.num_columns());
         let narrow = for_gpu
             && plain
                 .as_ref()
@@ -575,6 +566,56 @@ impl InMemorySorter {
             &RecordBatchOptions::new().with_row_count(Some(input.num_rows())),
         )?;
         Ok((batch, SortSpec::new(keys)))
+    }
+
+    /// The sort keys, when every sort expression is a column (of `columns`).
+    fn column_keys(&self, columns: usize) -> Option<Vec<SortKey>> {
+        (self.expr.iter())
+            .map(|e| match e.expr.downcast_ref::<Column>() {
+                Some(c) if c.index() < columns => Some(SortKey {
+                    column: c.index(),
+                    options: e.options,
+                }),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The rows of `scan`'s files read and decoded on the GPU into a session and sorted there
+    /// (left on the device to come down in ranges when many: `device_scan.rs`); `Err(reason)`
+    /// when the device cannot read or sort them, before any row is emitted.
+    pub(crate) async fn sort_device_scan(&mut self, scan: Arc<DeviceScan>) -> Result<Result<SortedOutput, String>> {
+        let Some(keys) = self.column_keys(self.schema.fields().len()) else {
+            return Ok(Err("a sort expression is not a column".into()));
+        };
+        let files = Arc::clone(&scan);
+        let rows = match blocking(move || Ok(files.rows())).await? {
+            Ok(rows) => rows,
+            Err(why) => return Ok(Err(why)),
+        };
+        let (gpu, ordinal) = match (self.choose_path(rows)?, self.options.device.ordinal()) {
+            (SortPath::Gpu(gpu), Some(ordinal)) => (gpu, ordinal),
+            (SortPath::Cpu { reason: Some(why) }, _) => return Ok(Err(why)),
+            _ => return Ok(Err("the sort does not run on one GPU".into())),
+        };
+        let session = match self.begin_session(&gpu, Arc::clone(&self.schema), SortSpec::new(keys), false) {
+            Ok(session) => session,
+            Err(e) => return Ok(Err(format!("GPU failed: {e}"))),
+        };
+        let (schema, backend, timer) = (Arc::clone(&self.schema), Arc::clone(&gpu), self.metrics.input_time.clone());
+        let files = scan.files().len();
+        let read = blocking(move || {
+            let _timer = timer.timer();
+            Ok(scan.read_into(&backend, ordinal, &schema, session))
+        })
+        .await?;
+        match read {
+            Ok(session) => {
+                self.metrics.device_scan_files.add(files);
+                self.finish_session(session, gpu, None, true).await
+            }
+            Err(why) => Ok(Err(why)),
+        }
     }
 
     pub(crate) fn choose_path(&self, rows: usize) -> Result<SortPath> {

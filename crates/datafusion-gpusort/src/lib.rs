@@ -18,6 +18,7 @@
 mod config;
 mod device;
 mod device_output;
+mod device_scan;
 mod error;
 mod exec;
 mod in_memory;
@@ -43,6 +44,7 @@ use datafusion::prelude::SessionConfig;
 
 pub use config::{ByteSize, DeviceChoice, DeviceList, GpuSortConfig, StrategyChoice};
 pub use device::gpu_backend;
+pub use device_scan::{DeviceScan, ROW_GROUPS_A_CALL};
 pub use error::GpuSortExecError;
 pub use exec::GpuSortExec;
 pub use metrics::{GpuSortMetrics, TextMetric};

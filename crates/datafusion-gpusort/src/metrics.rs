@@ -133,6 +133,11 @@ pub struct GpuSortMetrics {
     /// holds within its memory budget, or `gpusort.max_run_rows`); the others were cut because
     /// the memory pool ran short.
     pub budget_runs: Count,
+    /// Input files read and decoded on the GPU by the sort itself ([`DeviceScan`](crate::DeviceScan)).
+    pub device_scan_files: Count,
+    /// Sorts given a device scan that executed their input instead (the device could not
+    /// read the files, or sort their rows; the timeline says why).
+    pub device_scan_fallbacks: Count,
     /// Merges of some runs into one spilled run, when there were more runs than the merge
     /// could read at once.
     pub intermediate_merges: Count,
@@ -198,6 +203,8 @@ impl GpuSortMetrics {
             topk_compactions: dev().counter("topk_compactions", partition),
             runs: summary().counter("runs", partition),
             budget_runs: dev().counter("budget_runs", partition),
+            device_scan_files: dev().counter("device_scan_files", partition),
+            device_scan_fallbacks: dev().counter("device_scan_fallbacks", partition),
             intermediate_merges: dev().counter("intermediate_merges", partition),
             merge_levels: dev().counter("merge_levels", partition),
             range_merge_steps: dev().counter("range_merge_steps", partition),

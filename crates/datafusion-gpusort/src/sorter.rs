@@ -45,6 +45,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::StreamExt;
 
 use crate::config::GpuSortConfig;
+use crate::device_scan::DeviceScan;
 use crate::error::too_small;
 use crate::in_memory::{InMemorySorter, SortedOutput};
 use crate::metrics::GpuSortMetrics;
@@ -192,6 +193,27 @@ impl GpuSorter {
             }
         }
         Ok(())
+    }
+
+    /// Sorts the rows of `scan`'s files, read and decoded on the GPU (`device_scan.rs`), and
+    /// streams them out; the sorter back, untouched, when the device cannot (the reason goes
+    /// to the timeline and the `device_scan_fallbacks` metric): the input is then executed.
+    pub async fn sort_device_scan(mut self, scan: Arc<DeviceScan>) -> Result<Result<SendableRecordBatchStream, Self>> {
+        match self.sorter.sort_device_scan(scan).await? {
+            Ok(SortedOutput::OnDevice(rows)) => {
+                let schema = Arc::clone(&self.sorter.schema);
+                Ok(Ok(rows.into_stream(schema, self.sorter.slicer(), self.reservation, 0)))
+            }
+            Ok(SortedOutput::Batch(sorted)) => {
+                self.reservation.try_resize(get_record_batch_memory_size(&sorted))?;
+                self.stream_sorted(sorted).map(Ok)
+            }
+            Err(why) => {
+                log::debug!(target: "gpusort::timeline", "GpuSortExec: the input is read on the host: {why}");
+                self.metrics.device_scan_fallbacks.add(1);
+                Ok(Err(self))
+            }
+        }
     }
 
     /// Sorts what was buffered (merging it with the runs made so far) and streams it out in

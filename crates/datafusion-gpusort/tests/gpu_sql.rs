@@ -23,6 +23,10 @@ mod external;
 #[path = "support/sorted.rs"]
 mod sorted;
 
+#[path = "support/device_scan.rs"]
+mod device_scan;
+use device_scan::{DEVICE_SCAN_ORDERS, sort_metric, sorted_file, t_as_parquet};
+
 mod common;
 use common::gpu_present;
 use common::slt::{SORT_SLT_FILES, run_slt_suite, with_options};
@@ -648,4 +652,40 @@ async fn gpu_decimal_keys_narrow_for_the_device_key() {
             "ORDER BY {order}: {text}"
         );
     }
+}
+
+/// A sort told its Parquet input's file reads it on the GPU (pages decoded there, the rows
+/// joining the session as device batches): stock DataFusion's rows, the file counted, nothing
+/// executed on the host; an ORDER BY of an expression executes its input instead. Needs
+/// nvCOMP (GPUSORT_NVCOMP) beside the GPU; without it the test says so and passes unless
+/// GPUSORT_REQUIRE_NVCOMP=1.
+#[tokio::test]
+async fn gpu_device_scan_reads_parquet_on_the_gpu_as_stock_reads_it() {
+    if !gpu_present() {
+        return;
+    }
+    if let Err(why) = gpusort_parquet::gpu_decode::GpuPageDecoder::try_new(0) {
+        assert!(
+            std::env::var("GPUSORT_REQUIRE_NVCOMP").as_deref() != Ok("1"),
+            "GPUSORT_REQUIRE_NVCOMP=1 but {why}"
+        );
+        eprintln!("GPU TEST NOT RUN: {why}");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (stock, ours) = (context(false, 200_003, 4), context(true, 200_003, 4));
+    set(&ours, &[("min_rows", "0"), ("device", "0")]).await;
+    let file = t_as_parquet(&stock, dir.path()).await;
+    for order in DEVICE_SCAN_ORDERS {
+        let (expected, _) = sorted_file(&stock, &file, order, false).await;
+        let (actual, plan) = sorted_file(&ours, &file, order, true).await;
+        assert!(actual == expected, "ORDER BY {order}: the rows differ from stock DataFusion's");
+        assert_eq!(sort_metric(&plan, "device_scan_files"), 1, "ORDER BY {order}");
+        assert_eq!(sort_metric(&plan, "device_scan_fallbacks"), 0, "ORDER BY {order}");
+    }
+    let order = "a + 1, b, c";
+    let (expected, _) = sorted_file(&stock, &file, order, false).await;
+    let (actual, plan) = sorted_file(&ours, &file, order, true).await;
+    assert!(actual == expected, "ORDER BY {order}: the rows differ from stock DataFusion's");
+    assert_eq!(sort_metric(&plan, "device_scan_fallbacks"), 1);
 }

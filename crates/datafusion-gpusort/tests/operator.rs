@@ -13,6 +13,10 @@ use datafusion_gpusort::SessionStateBuilderExt;
 mod tables;
 use tables::{compare_with_stock, context, plan, rows, table};
 
+#[path = "support/device_scan.rs"]
+mod device_scan;
+use device_scan::{DEVICE_SCAN_ORDERS, sort_metric, sorted_file, t_as_parquet};
+
 #[tokio::test]
 async fn order_by_matches_stock_datafusion() {
     // 8000 rows in batches of 100 come out as 80 slices, cut on all cores.
@@ -290,5 +294,24 @@ async fn output_views_are_compacted_unless_asked_not_to() {
         );
         // A slice keeps the sorted column's buffers: about twenty batches' bytes.
         assert!(held(s) >= 10 * own(s), "slice: holds {} for {} bytes", held(s), own(s));
+    }
+}
+
+/// A sort told its input's file (`DeviceScan`) that sorts on the CPU executes its input as ever:
+/// stock DataFusion's rows, the fallback counted, no file read by the sort.
+#[tokio::test]
+async fn a_device_scan_of_a_sort_on_the_cpu_falls_back_to_the_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let (stock, ours) = (context(false, 3_000, 4), context(true, 3_000, 4));
+    ours.sql("SET gpusort.device = 'cpu'").await.unwrap();
+    let file = t_as_parquet(&stock, dir.path()).await;
+    for order in DEVICE_SCAN_ORDERS {
+        let (expected, _) = sorted_file(&stock, &file, order, false).await;
+        let (actual, plan) = sorted_file(&ours, &file, order, true).await;
+        assert!(actual == expected, "ORDER BY {order}: the rows differ from stock DataFusion's");
+        let shown = datafusion::physical_plan::displayable(plan.as_ref()).indent(false).to_string();
+        assert!(shown.contains("device_scan=1 files"), "{shown}");
+        assert_eq!(sort_metric(&plan, "device_scan_fallbacks"), 1, "ORDER BY {order}");
+        assert_eq!(sort_metric(&plan, "device_scan_files"), 0, "ORDER BY {order}");
     }
 }

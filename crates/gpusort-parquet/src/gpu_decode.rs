@@ -80,6 +80,8 @@ impl ColumnPlan {
 pub struct GpuPageDecoder {
     gpu: Arc<Gpu>,
     snappy: SnappyDecompressor,
+    /// The types the columns are decoded as, where not the file's own ([`Self::with_schema`]).
+    schema: Option<SchemaRef>,
 }
 
 impl std::fmt::Debug for GpuPageDecoder {
@@ -238,13 +240,23 @@ impl GpuPageDecoder {
     pub fn try_new(ordinal: usize) -> gpusort_cuda::Result<Self> {
         let snappy = SnappyDecompressor::try_new(ordinal)?;
         let gpu = Arc::new(Gpu::open(ordinal, &KernelCache::from_env())?);
-        Ok(Self { gpu, snappy })
+        Ok(Self {
+            gpu,
+            snappy,
+            schema: None,
+        })
     }
 
     /// Holds its device memory (the pages, the decoded columns) of `budget` instead of the
     /// process's budget of the device.
     pub fn with_budget(mut self, budget: Arc<gpusort_cuda::DeviceBudget>) -> Self {
         self.snappy = self.snappy.with_budget(budget);
+        self
+    }
+
+    /// Decodes each column as the field of `schema` at its place ([`Self::plan_as`]).
+    pub fn with_schema(mut self, schema: SchemaRef) -> Self {
+        self.schema = Some(schema);
         self
     }
 
@@ -256,12 +268,33 @@ impl GpuPageDecoder {
     /// How each column of `meta`'s file is decoded, or why the device cannot decode the file
     /// (a nested or repeated column, a type of no plan).
     pub fn plan(meta: &ParquetMetaData) -> Result<Vec<ColumnPlan>, String> {
+        Self::plan_as(meta, None)
+    }
+
+    /// [`Self::plan`], each column decoded as the field of `schema` at its place (of the same
+    /// name) where given: a table's types for the file's columns (a decimal of INT64 as
+    /// `Decimal64`, say).
+    pub fn plan_as(meta: &ParquetMetaData, schema: Option<&Schema>) -> Result<Vec<ColumnPlan>, String> {
         let file = meta.file_metadata();
         let descr = file.schema_descr();
-        let schema = parquet_to_arrow_schema(descr, file.key_value_metadata()).map_err(|e| e.to_string())?;
-        if schema.fields().len() != descr.num_columns() {
+        let natural = parquet_to_arrow_schema(descr, file.key_value_metadata()).map_err(|e| e.to_string())?;
+        if natural.fields().len() != descr.num_columns() {
             return Err("nested columns".into());
         }
+        let schema = match schema {
+            None => &natural,
+            Some(s) => {
+                let names = |s: &Schema| s.fields().iter().map(|f| f.name().clone()).collect::<Vec<_>>();
+                if names(s) != names(&natural) {
+                    return Err(format!(
+                        "the file's columns {:?} are not the table's {:?}",
+                        names(&natural),
+                        names(s)
+                    ));
+                }
+                s
+            }
+        };
         (schema.fields().iter().enumerate())
             .map(|(i, field)| {
                 let col = descr.column(i);
@@ -314,7 +347,7 @@ impl GpuPageDecoder {
     ) -> Result<GpuRowGroups> {
         let (pinned, file) = (file.pinned, &file.bytes);
         let start = std::time::Instant::now();
-        let plans = Self::plan(meta).map_err(ParquetError::NYI)?;
+        let plans = Self::plan_as(meta, self.schema.as_deref()).map_err(ParquetError::NYI)?;
         Self::check_row_groups(meta, row_groups).map_err(ParquetError::NYI)?;
         // Every chunk's pages, row group by row group.
         let mut chunks = vec![];

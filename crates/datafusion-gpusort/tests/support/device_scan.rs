@@ -1,0 +1,69 @@
+//! Sorts of a Parquet file whose `GpuSortExec` reads the file itself ([`DeviceScan`]): table
+//! `t` written to a snappy Parquet file, and the plan of `SELECT * FROM file ORDER BY ...`
+//! with its sort told the file, as `gpusort sort` tells it.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::physical_plan::{ExecutionPlan, collect};
+use datafusion::prelude::{ParquetReadOptions, SessionContext};
+use datafusion_gpusort::{DeviceScan, GpuSortExec};
+
+/// Table `t` of `ctx` written to `dir/t.parquet` with snappy pages (what the device decodes).
+pub async fn t_as_parquet(ctx: &SessionContext, dir: &Path) -> PathBuf {
+    let path = dir.join("t.parquet");
+    let sql = format!(
+        "COPY (SELECT * FROM t) TO '{}' STORED AS PARQUET OPTIONS ('format.compression' 'snappy')",
+        path.display()
+    );
+    ctx.sql(&sql).await.unwrap().collect().await.unwrap();
+    path
+}
+
+/// The rows of `file` sorted by `order` on `ctx` (pretty-printed), and the plan that ran them:
+/// its `GpuSortExec`s told the file when `scan`.
+pub async fn sorted_file(ctx: &SessionContext, file: &Path, order: &str, scan: bool) -> (String, Arc<dyn ExecutionPlan>) {
+    let df = ctx
+        .read_parquet(file.display().to_string(), ParquetReadOptions::default())
+        .await
+        .unwrap();
+    ctx.register_table("f", df.into_view()).unwrap();
+    let df = ctx.sql(&format!("SELECT * FROM f ORDER BY {order}")).await.unwrap();
+    ctx.deregister_table("f").unwrap();
+    let mut plan = df.create_physical_plan().await.unwrap();
+    if scan {
+        plan = plan
+            .transform_down(|node| match node.downcast_ref::<GpuSortExec>() {
+                Some(sort) => {
+                    let told = sort.clone().with_device_scan(Some(DeviceScan::new(vec![file.to_path_buf()])));
+                    Ok(Transformed::yes(Arc::new(told) as Arc<dyn ExecutionPlan>))
+                }
+                None => Ok(Transformed::no(node)),
+            })
+            .unwrap()
+            .data;
+    }
+    let batches = collect(Arc::clone(&plan), ctx.task_ctx()).await.unwrap();
+    let text = arrow::util::pretty::pretty_format_batches(&batches).unwrap().to_string();
+    (text, plan)
+}
+
+/// The value of metric `name` summed over the plan's `GpuSortExec`s (0 when none has it).
+pub fn sort_metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
+    let mut total = 0;
+    plan.apply(|node| {
+        if node.downcast_ref::<GpuSortExec>().is_some()
+            && let Some(m) = node.metrics()
+        {
+            total += m.sum_by_name(name).map_or(0, |v| v.as_usize());
+        }
+        Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+    })
+    .unwrap();
+    total
+}
+
+/// Orders of `t` by its columns (rows tied on all of them are alike, so a stock sort prints the
+/// same lines).
+pub const DEVICE_SCAN_ORDERS: &[&str] = &["a DESC NULLS LAST, b, c", "b NULLS FIRST, c DESC, a", "c, a, b"];
