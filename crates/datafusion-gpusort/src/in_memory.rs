@@ -612,6 +612,9 @@ impl InMemorySorter {
         match read {
             Ok(session) => {
                 self.metrics.device_scan_files.add(files);
+                self.metrics.device_scan_rows.add(rows);
+                let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+                self.metrics.device_scan_end_ns.set(now.map_or(0, |d| d.as_nanos() as usize));
                 self.finish_session(session, gpu, None, true).await
             }
             Err(why) => Ok(Err(why)),

@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 
 use datafusion::common::format::MetricType;
 use datafusion::physical_plan::metrics::{
-    BaselineMetrics, Count, CustomMetricValue, ExecutionPlanMetricsSet, MetricBuilder, MetricValue, SpillMetrics, Time,
+    BaselineMetrics, Count, CustomMetricValue, ExecutionPlanMetricsSet, Gauge, MetricBuilder, MetricValue, SpillMetrics,
+    Time,
 };
 use gpusort::SortStats;
 
@@ -135,6 +136,11 @@ pub struct GpuSortMetrics {
     pub budget_runs: Count,
     /// Input files read and decoded on the GPU by the sort itself ([`DeviceScan`](crate::DeviceScan)).
     pub device_scan_files: Count,
+    /// Rows those files held.
+    pub device_scan_rows: Count,
+    /// When the last of them joined the GPU session: nanoseconds since the Unix epoch (the
+    /// end of the sort's reading, as a scan's `end_timestamp` is).
+    pub device_scan_end_ns: Gauge,
     /// Sorts given a device scan that executed their input instead (the device could not
     /// read the files, or sort their rows; the timeline says why).
     pub device_scan_fallbacks: Count,
@@ -204,6 +210,8 @@ impl GpuSortMetrics {
             runs: summary().counter("runs", partition),
             budget_runs: dev().counter("budget_runs", partition),
             device_scan_files: dev().counter("device_scan_files", partition),
+            device_scan_rows: dev().counter("device_scan_rows", partition),
+            device_scan_end_ns: dev().gauge("device_scan_end_ns", partition),
             device_scan_fallbacks: dev().counter("device_scan_fallbacks", partition),
             intermediate_merges: dev().counter("intermediate_merges", partition),
             merge_levels: dev().counter("merge_levels", partition),

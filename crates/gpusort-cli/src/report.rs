@@ -85,12 +85,17 @@ impl PlanMetrics {
     }
 
     fn add_scan(&mut self, metrics: &MetricsSet) {
-        self.rows_read += metrics.output_rows().unwrap_or(0) as u64;
+        let rows = metrics.output_rows().unwrap_or(0) as u64;
+        self.rows_read += rows;
         let ends: Vec<usize> = metrics
             .iter()
             .filter(|m| m.value().name() == "end_timestamp")
             .map(|m| m.value().as_usize())
             .collect();
+        if rows == 0 && ends.iter().all(|&e| e == 0) {
+            // Never executed: the sort read the files itself (its device scan).
+            return;
+        }
         self.read_end_ns = match (ends.is_empty() || ends.contains(&0), self.read_end_ns) {
             (true, _) => None,
             (false, prev) => Some(prev.unwrap_or(0).max(*ends.iter().max().unwrap_or(&0) as u64)),
@@ -107,6 +112,9 @@ impl PlanMetrics {
                 "path" => self.paths.extend(texts(&value.to_string())),
                 "cpu_fallback" => self.cpu_fallbacks.extend(texts(&value.to_string())),
                 "gpu_kernel_time" => self.kernel_ns += n,
+                // Files the sort read on the GPU: its reading ends when the last joined.
+                "device_scan_rows" => self.rows_read += n,
+                "device_scan_end_ns" if n > 0 => self.read_end_ns = Some(self.read_end_ns.unwrap_or(0).max(n)),
                 "bytes_to_device" => self.bytes_to_device += n,
                 "bytes_from_device" => self.bytes_from_device += n,
                 "spill_count" => self.spill_count += n,
