@@ -15,9 +15,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
+use datafusion::parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 use gpusort_cuda::{CudaBackend, GpuSortSession};
 use gpusort_parquet::gpu_decode::{FileBytes, GpuPageDecoder};
-use datafusion::parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 
 /// Row groups decoded in one call: TPC-H lineitem's 64 (~7.3M rows, ~560 MB of pages) ran at
 /// 259-264 ms for the whole SF10 file on the H200, 32 a little slower (stop 47).

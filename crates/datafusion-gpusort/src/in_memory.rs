@@ -602,7 +602,11 @@ impl InMemorySorter {
             Ok(session) => session,
             Err(e) => return Ok(Err(format!("GPU failed: {e}"))),
         };
-        let (schema, backend, timer) = (Arc::clone(&self.schema), Arc::clone(&gpu), self.metrics.input_time.clone());
+        let (schema, backend, timer) = (
+            Arc::clone(&self.schema),
+            Arc::clone(&gpu),
+            self.metrics.input_time.clone(),
+        );
         let files = scan.files().len();
         let read = blocking(move || {
             let _timer = timer.timer();
@@ -614,7 +618,9 @@ impl InMemorySorter {
                 self.metrics.device_scan_files.add(files);
                 self.metrics.device_scan_rows.add(rows);
                 let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-                self.metrics.device_scan_end_ns.set(now.map_or(0, |d| d.as_nanos() as usize));
+                self.metrics
+                    .device_scan_end_ns
+                    .set(now.map_or(0, |d| d.as_nanos() as usize));
                 self.finish_session(session, gpu, None, true).await
             }
             Err(why) => Ok(Err(why)),

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 
 use datafusion::common::format::MetricType;
 use datafusion::physical_plan::metrics::{
-    BaselineMetrics, Count, CustomMetricValue, ExecutionPlanMetricsSet, Gauge, MetricBuilder, MetricValue, SpillMetrics,
-    Time,
+    BaselineMetrics, Count, CustomMetricValue, ExecutionPlanMetricsSet, Gauge, MetricBuilder, MetricValue,
+    SpillMetrics, Time,
 };
 use gpusort::SortStats;
 

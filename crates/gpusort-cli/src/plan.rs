@@ -261,8 +261,10 @@ impl SortPlan {
 fn with_device_scan(plan: Arc<dyn ExecutionPlan>, inputs: &Inputs) -> Result<Arc<dyn ExecutionPlan>> {
     use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
     fn reads_only(plan: &Arc<dyn ExecutionPlan>) -> bool {
-        matches!(plan.name(), "DataSourceExec" | "CoalescePartitionsExec" | "RepartitionExec")
-            && plan.children().iter().all(|c| reads_only(c))
+        matches!(
+            plan.name(),
+            "DataSourceExec" | "CoalescePartitionsExec" | "RepartitionExec"
+        ) && plan.children().iter().all(|c| reads_only(c))
     }
     let files: Vec<PathBuf> = inputs.files.iter().map(|f| f.path.clone()).collect();
     let transformed = plan.transform_down(|node| {

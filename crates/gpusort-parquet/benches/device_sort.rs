@@ -121,14 +121,19 @@ fn host_way(backend: &CudaBackend, input: &Input, list: &[(&str, bool)]) -> (Sor
             }
         }
     });
-    let input_s = start.elapsed().as_secs_f64();
+    sorted_in(session, start)
+}
+
+/// `session` sorted, the input having started at `start`: the rows and the phases so far.
+fn sorted_in(session: GpuSortSession, start: Instant) -> (SortedRows, Phases) {
+    let input = start.elapsed().as_secs_f64();
     let start = Instant::now();
-    let sorted = session.finish_sorted(None).expect("the host way's sort");
+    let sorted = session.finish_sorted(None).expect("the sort");
     let sort = start.elapsed().as_secs_f64();
     (
         sorted,
         Phases {
-            input: input_s,
+            input,
             sort,
             output: 0.0,
         },
@@ -159,19 +164,8 @@ fn device_way(
         }
         s.push_device(decoded.into_device_batch()).expect("a device push");
     }
-    let input_s = start.elapsed().as_secs_f64();
-    let start = Instant::now();
-    let sorted = session.expect("row groups").finish_sorted(None).expect("the device way's sort");
-    let sort = start.elapsed().as_secs_f64();
-    (
-        sorted,
-        Phases {
-            input: input_s,
-            sort,
-            output: 0.0,
-        },
-        read,
-    )
+    let (sorted, phases) = sorted_in(session.expect("row groups"), start);
+    (sorted, phases, read)
 }
 
 /// Every range down; their rows.

@@ -1022,7 +1022,10 @@ mod tests {
         let mut sort: Vec<SortColumn> = (keys.iter())
             .map(|&(c, descending, nulls_first)| SortColumn {
                 values: Arc::clone(&columns[c]),
-                options: Some(SortOptions { descending, nulls_first }),
+                options: Some(SortOptions {
+                    descending,
+                    nulls_first,
+                }),
             })
             .collect();
         sort.push(SortColumn {
@@ -1030,7 +1033,10 @@ mod tests {
             options: None,
         });
         let indices = lexsort_to_indices(&sort, None).unwrap();
-        columns.iter().map(|c| take(c.as_ref(), &indices, None).unwrap()).collect()
+        columns
+            .iter()
+            .map(|c| take(c.as_ref(), &indices, None).unwrap())
+            .collect()
     }
 
     /// Row groups decoded on the GPU join a sort as device batches (each call's page buffers
@@ -1064,7 +1070,11 @@ mod tests {
             let lists: [Vec<(usize, bool, bool)>; 3] = [
                 vec![(at("i32"), false, true), (at("f64"), true, false)],
                 vec![(at("s"), false, false), (at("i64"), true, true)],
-                vec![(at("ls"), true, true), (at("date"), false, false), (at("ts"), true, false)],
+                vec![
+                    (at("ls"), true, true),
+                    (at("date"), false, false),
+                    (at("ts"), true, false),
+                ],
             ];
             for (l, keys) in lists.iter().enumerate() {
                 let what = format!("{rows} rows, {distinct} distinct, keys {keys:?}");
@@ -1078,7 +1088,9 @@ mod tests {
                     let decoded = decoder
                         .decode_at(&input(&file, true), &meta, chosen, session.device_buffers())
                         .unwrap_or_else(|e| panic!("{what}: {e}"));
-                    session.push_device(decoded.into_device_batch()).unwrap_or_else(|e| panic!("{what}: {e}"));
+                    session
+                        .push_device(decoded.into_device_batch())
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
                     (next, take) = (next + take, take + 1);
                 }
                 assert_eq!(session.num_rows(), rows, "{what}");
@@ -1110,11 +1122,17 @@ mod tests {
         let mut session = backend.begin_sort(Arc::clone(&schema), spec()).unwrap();
         let wrong = decoder.decode_at(&input(&file, false), &meta, &[0], 5).unwrap();
         let err = session.push_device(wrong.into_device_batch()).unwrap_err().to_string();
-        assert!(err.contains("index buffers from 5 on, where the session has 0"), "{err}");
+        assert!(
+            err.contains("index buffers from 5 on, where the session has 0"),
+            "{err}"
+        );
         session.push_device(decoded().into_device_batch()).unwrap();
         let host = decoded().download(decoder.gpu()).unwrap();
         let err = session.push(&host).unwrap_err().to_string();
-        assert!(err.contains("a batch of the host in a sort fed device batches"), "{err}");
+        assert!(
+            err.contains("a batch of the host in a sort fed device batches"),
+            "{err}"
+        );
         // A column that is not a device column (strings not as views), and a host batch first.
         let utf8 = Arc::new(Schema::new(vec![
             Field::new("k", DataType::Int64, false),
@@ -1125,8 +1143,14 @@ mod tests {
         assert!(why.contains("column 's' of type Utf8 is not a device column"), "{why}");
         let mut session = backend.begin_sort(Arc::clone(&schema), spec()).unwrap();
         session.push(&host).unwrap();
-        assert_eq!(session.device_batches_refusal().as_deref(), Some("batches of the host were pushed"));
-        let err = session.push_device(decoded().into_device_batch()).unwrap_err().to_string();
+        assert_eq!(
+            session.device_batches_refusal().as_deref(),
+            Some("batches of the host were pushed")
+        );
+        let err = session
+            .push_device(decoded().into_device_batch())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("batches of the host were pushed"), "{err}");
     }
 

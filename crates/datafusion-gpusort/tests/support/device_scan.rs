@@ -23,7 +23,12 @@ pub async fn t_as_parquet(ctx: &SessionContext, dir: &Path) -> PathBuf {
 
 /// The rows of `file` sorted by `order` on `ctx` (pretty-printed), and the plan that ran them:
 /// its `GpuSortExec`s told the file when `scan`.
-pub async fn sorted_file(ctx: &SessionContext, file: &Path, order: &str, scan: bool) -> (String, Arc<dyn ExecutionPlan>) {
+pub async fn sorted_file(
+    ctx: &SessionContext,
+    file: &Path,
+    order: &str,
+    scan: bool,
+) -> (String, Arc<dyn ExecutionPlan>) {
     let df = ctx
         .read_parquet(file.display().to_string(), ParquetReadOptions::default())
         .await
@@ -36,7 +41,9 @@ pub async fn sorted_file(ctx: &SessionContext, file: &Path, order: &str, scan: b
         plan = plan
             .transform_down(|node| match node.downcast_ref::<GpuSortExec>() {
                 Some(sort) => {
-                    let told = sort.clone().with_device_scan(Some(DeviceScan::new(vec![file.to_path_buf()])));
+                    let told = sort
+                        .clone()
+                        .with_device_scan(Some(DeviceScan::new(vec![file.to_path_buf()])));
                     Ok(Transformed::yes(Arc::new(told) as Arc<dyn ExecutionPlan>))
                 }
                 None => Ok(Transformed::no(node)),
@@ -45,7 +52,9 @@ pub async fn sorted_file(ctx: &SessionContext, file: &Path, order: &str, scan: b
             .data;
     }
     let batches = collect(Arc::clone(&plan), ctx.task_ctx()).await.unwrap();
-    let text = arrow::util::pretty::pretty_format_batches(&batches).unwrap().to_string();
+    let text = arrow::util::pretty::pretty_format_batches(&batches)
+        .unwrap()
+        .to_string();
     (text, plan)
 }
 
@@ -67,3 +76,30 @@ pub fn sort_metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
 /// Orders of `t` by its columns (rows tied on all of them are alike, so a stock sort prints the
 /// same lines).
 pub const DEVICE_SCAN_ORDERS: &[&str] = &["a DESC NULLS LAST, b, c", "b NULLS FIRST, c DESC, a", "c, a, b"];
+
+/// `file` sorted by `order` on `ours` with its sort told the file equals stock DataFusion's
+/// sort of it, and the sort read `files` files on the GPU and fell back `fallbacks` times.
+pub async fn check_device_scan(
+    stock: &SessionContext,
+    ours: &SessionContext,
+    file: &Path,
+    order: &str,
+    (files, fallbacks): (usize, usize),
+) {
+    let (expected, _) = sorted_file(stock, file, order, false).await;
+    let (actual, plan) = sorted_file(ours, file, order, true).await;
+    assert!(
+        actual == expected,
+        "ORDER BY {order}: the rows differ from stock DataFusion's"
+    );
+    let shown = datafusion::physical_plan::displayable(plan.as_ref())
+        .indent(false)
+        .to_string();
+    assert!(shown.contains("device_scan=1 files"), "{shown}");
+    assert_eq!(sort_metric(&plan, "device_scan_files"), files, "ORDER BY {order}");
+    assert_eq!(
+        sort_metric(&plan, "device_scan_fallbacks"),
+        fallbacks,
+        "ORDER BY {order}"
+    );
+}

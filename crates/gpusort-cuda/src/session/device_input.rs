@@ -172,7 +172,9 @@ impl DeviceInput {
     pub(super) fn push(&mut self, batch: DeviceBatch, widths: &[usize], stream: &Arc<CudaStream>) -> Result<()> {
         let n = batch.rows;
         if Arc::get_mut(&mut self.owners).is_none() {
-            return Err(CudaSortError::Unsupported("a device batch pushed after the sort took the batches".into()));
+            return Err(CudaSortError::Unsupported(
+                "a device batch pushed after the sort took the batches".into(),
+            ));
         }
         if batch.columns.len() != widths.len() {
             return Err(CudaSortError::Unsupported(format!(
@@ -379,9 +381,15 @@ mod tests {
         s.add(&views_of(&values)[..32], None);
         s.add(&views_of(&values)[32..], None);
         assert_eq!(s.stats(3).common_prefix, 7);
-        assert_eq!((s.stats(3).valid_rows, s.stats(3).min_len, s.stats(3).max_len), (3, 8, 9));
+        assert_eq!(
+            (s.stats(3).valid_rows, s.stats(3).min_len, s.stats(3).max_len),
+            (3, 8, 9)
+        );
 
         let none = ViewStats::default().stats(2);
-        assert_eq!((none.valid_rows, none.common_prefix, none.min_len, none.max_len), (0, 0, 0, 0));
+        assert_eq!(
+            (none.valid_rows, none.common_prefix, none.min_len, none.max_len),
+            (0, 0, 0, 0)
+        );
     }
 }

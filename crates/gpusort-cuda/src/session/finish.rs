@@ -20,9 +20,9 @@ use gpusort::ties::{TailGroups, TieBitmaps, TruncationTest};
 use gpusort::{EncoderOptions, KeyEncoder, SortKey, SortOutput, SortSpec, SortStats};
 use rayon::prelude::*;
 
+use super::device_input::DeviceOwners;
 use super::range_blocks::{LongBytes, RangeBlocks};
 use super::sorted_rows::SortedRows;
-use super::device_input::DeviceOwners;
 use super::upload::{DeviceSegment, Uploaded};
 use super::{GpuColumn, GpuSortSession};
 use crate::encode::{DeviceEncodedKeys, DeviceKeyColumn, DeviceKeyKind, KEY_MAX_WORDS};
@@ -332,11 +332,10 @@ impl GpuSortSession {
     /// holds when they are native, else on the host into pinned buffers.
     fn host_side(&self, stats: &mut SortStats) -> Result<HostSide> {
         let device_keys = self.device_keys()?;
-        if self.device_input.is_some() && !device_keys.as_ref().is_some_and(|d| !d.inexact()) {
+        if self.device_input.is_some() && device_keys.as_ref().is_none_or(|d| d.inexact()) {
             // The host holds none of the rows to encode the key or order tied prefixes with.
             return Err(CudaSortError::Unsupported(
-                "device batches whose key the device cannot encode whole (string keys longer than it encodes)"
-                    .into(),
+                "device batches whose key the device cannot encode whole (string keys longer than it encodes)".into(),
             ));
         }
         let start = Instant::now();

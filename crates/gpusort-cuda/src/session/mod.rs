@@ -473,7 +473,11 @@ impl GpuSortSession {
             .find(|(i, _)| !columns.iter().any(|(c, _)| c == i))
             .map(|(_, f)| f)
         {
-            return Some(format!("column '{}' of type {} is not a device column", f.name(), f.data_type()));
+            return Some(format!(
+                "column '{}' of type {} is not a device column",
+                f.name(),
+                f.data_type()
+            ));
         }
         let views = self.schema.fields().iter().any(|f| is_view(f.data_type()));
         if views && !self.gpu.options().compact_views {
@@ -484,7 +488,9 @@ impl GpuSortSession {
         }
         match gpusort::keys::KeyLayout::device_max_words(&self.spec, &self.schema, &self.encoder) {
             Some(_) => None,
-            None => Some("a sort column is neither a native type nor a view: the device does not encode its key".into()),
+            None => {
+                Some("a sort column is neither a native type nor a view: the device does not encode its key".into())
+            }
         }
     }
 
@@ -527,7 +533,10 @@ impl GpuSortSession {
         };
         let widths: Vec<usize> = self.columns.iter().map(|(_, w)| *w).collect();
         let n = batch.num_rows();
-        self.device_input.as_mut().expect("made above").push(batch, &widths, &stream)?;
+        self.device_input
+            .as_mut()
+            .expect("made above")
+            .push(batch, &widths, &stream)?;
         self.rows += n;
         Ok(())
     }
