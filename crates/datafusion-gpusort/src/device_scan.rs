@@ -1,7 +1,8 @@
 //! A sort's input read on the GPU: [`DeviceScan`] names the Parquet files that a
 //! [`GpuSortExec`](crate::GpuSortExec)'s input reads whole (every row, every column, no
-//! filter), and the sort reads them itself: each file into pinned memory, its pages
-//! decompressed and decoded on the GPU a few row groups at a time
+//! filter), and the sort reads them itself: a few row groups at a time, their bytes read into
+//! pinned memory (one block of the pool, reused by the next call) and their pages decompressed
+//! and decoded on the GPU
 //! ([`gpusort_parquet::gpu_decode`]), the decoded columns joining the GPU session as device
 //! batches ([`GpuSortSession::push_device`]). The input's rows never exist on the host, and no
 //! core decodes Parquet.
@@ -11,11 +12,11 @@
 //! scan stops before any row is emitted and the sort executes its input as ever; the
 //! `device_scan_fallback` metric counts it and the timeline says why.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
-use datafusion::parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
+use datafusion::parquet::file::metadata::ParquetMetaDataReader;
 use gpusort_cuda::{CudaBackend, GpuSortSession};
 use gpusort_parquet::gpu_decode::{FileBytes, GpuPageDecoder};
 
@@ -80,14 +81,20 @@ impl DeviceScan {
             .with_budget(Arc::clone(gpu.memory_budget()))
             .with_schema(Arc::clone(schema));
         for path in &self.files {
-            let (file, meta) = read_file(path)?;
-            GpuPageDecoder::plan_as(&meta, Some(schema)).map_err(|e| format!("{}: {e}", path.display()))?;
+            let at = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+            let file = std::fs::File::open(path).map_err(|e| at(&e))?;
+            let meta = ParquetMetaDataReader::new()
+                .parse_and_finish(&file)
+                .map_err(|e| at(&e))?;
+            GpuPageDecoder::plan_as(&meta, Some(schema)).map_err(|e| at(&e))?;
             let groups: Vec<usize> = (0..meta.num_row_groups()).collect();
-            GpuPageDecoder::check_row_groups(&meta, &groups).map_err(|e| format!("{}: {e}", path.display()))?;
+            GpuPageDecoder::check_row_groups(&meta, &groups).map_err(|e| at(&e))?;
             for call in groups.chunks(self.row_groups_a_call) {
+                let range = GpuPageDecoder::byte_range(&meta, call);
+                let bytes = FileBytes::read_range(&file, range).map_err(|e| at(&e))?;
                 let decoded = decoder
-                    .decode_at(&file, &meta, call, session.device_buffers())
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                    .decode_at(&bytes, &meta, call, session.device_buffers())
+                    .map_err(|e| at(&e))?;
                 session
                     .push_device(decoded.into_device_batch())
                     .map_err(|e| e.to_string())?;
@@ -95,13 +102,4 @@ impl DeviceScan {
         }
         Ok(session)
     }
-}
-
-/// `path`'s bytes in pinned memory and its metadata.
-fn read_file(path: &Path) -> Result<(FileBytes, ParquetMetaData), String> {
-    let file = FileBytes::read_pinned(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let meta = ParquetMetaDataReader::new()
-        .parse_and_finish(&file.bytes)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok((file, meta))
 }

@@ -3,8 +3,9 @@
 //! - **host**: what the tool does today, the Parquet crate's reader on every core (a row group
 //!   a task) feeding a GPU session batch by batch (staged, uploaded while the next row groups
 //!   decode, the host's copy released as in `gpusort sort`);
-//! - **device**: the file read into pinned memory, its row groups decoded on the GPU a call
-//!   of a few at a time ([`GpuPageDecoder::decode_at`]) and joined to the session as device
+//! - **device**: as `gpusort sort` reads its input on the GPU: a few row groups a call, their
+//!   bytes read into pinned memory ([`FileBytes::read_range`], a block the next call reuses),
+//!   decoded on the GPU ([`GpuPageDecoder::decode_at`]) and joined to the session as device
 //!   batches, nothing of the input on the host.
 //!
 //! Each sorts by the ORDER BY lists of TPC-H lineitem named (1: `l_shipdate, l_orderkey,
@@ -149,14 +150,17 @@ fn device_way(
     list: &[(&str, bool)],
 ) -> (SortedRows, Phases, f64) {
     let start = Instant::now();
-    let file = FileBytes::read_pinned(std::path::Path::new(input.path)).expect("the file");
-    let read = start.elapsed().as_secs_f64();
+    let file = std::fs::File::open(input.path).expect("the file");
     let groups: Vec<usize> = (0..input.meta.num_row_groups()).collect();
     let mut session: Option<GpuSortSession> = None;
+    let mut read = 0.0;
     for call in groups.chunks(input.groups_a_call) {
+        let reading = Instant::now();
+        let bytes = FileBytes::read_range(&file, GpuPageDecoder::byte_range(input.meta, call)).expect("a range");
+        read += reading.elapsed().as_secs_f64();
         let first = session.as_ref().map_or(0, |s| s.device_buffers());
         let decoded = decoder
-            .decode_at(&file, input.meta, call, first)
+            .decode_at(&bytes, input.meta, call, first)
             .expect("the GPU's decode");
         let s = session.get_or_insert_with(|| self::session(backend, &decoded.schema(), list));
         if let Some(why) = s.device_batches_refusal() {
