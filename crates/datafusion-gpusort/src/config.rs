@@ -256,6 +256,12 @@ extensions_options! {
         /// if the GPU then fails (out of device memory, a driver error), the query fails
         /// instead of sorting those rows on the CPU. False keeps every row on the host.
         pub release_uploaded_input: bool, default = false
+        /// A sort of one partition without `LIMIT` whose input only scans local Parquet files
+        /// (no filter, no limit; partitions coalesced or repartitioned) reads the files itself
+        /// on the GPU: their pages decoded there, the rows never on the host (`DeviceScan`).
+        /// Where the device cannot, the input executes as ever (`device_scan_fallbacks`). The
+        /// `gpusort` tool turns it on where it runs without memory limits.
+        pub device_scan: bool, default = false
         /// A GPU sort of more rows than this streams its output out of the device this many
         /// rows at a time, two ranges ahead of the consumer, which takes one range while the
         /// next crosses PCIe; the device memory is held until the last range came down. 0

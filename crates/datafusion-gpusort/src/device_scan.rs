@@ -16,7 +16,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
+use datafusion::datasource::physical_plan::{FileScanConfig, ParquetSource};
+use datafusion::datasource::source::DataSourceExec;
+use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::parquet::file::metadata::ParquetMetaDataReader;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::repartition::RepartitionExec;
 use gpusort_cuda::{CudaBackend, GpuSortSession};
 use gpusort_parquet::gpu_decode::{FileBytes, GpuPageDecoder};
 
@@ -49,6 +55,38 @@ impl DeviceScan {
     /// The files.
     pub fn files(&self) -> &[PathBuf] {
         &self.files
+    }
+
+    /// The scan of the local Parquet files `plan` reads whole: a `DataSourceExec` of them with
+    /// no predicate and no limit, its partitions maybe coalesced (without a fetch) or
+    /// repartitioned; `None` for any other plan. Its columns are checked against the files'
+    /// when they are read (a projection or partition columns make the sort read its input).
+    pub fn of_plan(plan: &Arc<dyn ExecutionPlan>) -> Option<Self> {
+        let passes = plan.downcast_ref::<RepartitionExec>().is_some()
+            || plan
+                .downcast_ref::<CoalescePartitionsExec>()
+                .is_some_and(|c| c.fetch().is_none());
+        if passes {
+            let [child] = plan.children()[..] else { return None };
+            return Self::of_plan(child);
+        }
+        let scan = plan.downcast_ref::<DataSourceExec>()?;
+        let config = scan.data_source().downcast_ref::<FileScanConfig>()?;
+        config.file_source.downcast_ref::<ParquetSource>()?;
+        if config.file_source.filter().is_some()
+            || config.limit.is_some()
+            || config.object_store_url != ObjectStoreUrl::local_filesystem()
+        {
+            return None;
+        }
+        let mut files: Vec<PathBuf> = vec![];
+        for file in config.file_groups.iter().flat_map(|g| g.iter()) {
+            let path = PathBuf::from(format!("/{}", file.object_meta.location));
+            if !files.contains(&path) {
+                files.push(path);
+            }
+        }
+        (!files.is_empty()).then(|| Self::new(files))
     }
 
     /// Rows of all files, from their footers; the reason when one cannot be read.

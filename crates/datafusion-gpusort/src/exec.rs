@@ -258,8 +258,10 @@ impl ExecutionPlan for GpuSortExec {
         })?;
         let mut new = self.as_ref().clone();
         if !Arc::ptr_eq(&input, &self.input) {
-            // The scan named the old input's files: a new input may read others, or filter.
-            new.device_scan = None;
+            // The scan named the old input's files: kept where the new input still reads them
+            // whole (the same scan, its files' schemas hinted, say), not where it filters.
+            let same = |s: &Arc<DeviceScan>| DeviceScan::of_plan(&input).is_some_and(|n| n.files() == s.files());
+            new.device_scan = new.device_scan.filter(same);
         }
         new.cache = Arc::new(Self::compute_properties(
             &input,

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
+use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode, TreeNodeRecursion};
 use datafusion::datasource::file_format::parquet::ParquetSink;
 use datafusion::datasource::physical_plan::FileSink;
 use datafusion::datasource::sink::DataSinkExec;
@@ -18,6 +18,7 @@ use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMerge
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 
 use crate::config::GpuSortConfig;
+use crate::device_scan::DeviceScan;
 use crate::exec::GpuSortExec;
 use crate::parquet_sink::GpuParquetSink;
 use crate::sort_preserving_merge::GpuSortPreservingMergeExec;
@@ -201,6 +202,10 @@ impl PhysicalOptimizerRule for GpuSortRule {
             })
         })
         .data()
+        .and_then(|plan| match options.device_scan {
+            true => with_device_scans(plan),
+            false => Ok(plan),
+        })
     }
 
     fn name(&self) -> &str {
@@ -210,6 +215,23 @@ impl PhysicalOptimizerRule for GpuSortRule {
     fn schema_check(&self) -> bool {
         true
     }
+}
+
+/// `plan` with each sort of one partition and no `fetch` whose input only scans local Parquet
+/// files told them ([`GpuSortExec::with_device_scan`]): it reads them on the GPU itself.
+fn with_device_scans(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+    plan.transform_down(|node| {
+        let Some(sort) = node.downcast_ref::<GpuSortExec>() else {
+            return Ok(Transformed::no(node));
+        };
+        let scan = DeviceScan::of_plan(sort.input());
+        if sort.preserve_partitioning() || sort.fetch().is_some() || scan.is_none() {
+            return Ok(Transformed::no(node));
+        }
+        let sort = sort.clone().with_device_scan(scan);
+        Ok(Transformed::new(Arc::new(sort), true, TreeNodeRecursion::Jump))
+    })
+    .data()
 }
 
 /// A `DataSinkExec` writing a sorted input with DataFusion's `ParquetSink` as one writing it

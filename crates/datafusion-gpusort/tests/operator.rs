@@ -309,3 +309,36 @@ async fn a_device_scan_of_a_sort_on_the_cpu_falls_back_to_the_input() {
         check_device_scan(&stock, &ours, &file, order, (0, 1)).await;
     }
 }
+
+/// With `gpusort.device_scan`, the rule tells a sort its Parquet input's files where the input
+/// only scans them, not where it filters them, and not without the option; the rows are stock
+/// DataFusion's either way (here on the CPU, which reads the input).
+#[tokio::test]
+async fn the_rule_tells_a_sort_of_a_whole_parquet_scan_its_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let (stock, ours) = (context(false, 3_000, 4), context(true, 3_000, 4));
+    ours.sql("SET gpusort.device = 'cpu'").await.unwrap();
+    let file = t_as_parquet(&stock, dir.path()).await;
+    let create = format!(
+        "CREATE EXTERNAL TABLE f STORED AS PARQUET LOCATION '{}'",
+        file.display()
+    );
+    for ctx in [&stock, &ours] {
+        ctx.sql(&create).await.unwrap();
+    }
+    for (on, query, told) in [
+        (true, "SELECT * FROM f ORDER BY a, b, c", true),
+        (true, "SELECT * FROM f WHERE a > 10 ORDER BY a, b, c", false),
+        (true, "SELECT * FROM f ORDER BY a, b, c LIMIT 5", false),
+        (false, "SELECT * FROM f ORDER BY a, b, c", false),
+    ] {
+        ours.sql(&format!("SET gpusort.device_scan = {on}")).await.unwrap();
+        let shown = rows(&ours, &format!("EXPLAIN {query}")).await.0;
+        assert_eq!(
+            shown.contains("device_scan=1 files"),
+            told,
+            "{query} (device_scan {on}):\n{shown}"
+        );
+        assert_eq!(rows(&ours, query).await.0, rows(&stock, query).await.0, "{query}");
+    }
+}

@@ -12,9 +12,7 @@ use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
-use datafusion_gpusort::{
-    ByteSize, DeviceChoice, DeviceList, DeviceScan, GpuSortConfig, GpuSortExec, SessionStateBuilderExt, StrategyChoice,
-};
+use datafusion_gpusort::{ByteSize, DeviceChoice, DeviceList, GpuSortConfig, SessionStateBuilderExt, StrategyChoice};
 
 use crate::error::{CliError, Result, one_line};
 use crate::inputs::Inputs;
@@ -101,7 +99,7 @@ impl PlanArgs {
         self.memory_limit.map(|b| b.0).filter(|&b| b > 0)
     }
 
-    /// Whether the sort reads its files on the GPU ([`DeviceScan`]): it may use a GPU, runs
+    /// Whether the sort reads its files on the GPU (`gpusort.device_scan`): it may use a GPU, runs
     /// without limits (the files' rows all on the device at once) and `GPUSORT_DEVICE_SCAN` is
     /// not `0`. Where the device cannot, the sort reads them on the host as ever.
     pub fn device_scan(&self) -> bool {
@@ -126,6 +124,7 @@ impl PlanArgs {
         // under --memory-limit or --gpu-memory-limit (runs, spills) it is not yet tested.
         let unlimited = self.memory_limit_bytes().is_none() && self.gpu_memory_limit.is_none_or(|l| l.0 == 0);
         config.release_uploaded_input = unlimited && std::env::var("GPUSORT_RELEASE_INPUT").map_or(true, |v| v != "0");
+        config.device_scan = self.device_scan();
         if let Some(limit) = self.gpu_memory_limit {
             config.gpu_memory_limit = limit;
         }
@@ -240,10 +239,6 @@ impl SortPlan {
             .await
             .map_err(df_err)?;
         let plan = narrow.with_file_schemas(plan)?;
-        let plan = match args.device_scan() {
-            true => with_device_scan(plan, &inputs)?,
-            false => plan,
-        };
         Ok(Self {
             ctx,
             inputs,
@@ -253,31 +248,6 @@ impl SortPlan {
             spill_dir,
         })
     }
-}
-
-/// `plan` with its sort told the input files ([`GpuSortExec::with_device_scan`]), where its
-/// input only reads them (scans, their partitions coalesced or repartitioned: no filter, no
-/// projection).
-fn with_device_scan(plan: Arc<dyn ExecutionPlan>, inputs: &Inputs) -> Result<Arc<dyn ExecutionPlan>> {
-    use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-    fn reads_only(plan: &Arc<dyn ExecutionPlan>) -> bool {
-        matches!(
-            plan.name(),
-            "DataSourceExec" | "CoalescePartitionsExec" | "RepartitionExec"
-        ) && plan.children().iter().all(|c| reads_only(c))
-    }
-    let files: Vec<PathBuf> = inputs.files.iter().map(|f| f.path.clone()).collect();
-    let transformed = plan.transform_down(|node| {
-        let Some(sort) = node.downcast_ref::<GpuSortExec>() else {
-            return Ok(Transformed::no(node));
-        };
-        if !reads_only(sort.input()) {
-            return Ok(Transformed::new(node, false, TreeNodeRecursion::Jump));
-        }
-        let sort = sort.clone().with_device_scan(Some(DeviceScan::new(files.clone())));
-        Ok(Transformed::new(Arc::new(sort), true, TreeNodeRecursion::Jump))
-    });
-    Ok(transformed.map_err(|e| CliError::from_datafusion(e, None))?.data)
 }
 
 /// Where the spill directory goes: `--temp-dir`, else the system's temporary directory.

@@ -651,6 +651,20 @@ fn explain_prints_the_plan_sort_would_run() {
     );
     assert!(stdout.contains("DataSourceExec"), "{stdout}");
     assert!(stdout.contains("sort on   "), "{stdout}");
+    // Without limits, the sort may read its input on the GPU; under one, or on the CPU, not.
+    assert!(stdout.contains("device_scan=1 files"), "{stdout}");
+    for limits in [["--gpu-memory-limit", "4g"], ["--device", "cpu"]] {
+        let assert = gpusort()
+            .args(["explain", s(&orders()), "-k", "amount"])
+            .args(limits)
+            .assert()
+            .success();
+        let stdout = String::from_utf8_lossy(&assert.get_output().stdout).into_owned();
+        assert!(
+            stdout.contains("GpuSortExec") && !stdout.contains("device_scan"),
+            "{stdout}"
+        );
+    }
 
     let assert = gpusort()
         .args([
@@ -915,6 +929,13 @@ fn decimals_stored_as_int64_are_read_narrow_and_written_as_they_were() {
         .flat_map(|c| c.file_groups.iter().flat_map(|g| g.iter().cloned()))
         .collect();
     assert_eq!(files.len(), 2, "{found:?}");
+    // The scans' schemas hinted, the sort is still told its files (it reads them on the GPU).
+    let sort = planned
+        .plan
+        .downcast_ref::<datafusion_gpusort::GpuSortExec>()
+        .expect("the sort");
+    let scan = sort.device_scan().expect("the files told");
+    assert_eq!(scan.files().len(), 2, "{scan:?}");
     for f in &files {
         let hint = f.arrow_schema.as_ref().expect("each file carries its schema");
         assert_eq!(
