@@ -297,14 +297,22 @@ async fn output_views_are_compacted_unless_asked_not_to() {
     }
 }
 
+/// Stock DataFusion and gpusort on the CPU over 3,000 rows of `t`, written to `t.parquet` in
+/// the directory returned.
+async fn cpu_sorts_of_t_as_parquet() -> (tempfile::TempDir, SessionContext, SessionContext) {
+    let dir = tempfile::tempdir().unwrap();
+    let (stock, ours) = (context(false, 3_000, 4), context(true, 3_000, 4));
+    ours.sql("SET gpusort.device = 'cpu'").await.unwrap();
+    t_as_parquet(&stock, dir.path()).await;
+    (dir, stock, ours)
+}
+
 /// A sort told its input's file (`DeviceScan`) that sorts on the CPU executes its input as ever:
 /// stock DataFusion's rows, the fallback counted, no file read by the sort.
 #[tokio::test]
 async fn a_device_scan_of_a_sort_on_the_cpu_falls_back_to_the_input() {
-    let dir = tempfile::tempdir().unwrap();
-    let (stock, ours) = (context(false, 3_000, 4), context(true, 3_000, 4));
-    ours.sql("SET gpusort.device = 'cpu'").await.unwrap();
-    let file = t_as_parquet(&stock, dir.path()).await;
+    let (dir, stock, ours) = cpu_sorts_of_t_as_parquet().await;
+    let file = dir.path().join("t.parquet");
     for order in DEVICE_SCAN_ORDERS {
         check_device_scan(&stock, &ours, &file, order, (0, 1)).await;
     }
@@ -315,10 +323,8 @@ async fn a_device_scan_of_a_sort_on_the_cpu_falls_back_to_the_input() {
 /// DataFusion's either way (here on the CPU, which reads the input).
 #[tokio::test]
 async fn the_rule_tells_a_sort_of_a_whole_parquet_scan_its_files() {
-    let dir = tempfile::tempdir().unwrap();
-    let (stock, ours) = (context(false, 3_000, 4), context(true, 3_000, 4));
-    ours.sql("SET gpusort.device = 'cpu'").await.unwrap();
-    let file = t_as_parquet(&stock, dir.path()).await;
+    let (dir, stock, ours) = cpu_sorts_of_t_as_parquet().await;
+    let file = dir.path().join("t.parquet");
     let create = format!(
         "CREATE EXTERNAL TABLE f STORED AS PARQUET LOCATION '{}'",
         file.display()

@@ -581,13 +581,13 @@ fn chunk_in(chunk: &ColumnChunkMetaData, offset: u64, len: usize) -> Result<Colu
         return Ok(chunk.clone());
     }
     let shift = |at: i64| at - offset as i64;
-    Ok(chunk
+    chunk
         .clone()
         .into_builder()
         .set_data_page_offset(shift(chunk.data_page_offset()))
         .set_dictionary_page_offset(chunk.dictionary_page_offset().map(shift))
         .set_index_page_offset(chunk.index_page_offset().map(shift))
-        .build()?)
+        .build()
 }
 
 fn u32_of(n: usize) -> Result<u32> {
