@@ -681,11 +681,14 @@ impl GpuRowGroups {
         let [snappy, raw] = self.buffers;
         let ((snappy, held_snappy), (raw, held_raw)) = (snappy.into_parts(), raw.into_parts());
         let kept = snappy.len() + raw.len();
-        // The views of the PLAIN byte arrays were read by the decode, which waited for them.
+        // The views of the PLAIN byte arrays were read by the decode, which waited for them:
+        // freed, and their bytes no longer held of the budget.
+        let mut held = self._held;
+        held.shrink_to(held.bytes().saturating_sub(self._views.len()));
         drop(self._views);
         let owner = Box::new((snappy, raw));
         DeviceBatch::new(self.rows, columns, self.first_buffer, addresses, owner)
-            .with_reservations(vec![self._held, held_snappy, held_raw], kept)
+            .with_reservations(vec![held, held_snappy, held_raw], kept)
     }
 
     /// The columns downloaded as a record batch (tests, and checks against the CPU's reader):
