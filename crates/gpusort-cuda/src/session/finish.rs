@@ -868,27 +868,25 @@ impl GpuSortSession {
     /// Device column `k`'s distinct view data buffers packed into one device buffer, with the
     /// table of each raised buffer index's address there; the bytes and buffers sent.
     fn upload_view_buffers(&self, k: usize, copies: &mut Transfers) -> Result<(KeyViewBuffers, usize, usize)> {
-        if let Some(d) = &self.device_input {
+        let (data, mut addresses, bytes, distinct) = match &self.device_input {
             // The device batches' buffers are there: only their table goes up.
-            let mut addresses = d.buffers.clone();
-            addresses.push(0);
-            let buffers = KeyViewBuffers {
-                _data: ViewData::Batches(d.owners()),
-                table: copies.stream().clone_htod(&addresses)?,
-            };
-            return Ok((buffers, 0, 0));
-        }
-        let (distinct, index) = self.view_buffers(k);
-        let parts: Vec<&[u8]> = distinct.iter().map(|b| b.as_slice()).collect();
-        let (packed, starts) = copies.upload_packed(&self.gpu, &parts)?;
-        let base = packed.device_ptr(copies.stream()).0;
-        let mut addresses: Vec<u64> = index.iter().map(|&d| base + starts[d] as u64).collect();
+            Some(d) => (ViewData::Batches(d.owners()), d.buffers.clone(), 0, 0),
+            None => {
+                let (distinct, index) = self.view_buffers(k);
+                let parts: Vec<&[u8]> = distinct.iter().map(|b| b.as_slice()).collect();
+                let (packed, starts) = copies.upload_packed(&self.gpu, &parts)?;
+                let base = packed.device_ptr(copies.stream()).0;
+                let addresses = index.iter().map(|&d| base + starts[d] as u64).collect();
+                let bytes = parts.iter().map(|p| p.len()).sum();
+                (ViewData::Packed(packed), addresses, bytes, parts.len())
+            }
+        };
         addresses.push(0);
         let buffers = KeyViewBuffers {
-            _data: ViewData::Packed(packed),
+            _data: data,
             table: copies.stream().clone_htod(&addresses)?,
         };
-        Ok((buffers, parts.iter().map(|p| p.len()).sum(), parts.len()))
+        Ok((buffers, bytes, distinct))
     }
 
     /// The device view columns (not of the key) whose data buffers go up for the output, and
@@ -1078,41 +1076,49 @@ impl GpuSortSession {
             // SAFETY: each source holds the segment's rows of the column, which land at their
             // own rows of `col`.
             unsafe { gpu.copy_ranges(&ranges) }?;
-            if let Some(d) = &self.device_input {
-                // Device batches' bits were laid end to end on the host; their values' memory
-                // is freed on their producer's stream, so the copies are waited for first.
-                if let (Some(bits), Some(host)) = (&bits, d.bits(k)) {
-                    // SAFETY: `host` outlives the synchronization below.
-                    unsafe {
-                        result::memcpy_htod_async(bits.device_ptr(stream).0, host, stream.cu_stream())?;
+            match &self.device_input {
+                Some(d) => {
+                    // Device batches' bits were laid end to end on the host; their values'
+                    // memory is freed on their producer's stream, so the copies are waited for
+                    // first.
+                    if let (Some(bits), Some(host)) = (&bits, d.bits(k)) {
+                        // SAFETY: `host` outlives the synchronization below.
+                        unsafe {
+                            result::memcpy_htod_async(bits.device_ptr(stream).0, host, stream.cu_stream())?;
+                        }
+                    }
+                    stream.synchronize()?;
+                }
+                None => {
+                    for s in &segments {
+                        if let Some(bits) = &bits {
+                            // Segments start on a byte of the bitmap (their rows are a multiple
+                            // of 64).
+                            let dst = bits.device_ptr(stream).0 + (s.first_row / 8) as u64;
+                            let len = s.rows.div_ceil(8);
+                            // SAFETY: the bitmap holds the segment's bits.
+                            unsafe {
+                                match &s.bitmaps[k] {
+                                    Some(src) => result::memcpy_dtod_async(
+                                        dst,
+                                        src.device_ptr(stream).0,
+                                        len,
+                                        stream.cu_stream(),
+                                    ),
+                                    None => result::memset_d8_async(dst, 0xFF, len, stream.cu_stream()),
+                                }
+                            }?;
+                        }
+                    }
+                    if let Some(copy_stream) = &self.copy_stream {
+                        // The segments' buffers are freed on the copy stream: after these copies.
+                        let assembled = gpu.event()?;
+                        assembled.record(stream)?;
+                        copy_stream.wait(&assembled)?;
                     }
                 }
-                stream.synchronize()?;
-                for s in segments.iter_mut() {
-                    s.values[k] = None;
-                }
             }
-            for s in segments.iter().filter(|_| self.device_input.is_none()) {
-                if let Some(bits) = &bits {
-                    // Segments start on a byte of the bitmap (their rows are a multiple of 64).
-                    let dst = bits.device_ptr(stream).0 + (s.first_row / 8) as u64;
-                    let len = s.rows.div_ceil(8);
-                    // SAFETY: the bitmap holds the segment's bits.
-                    unsafe {
-                        match &s.bitmaps[k] {
-                            Some(src) => {
-                                result::memcpy_dtod_async(dst, src.device_ptr(stream).0, len, stream.cu_stream())
-                            }
-                            None => result::memset_d8_async(dst, 0xFF, len, stream.cu_stream()),
-                        }
-                    }?;
-                }
-            }
-            if let Some(copy_stream) = &self.copy_stream {
-                // The segments' buffers are freed on the copy stream: after these copies.
-                let assembled = gpu.event()?;
-                assembled.record(stream)?;
-                copy_stream.wait(&assembled)?;
+            if self.device_input.is_some() || self.copy_stream.is_some() {
                 for s in segments.iter_mut() {
                     s.values[k] = None;
                     s.bitmaps[k] = None;
