@@ -12,6 +12,8 @@
 //! scan stops before any row is emitted and the sort executes its input as ever; the
 //! `device_scan_fallback` metric counts it and the timeline says why.
 
+use std::fs::File;
+use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -19,12 +21,17 @@ use arrow::datatypes::SchemaRef;
 use datafusion::datasource::physical_plan::{FileScanConfig, ParquetSource};
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::execution::object_store::ObjectStoreUrl;
-use datafusion::parquet::file::metadata::ParquetMetaDataReader;
+use datafusion::parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use gpusort_cuda::{CudaBackend, GpuSortSession};
 use gpusort_parquet::gpu_decode::{FileBytes, GpuPageDecoder};
+
+/// A mark on the timeline (`gpusort sort --timeline`).
+fn mark(what: std::fmt::Arguments) {
+    log::debug!(target: "gpusort::timeline", "{what}");
+}
 
 /// Row groups decoded in one call: TPC-H lineitem's 64 (~7.3M rows, ~560 MB of pages) ran at
 /// 259-264 ms for the whole SF10 file on the H200, 32 a little slower (stop 47).
@@ -89,21 +96,79 @@ impl DeviceScan {
         (!files.is_empty()).then(|| Self::new(files))
     }
 
-    /// Rows of all files, from their footers; the reason when one cannot be read.
-    pub(crate) fn rows(&self) -> Result<usize, String> {
-        let mut rows = 0;
-        for path in &self.files {
-            let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            let meta = ParquetMetaDataReader::new()
-                .parse_and_finish(&file)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
-            rows += meta.file_metadata().num_rows() as usize;
+    /// The files opened and their footers read; the reason when one cannot be.
+    pub(crate) fn open(&self) -> Result<ScanFiles, String> {
+        let files = (self.files.iter())
+            .map(|path| {
+                let at = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+                let file = std::fs::File::open(path).map_err(|e| at(&e))?;
+                let meta = ParquetMetaDataReader::new()
+                    .parse_and_finish(&file)
+                    .map_err(|e| at(&e))?;
+                Ok((path.clone(), file, meta))
+            })
+            .collect::<Result<_, String>>()?;
+        Ok(ScanFiles {
+            files,
+            row_groups_a_call: self.row_groups_a_call,
+        })
+    }
+}
+
+/// A [`DeviceScan`]'s files opened, with their footers.
+pub(crate) struct ScanFiles {
+    files: Vec<(PathBuf, File, ParquetMetaData)>,
+    row_groups_a_call: usize,
+}
+
+/// One decode call: row groups `groups` of file `file`, whose pages lie in bytes `range`.
+struct Call {
+    file: usize,
+    groups: Vec<usize>,
+    range: Range<u64>,
+}
+
+impl ScanFiles {
+    /// How many files.
+    pub(crate) fn len(&self) -> usize {
+        self.files.len()
+    }
+
+    /// Rows of all files.
+    pub(crate) fn rows(&self) -> usize {
+        (self.files.iter())
+            .map(|(_, _, meta)| meta.file_metadata().num_rows() as usize)
+            .sum()
+    }
+
+    /// The decode calls of every file, in order; the reason when the device cannot decode a
+    /// file as `schema`.
+    fn calls(&self, schema: &SchemaRef) -> Result<Vec<Call>, String> {
+        let mut calls = vec![];
+        for (file, (path, _, meta)) in self.files.iter().enumerate() {
+            let at = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+            GpuPageDecoder::plan_as(meta, Some(schema)).map_err(|e| at(&e))?;
+            let groups: Vec<usize> = (0..meta.num_row_groups()).collect();
+            GpuPageDecoder::check_row_groups(meta, &groups).map_err(|e| at(&e))?;
+            calls.extend(groups.chunks(self.row_groups_a_call).map(|groups| Call {
+                file,
+                groups: groups.to_vec(),
+                range: GpuPageDecoder::byte_range(meta, groups),
+            }));
         }
-        Ok(rows)
+        Ok(calls)
+    }
+
+    /// A call's bytes read into pinned memory.
+    fn read(&self, call: &Call) -> Result<FileBytes, String> {
+        let (path, file, _) = &self.files[call.file];
+        FileBytes::read_range(file, call.range.clone()).map_err(|e| format!("{}: {e}", path.display()))
     }
 
     /// Every file decoded on the GPU of `gpu` (device `ordinal`) into `session`, whose schema
-    /// the columns are decoded as; the reason when the device cannot.
+    /// the columns are decoded as; the reason when the device cannot. While a call's pages
+    /// are decoded and join the session, a thread reads the next call's bytes (the device's
+    /// work and the host's reading overlap; two calls' bytes are pinned at once).
     pub(crate) fn read_into(
         &self,
         gpu: &CudaBackend,
@@ -114,30 +179,112 @@ impl DeviceScan {
         if let Some(why) = session.device_batches_refusal() {
             return Err(why);
         }
+        let calls = self.calls(schema)?;
         let decoder = GpuPageDecoder::try_new(ordinal)
             .map_err(|e| e.to_string())?
             .with_budget(Arc::clone(gpu.memory_budget()))
             .with_schema(Arc::clone(schema));
-        for path in &self.files {
-            let at = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
-            let file = std::fs::File::open(path).map_err(|e| at(&e))?;
-            let meta = ParquetMetaDataReader::new()
-                .parse_and_finish(&file)
-                .map_err(|e| at(&e))?;
-            GpuPageDecoder::plan_as(&meta, Some(schema)).map_err(|e| at(&e))?;
-            let groups: Vec<usize> = (0..meta.num_row_groups()).collect();
-            GpuPageDecoder::check_row_groups(&meta, &groups).map_err(|e| at(&e))?;
-            for call in groups.chunks(self.row_groups_a_call) {
-                let range = GpuPageDecoder::byte_range(&meta, call);
-                let bytes = FileBytes::read_range(&file, range).map_err(|e| at(&e))?;
+        mark(format_args!("device scan: decoder ready, {} calls", calls.len()));
+        std::thread::scope(|scope| {
+            let read_ahead = |i: usize| calls.get(i).map(|c| scope.spawn(move || self.read(c)));
+            let mut next = read_ahead(0);
+            for (i, call) in calls.iter().enumerate() {
+                let bytes = next
+                    .take()
+                    .expect("a read a call")
+                    .join()
+                    .map_err(|_| "a read panicked")??;
+                next = read_ahead(i + 1);
+                mark(format_args!("device scan: call {i}: {} bytes read", bytes.bytes.len()));
+                let (path, _, meta) = &self.files[call.file];
                 let decoded = decoder
-                    .decode_at(&bytes, &meta, call, session.device_buffers())
-                    .map_err(|e| at(&e))?;
+                    .decode_at(&bytes, meta, &call.groups, session.device_buffers())
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                drop(bytes);
+                let t = decoded.times;
+                mark(format_args!(
+                    "device scan: call {i}: {} rows decoded (pages listed {:.3} s, on the device {:.3} s, kernels launched {:.3} s)",
+                    decoded.rows, t.list, t.pages, t.kernels
+                ));
                 session
                     .push_device(decoded.into_device_batch())
                     .map_err(|e| e.to_string())?;
+                mark(format_args!("device scan: call {i}: pushed"));
             }
+            Ok(session)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Int64Array, RecordBatch};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::parquet::arrow::ArrowWriter;
+    use datafusion::parquet::file::properties::WriterProperties;
+
+    /// A Parquet file of `rows` int64 rows in row groups of `group` rows.
+    fn file_of(dir: &std::path::Path, name: &str, rows: i64, group: usize) -> PathBuf {
+        let schema = Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, false)]));
+        let batch = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![Arc::new(Int64Array::from_iter_values(0..rows))],
+        )
+        .unwrap();
+        let path = dir.join(name);
+        let props = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(group))
+            .build();
+        let mut writer = ArrowWriter::try_new(File::create(&path).unwrap(), schema, Some(props)).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+        path
+    }
+
+    #[test]
+    fn calls_cover_every_row_group_of_every_file_once_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = vec![
+            file_of(dir.path(), "a.parquet", 500, 100),
+            file_of(dir.path(), "b.parquet", 250, 100),
+        ];
+        let files = DeviceScan::new(paths).with_row_groups_a_call(2).open().unwrap();
+        assert_eq!((files.len(), files.rows()), (2, 750));
+        let schema = Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, false)]));
+        let calls = files.calls(&schema).unwrap();
+        let groups: Vec<(usize, Vec<usize>)> = calls.iter().map(|c| (c.file, c.groups.clone())).collect();
+        assert_eq!(
+            groups,
+            [
+                (0, vec![0, 1]),
+                (0, vec![2, 3]),
+                (0, vec![4]),
+                (1, vec![0, 1]),
+                (1, vec![2])
+            ]
+        );
+        for call in &calls {
+            let bytes = files.read(call).unwrap();
+            assert_eq!(bytes.offset, call.range.start);
+            assert_eq!(bytes.bytes.len() as u64, call.range.end - call.range.start);
+            // The file's own bytes of the range, wherever the pool put them.
+            let whole = std::fs::read(&files.files[call.file].0).unwrap();
+            assert_eq!(
+                &bytes.bytes[..],
+                &whole[call.range.start as usize..call.range.end as usize]
+            );
         }
-        Ok(session)
+        // Consecutive calls of a file touch, in order.
+        assert!(calls[0].range.end <= calls[1].range.start && calls[1].range.end <= calls[2].range.start);
+    }
+
+    #[test]
+    fn a_missing_file_is_named_in_the_reason() {
+        let why = DeviceScan::new(vec!["/nonexistent/x.parquet".into()])
+            .open()
+            .err()
+            .unwrap();
+        assert!(why.contains("/nonexistent/x.parquet"), "{why}");
     }
 }

@@ -588,11 +588,12 @@ impl InMemorySorter {
         let Some(keys) = self.column_keys(self.schema.fields().len()) else {
             return Ok(Err("a sort expression is not a column".into()));
         };
-        let files = Arc::clone(&scan);
-        let rows = match blocking(move || Ok(files.rows())).await? {
-            Ok(rows) => rows,
+        let files = match blocking(move || Ok(scan.open())).await? {
+            Ok(files) => files,
             Err(why) => return Ok(Err(why)),
         };
+        let rows = files.rows();
+        log::debug!(target: "gpusort::timeline", "device scan: {rows} rows in the footers");
         let (gpu, ordinal) = match (self.choose_path(rows)?, self.options.device.ordinal()) {
             (SortPath::Gpu(gpu), Some(ordinal)) => (gpu, ordinal),
             (SortPath::Cpu { reason: Some(why) }, _) => return Ok(Err(why)),
@@ -602,20 +603,21 @@ impl InMemorySorter {
             Ok(session) => session,
             Err(e) => return Ok(Err(format!("GPU failed: {e}"))),
         };
+        log::debug!(target: "gpusort::timeline", "device scan: session begun");
         let (schema, backend, timer) = (
             Arc::clone(&self.schema),
             Arc::clone(&gpu),
             self.metrics.input_time.clone(),
         );
-        let files = scan.files().len();
+        let file_count = files.len();
         let read = blocking(move || {
             let _timer = timer.timer();
-            Ok(scan.read_into(&backend, ordinal, &schema, session))
+            Ok(files.read_into(&backend, ordinal, &schema, session))
         })
         .await?;
         match read {
             Ok(session) => {
-                self.metrics.device_scan_files.add(files);
+                self.metrics.device_scan_files.add(file_count);
                 self.metrics.device_scan_rows.add(rows);
                 let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
                 self.metrics
