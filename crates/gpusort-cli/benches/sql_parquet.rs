@@ -11,6 +11,9 @@
 //! seconds=S rows=N plan=<the sort operator>[+<the Parquet sink>] writers=W`, for
 //! `crates/gpusort-cli/benches/tpch.py`.
 //!
+//! With `SQL_PARQUET_DEVICE_SCAN=1`, gpusort's session sets `gpusort.device_scan` (the sort
+//! reads the file on the GPU where it can; the plan then reads `GpuSortExec(device_scan)`).
+//!
 //! Both engines' `COPY` encode up to W row groups at once (`datafusion.execution.parquet.
 //! maximum_parallel_row_group_writers`, DataFusion's default 1; here the number of cores, or
 //! `SQL_PARQUET_WRITERS`), as DataFusion's documentation advises for data already in memory,
@@ -54,6 +57,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     // `FROM 'file.parquet'`: tables named by a path or URL, as in datafusion-cli.
     let ctx = SessionContext::new_with_state(state).enable_url_table();
+    if !stock && std::env::var("SQL_PARQUET_DEVICE_SCAN").is_ok_and(|v| v == "1") {
+        ctx.sql("SET gpusort.device_scan = true").await?.collect().await?;
+    }
     let select = format!("SELECT * FROM '{input}' ORDER BY {order_by}");
     let start = Instant::now();
     let (sql, rows) = match mode.as_str() {
@@ -70,7 +76,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let sort = plan_text
         .lines()
         .find(|l| l.contains("SortExec") || l.contains("GpuSortExec"))
-        .map(|l| l.trim().split(':').next().unwrap_or("").to_string())
+        .map(|l| {
+            let name = l.trim().split(':').next().unwrap_or("");
+            let scan = if l.contains("device_scan=") {
+                "(device_scan)"
+            } else {
+                ""
+            };
+            format!("{name}{scan}")
+        })
         .unwrap_or_default();
     // The sink of a COPY: DataFusion's ParquetSink or gpusort's GpuParquetSink.
     let sink = plan_text
