@@ -14,7 +14,7 @@
 
 use std::fs::File;
 use std::ops::Range;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
@@ -29,8 +29,13 @@ use gpusort_cuda::{CudaBackend, GpuSortSession};
 use gpusort_parquet::gpu_decode::{FileBytes, GpuPageDecoder};
 
 /// A mark on the timeline (`gpusort sort --timeline`).
-fn mark(what: std::fmt::Arguments) {
+pub(crate) fn mark(what: std::fmt::Arguments) {
     log::debug!(target: "gpusort::timeline", "{what}");
+}
+
+/// `e` as a reason that names the file it happened in.
+fn in_file(path: &Path, e: impl std::fmt::Display) -> String {
+    format!("{}: {e}", path.display())
 }
 
 /// Row groups decoded in one call: TPC-H lineitem's 64 (~7.3M rows, ~560 MB of pages) ran at
@@ -100,11 +105,10 @@ impl DeviceScan {
     pub(crate) fn open(&self) -> Result<ScanFiles, String> {
         let files = (self.files.iter())
             .map(|path| {
-                let at = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
-                let file = std::fs::File::open(path).map_err(|e| at(&e))?;
+                let file = File::open(path).map_err(|e| in_file(path, e))?;
                 let meta = ParquetMetaDataReader::new()
                     .parse_and_finish(&file)
-                    .map_err(|e| at(&e))?;
+                    .map_err(|e| in_file(path, e))?;
                 Ok((path.clone(), file, meta))
             })
             .collect::<Result<_, String>>()?;
@@ -146,10 +150,9 @@ impl ScanFiles {
     fn calls(&self, schema: &SchemaRef) -> Result<Vec<Call>, String> {
         let mut calls = vec![];
         for (file, (path, _, meta)) in self.files.iter().enumerate() {
-            let at = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
-            GpuPageDecoder::plan_as(meta, Some(schema)).map_err(|e| at(&e))?;
+            GpuPageDecoder::plan_as(meta, Some(schema)).map_err(|e| in_file(path, e))?;
             let groups: Vec<usize> = (0..meta.num_row_groups()).collect();
-            GpuPageDecoder::check_row_groups(meta, &groups).map_err(|e| at(&e))?;
+            GpuPageDecoder::check_row_groups(meta, &groups).map_err(|e| in_file(path, e))?;
             calls.extend(groups.chunks(self.row_groups_a_call).map(|groups| Call {
                 file,
                 groups: groups.to_vec(),
@@ -162,7 +165,7 @@ impl ScanFiles {
     /// A call's bytes read into pinned memory.
     fn read(&self, call: &Call) -> Result<FileBytes, String> {
         let (path, file, _) = &self.files[call.file];
-        FileBytes::read_range(file, call.range.clone()).map_err(|e| format!("{}: {e}", path.display()))
+        FileBytes::read_range(file, call.range.clone()).map_err(|e| in_file(path, e))
     }
 
     /// Every file decoded on the GPU of `gpu` (device `ordinal`) into `session`, whose schema
@@ -199,7 +202,7 @@ impl ScanFiles {
                 let (path, _, meta) = &self.files[call.file];
                 let decoded = decoder
                     .decode_at(&bytes, meta, &call.groups, session.device_buffers())
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                    .map_err(|e| in_file(path, e))?;
                 drop(bytes);
                 let t = decoded.times;
                 mark(format_args!(

@@ -593,7 +593,7 @@ impl InMemorySorter {
             Err(why) => return Ok(Err(why)),
         };
         let rows = files.rows();
-        log::debug!(target: "gpusort::timeline", "device scan: {rows} rows in the footers");
+        crate::device_scan::mark(format_args!("device scan: {rows} rows in the footers"));
         let (gpu, ordinal) = match (self.choose_path(rows)?, self.options.device.ordinal()) {
             (SortPath::Gpu(gpu), Some(ordinal)) => (gpu, ordinal),
             (SortPath::Cpu { reason: Some(why) }, _) => return Ok(Err(why)),
@@ -603,7 +603,7 @@ impl InMemorySorter {
             Ok(session) => session,
             Err(e) => return Ok(Err(format!("GPU failed: {e}"))),
         };
-        log::debug!(target: "gpusort::timeline", "device scan: session begun");
+        crate::device_scan::mark(format_args!("device scan: session begun"));
         let (schema, backend, timer) = (
             Arc::clone(&self.schema),
             Arc::clone(&gpu),
