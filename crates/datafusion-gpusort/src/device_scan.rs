@@ -17,10 +17,13 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use arrow::array::RecordBatch;
+use arrow::compute::cast;
 use arrow::datatypes::SchemaRef;
 use datafusion::datasource::physical_plan::{FileScanConfig, ParquetSource};
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::execution::object_store::ObjectStoreUrl;
+use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use datafusion::parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
@@ -126,7 +129,8 @@ pub(crate) struct ScanFiles {
 }
 
 /// One decode call: row groups `groups` of file `file`, whose pages lie in bytes `range`.
-struct Call {
+#[derive(Debug)]
+pub(crate) struct Call {
     file: usize,
     groups: Vec<usize>,
     range: Range<u64>,
@@ -145,21 +149,68 @@ impl ScanFiles {
             .sum()
     }
 
-    /// The decode calls of every file, in order; the reason when the device cannot decode a
-    /// file as `schema`.
-    fn calls(&self, schema: &SchemaRef) -> Result<Vec<Call>, String> {
-        let mut calls = vec![];
+    /// The decode calls of every file in runs of at most `run_rows` rows, in order: whole row
+    /// groups, a call at most [`ROW_GROUPS_A_CALL`] of one file's. The reason when the device
+    /// cannot decode a file as `schema`, or a row group alone is more than a run.
+    pub(crate) fn runs(&self, schema: &SchemaRef, run_rows: usize) -> Result<Vec<Vec<Call>>, String> {
+        let mut runs: Vec<Vec<Call>> = vec![vec![]];
+        let mut rows = 0;
         for (file, (path, _, meta)) in self.files.iter().enumerate() {
             GpuPageDecoder::plan_as(meta, Some(schema)).map_err(|e| in_file(path, e))?;
             let groups: Vec<usize> = (0..meta.num_row_groups()).collect();
             GpuPageDecoder::check_row_groups(meta, &groups).map_err(|e| in_file(path, e))?;
-            calls.extend(groups.chunks(self.row_groups_a_call).map(|groups| Call {
-                file,
-                groups: groups.to_vec(),
-                range: GpuPageDecoder::byte_range(meta, groups),
-            }));
+            for g in groups {
+                let n = meta.row_group(g).num_rows() as usize;
+                if n > run_rows {
+                    return Err(in_file(
+                        path,
+                        format!("row group {g} has {n} rows, a run at most {run_rows}"),
+                    ));
+                }
+                if rows + n > run_rows {
+                    runs.push(vec![]);
+                    rows = 0;
+                }
+                rows += n;
+                let run = runs.last_mut().expect("a run");
+                match run.last_mut() {
+                    Some(call) if call.file == file && call.groups.len() < self.row_groups_a_call => {
+                        call.groups.push(g)
+                    }
+                    _ => run.push(Call {
+                        file,
+                        groups: vec![g],
+                        range: 0..0,
+                    }),
+                }
+            }
         }
-        Ok(calls)
+        for call in runs.iter_mut().flatten() {
+            call.range = GpuPageDecoder::byte_range(&self.files[call.file].2, &call.groups);
+        }
+        Ok(runs)
+    }
+
+    /// The first (at most) `rows` rows of the files, read on the host as `schema`: what a GPU
+    /// sort of their rows is sized by ([`crate::in_memory`]'s `run_rows`).
+    pub(crate) fn sample(&self, schema: &SchemaRef, rows: usize) -> Result<RecordBatch, String> {
+        let (path, file, _) = (self.files.iter())
+            .find(|(_, _, meta)| meta.file_metadata().num_rows() > 0)
+            .ok_or("the files have no rows")?;
+        let file = file.try_clone().map_err(|e| in_file(path, e))?;
+        let batch = ParquetRecordBatchReaderBuilder::try_new(file)
+            .and_then(|b| b.with_batch_size(rows).with_limit(rows).build())
+            .map_err(|e| in_file(path, e))?
+            .next()
+            .ok_or("no rows read")?
+            .map_err(|e| in_file(path, e))?;
+        let columns = (schema.fields().iter())
+            .map(|field| match batch.column_by_name(field.name()) {
+                Some(column) => cast(column, field.data_type()).map_err(|e| in_file(path, e)),
+                None => Err(in_file(path, format!("no column {}", field.name()))),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        RecordBatch::try_new(Arc::clone(schema), columns).map_err(|e| in_file(path, e))
     }
 
     /// A call's bytes read into pinned memory.
@@ -168,8 +219,8 @@ impl ScanFiles {
         FileBytes::read_range(file, call.range.clone()).map_err(|e| in_file(path, e))
     }
 
-    /// Every file decoded on the GPU of `gpu` (device `ordinal`) into `session`, whose schema
-    /// the columns are decoded as; the reason when the device cannot. While a call's pages
+    /// The row groups of `calls` decoded on the GPU of `gpu` (device `ordinal`) into `session`,
+    /// whose schema the columns are decoded as; the reason when the device cannot. While a call's pages
     /// are decoded and join the session, a thread reads the next call's bytes (the device's
     /// work and the host's reading overlap; two calls' bytes are pinned at once).
     pub(crate) fn read_into(
@@ -178,11 +229,11 @@ impl ScanFiles {
         ordinal: usize,
         schema: &SchemaRef,
         mut session: GpuSortSession,
+        calls: &[Call],
     ) -> Result<GpuSortSession, String> {
         if let Some(why) = session.device_batches_refusal() {
             return Err(why);
         }
-        let calls = self.calls(schema)?;
         let decoder = GpuPageDecoder::try_new(ordinal)
             .map_err(|e| e.to_string())?
             .with_budget(Arc::clone(gpu.memory_budget()))
@@ -255,7 +306,9 @@ mod tests {
         let files = DeviceScan::new(paths).with_row_groups_a_call(2).open().unwrap();
         assert_eq!((files.len(), files.rows()), (2, 750));
         let schema = Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, false)]));
-        let calls = files.calls(&schema).unwrap();
+        let runs = files.runs(&schema, usize::MAX).unwrap();
+        assert_eq!(runs.len(), 1, "one run where the rows have no bound");
+        let calls = runs.into_iter().next().unwrap();
         let groups: Vec<(usize, Vec<usize>)> = calls.iter().map(|c| (c.file, c.groups.clone())).collect();
         assert_eq!(
             groups,
@@ -280,6 +333,44 @@ mod tests {
         }
         // Consecutive calls of a file touch, in order.
         assert!(calls[0].range.end <= calls[1].range.start && calls[1].range.end <= calls[2].range.start);
+    }
+
+    #[test]
+    fn runs_hold_whole_row_groups_within_their_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = vec![
+            file_of(dir.path(), "a.parquet", 500, 100),
+            file_of(dir.path(), "b.parquet", 250, 100),
+        ];
+        let files = DeviceScan::new(paths).with_row_groups_a_call(2).open().unwrap();
+        let schema = Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, false)]));
+        let runs = files.runs(&schema, 300).unwrap();
+        let shape: Vec<Vec<(usize, Vec<usize>)>> = (runs.iter())
+            .map(|run| run.iter().map(|c| (c.file, c.groups.clone())).collect())
+            .collect();
+        // 100 + 100 + 100 rows; 100 + 100 and the second file's first 100; its last 100 + 50:
+        // a run spans files, a call does not.
+        assert_eq!(
+            shape,
+            [
+                vec![(0, vec![0, 1]), (0, vec![2])],
+                vec![(0, vec![3, 4]), (1, vec![0])],
+                vec![(1, vec![1, 2])],
+            ]
+        );
+        for call in runs.iter().flatten() {
+            let meta = &files.files[call.file].2;
+            assert_eq!(call.range, GpuPageDecoder::byte_range(meta, &call.groups));
+        }
+        let why = files.runs(&schema, 99).unwrap_err();
+        assert!(
+            why.contains("a.parquet") && why.contains("row group 0 has 100 rows"),
+            "{why}"
+        );
+        // The sample: the first rows, as the sort's schema has them.
+        let sample = files.sample(&schema, 64).unwrap();
+        assert_eq!(sample.num_rows(), 64);
+        assert_eq!(sample.schema(), schema);
     }
 
     #[test]

@@ -42,7 +42,7 @@ use rayon::prelude::*;
 use crate::config::{DeviceChoice, GpuSortConfig, StrategyChoice};
 use crate::device::{cpu_backend, gpu_backend, gpu_backends};
 use crate::device_output::DeviceOutput;
-use crate::device_scan::DeviceScan;
+use crate::device_scan::{Call, DeviceScan, ScanFiles};
 use crate::error::GpuSortExecError;
 use crate::metrics::GpuSortMetrics;
 use crate::narrow_keys::{narrow_decimal, narrows, narrows_keys};
@@ -127,12 +127,22 @@ pub(crate) enum SortedOutput {
     OnDevice(Box<DeviceOutput>),
 }
 
+/// What a sort that read its files on the GPU made of them: their rows sorted, or sorted runs
+/// (of at most the `usize` rows each) to merge.
+pub(crate) enum ScanOutput {
+    Sorted(SortedOutput),
+    Runs(Vec<RecordBatch>, usize),
+}
+
 /// The fewest rows a GPU sort must hold to cut the input into runs of its size: a GPU sort
 /// costs a millisecond or more however small (launches, copies, synchronizations), which is
 /// what a core takes to sort a few thousand rows. Under a GPU budget of 64 KiB, runs of the one
 /// row it held made a batch a run, each sorted on the GPU (or failing there) and merged: a
 /// 300,000-row sort did not finish in 240 s on the H200 (stop 46).
 pub(crate) const MIN_GPU_RUN_ROWS: usize = 4096;
+
+/// Rows of a device scan's files read on the host to size its runs by ([`InMemorySorter::run_rows`]).
+const SAMPLE_ROWS: usize = 8192;
 
 /// Sorts rows held in memory (see the module docs).
 pub(crate) struct InMemorySorter {
@@ -582,14 +592,23 @@ impl InMemorySorter {
     }
 
     /// The rows of `scan`'s files read and decoded on the GPU into a session and sorted there
-    /// (left on the device to come down in ranges when many: `device_scan.rs`); `Err(reason)`
-    /// when the device cannot read or sort them, before any row is emitted.
-    pub(crate) async fn sort_device_scan(&mut self, scan: Arc<DeviceScan>) -> Result<Result<SortedOutput, String>> {
+    /// (left on the device to come down in ranges when many: `device_scan.rs`); where they are
+    /// more than one GPU sort holds ([`Self::run_rows`] of a sample of them), in runs of whole
+    /// row groups, each read into a session of its own and brought to the host sorted, for the
+    /// caller to merge (`runs`: whether it may). `Err(reason)` when the device cannot read or
+    /// sort them, before any row is emitted.
+    pub(crate) async fn sort_device_scan(
+        &mut self,
+        scan: Arc<DeviceScan>,
+        runs: bool,
+    ) -> Result<Result<ScanOutput, String>> {
         let Some(keys) = self.column_keys(self.schema.fields().len()) else {
             return Ok(Err("a sort expression is not a column".into()));
         };
-        let files = match blocking(move || Ok(scan.open())).await? {
-            Ok(files) => files,
+        let schema = Arc::clone(&self.schema);
+        let opened = blocking(move || Ok(scan.open().and_then(|f| Ok((f.sample(&schema, SAMPLE_ROWS)?, f))))).await?;
+        let (sample, files) = match opened {
+            Ok((sample, files)) => (sample, Arc::new(files)),
             Err(why) => return Ok(Err(why)),
         };
         let rows = files.rows();
@@ -599,34 +618,71 @@ impl InMemorySorter {
             (SortPath::Cpu { reason: Some(why) }, _) => return Ok(Err(why)),
             _ => return Ok(Err("the sort does not run on one GPU".into())),
         };
-        let session = match self.begin_session(&gpu, Arc::clone(&self.schema), SortSpec::new(keys), false) {
+        let run_rows = self.run_rows(&sample).unwrap_or(usize::MAX);
+        let runs = match files.runs(&self.schema, run_rows) {
+            Ok(several) if several.len() > 1 && !runs => {
+                return Ok(Err(format!(
+                    "{rows} rows are more than one GPU sort holds ({run_rows}), and a memory limit bounds the runs"
+                )));
+            }
+            Ok(runs) => runs,
+            Err(why) => return Ok(Err(why)),
+        };
+        let one = runs.len() == 1;
+        let mut sorted = Vec::with_capacity(runs.len());
+        for (i, calls) in runs.into_iter().enumerate() {
+            if !one {
+                crate::device_scan::mark(format_args!("device scan: run {i}"));
+            }
+            let session = match self
+                .read_run(&gpu, ordinal, SortSpec::new(keys.clone()), &files, calls)
+                .await?
+            {
+                Ok(session) => session,
+                Err(why) => return Ok(Err(why)),
+            };
+            match self.finish_session(session, Arc::clone(&gpu), None, one).await? {
+                Ok(out) if one => return Ok(Ok(ScanOutput::Sorted(self.scanned(out, &files)))),
+                Ok(SortedOutput::Batch(run)) => sorted.push(run),
+                Ok(SortedOutput::OnDevice(_)) => unreachable!("a run comes down whole"),
+                Err(why) => return Ok(Err(why)),
+            }
+        }
+        Ok(Ok(ScanOutput::Runs(self.scanned(sorted, &files), run_rows)))
+    }
+
+    /// The row groups of `calls` read on the GPU into a new session of `spec`.
+    async fn read_run(
+        &self,
+        gpu: &Arc<CudaBackend>,
+        ordinal: usize,
+        spec: SortSpec,
+        files: &Arc<ScanFiles>,
+        calls: Vec<Call>,
+    ) -> Result<Result<GpuSortSession, String>> {
+        let session = match self.begin_session(gpu, Arc::clone(&self.schema), spec, false) {
             Ok(session) => session,
             Err(e) => return Ok(Err(format!("GPU failed: {e}"))),
         };
         crate::device_scan::mark(format_args!("device scan: session begun"));
-        let (schema, backend, timer) = (
-            Arc::clone(&self.schema),
-            Arc::clone(&gpu),
-            self.metrics.input_time.clone(),
-        );
-        let file_count = files.len();
-        let read = blocking(move || {
+        let (schema, backend, files) = (Arc::clone(&self.schema), Arc::clone(gpu), Arc::clone(files));
+        let timer = self.metrics.input_time.clone();
+        blocking(move || {
             let _timer = timer.timer();
-            Ok(files.read_into(&backend, ordinal, &schema, session))
+            Ok(files.read_into(&backend, ordinal, &schema, session, &calls))
         })
-        .await?;
-        match read {
-            Ok(session) => {
-                self.metrics.device_scan_files.add(file_count);
-                self.metrics.device_scan_rows.add(rows);
-                let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-                self.metrics
-                    .device_scan_end_ns
-                    .set(now.map_or(0, |d| d.as_nanos() as usize));
-                self.finish_session(session, gpu, None, true).await
-            }
-            Err(why) => Ok(Err(why)),
-        }
+        .await
+    }
+
+    /// `out`, the rows of `files` read on the device, counted in the metrics.
+    fn scanned<T>(&self, out: T, files: &ScanFiles) -> T {
+        self.metrics.device_scan_files.add(files.len());
+        self.metrics.device_scan_rows.add(files.rows());
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        self.metrics
+            .device_scan_end_ns
+            .set(now.map_or(0, |d| d.as_nanos() as usize));
+        out
     }
 
     pub(crate) fn choose_path(&self, rows: usize) -> Result<SortPath> {

@@ -47,7 +47,7 @@ use futures::StreamExt;
 use crate::config::GpuSortConfig;
 use crate::device_scan::DeviceScan;
 use crate::error::too_small;
-use crate::in_memory::{InMemorySorter, SortedOutput};
+use crate::in_memory::{InMemorySorter, ScanOutput, SortedOutput};
 use crate::metrics::GpuSortMetrics;
 use crate::multi_level_merge::MultiLevelMerge;
 use crate::run::SortedRun;
@@ -196,17 +196,37 @@ impl GpuSorter {
     }
 
     /// Sorts the rows of `scan`'s files, read and decoded on the GPU (`device_scan.rs`), and
-    /// streams them out; the sorter back, untouched, when the device cannot (the reason goes
-    /// to the timeline and the `device_scan_fallbacks` metric): the input is then executed.
+    /// streams them out; where they came in sorted runs (more than one GPU sort holds), the
+    /// runs are stored as runs cut from the input are, and merged. The sorter back, untouched,
+    /// when the device cannot (the reason goes to the timeline and the `device_scan_fallbacks`
+    /// metric): the input is then executed.
     pub async fn sort_device_scan(mut self, scan: Arc<DeviceScan>) -> Result<Result<SendableRecordBatchStream, Self>> {
-        match self.sorter.sort_device_scan(scan).await? {
-            Ok(SortedOutput::OnDevice(rows)) => {
+        // Runs come to the host all at once: only where no memory limit bounds what they hold.
+        match self.sorter.sort_device_scan(scan, self.memory_limit.is_none()).await? {
+            Ok(ScanOutput::Sorted(SortedOutput::OnDevice(rows))) => {
                 let schema = Arc::clone(&self.sorter.schema);
                 Ok(Ok(rows.into_stream(schema, self.sorter.slicer(), self.reservation, 0)))
             }
-            Ok(SortedOutput::Batch(sorted)) => {
+            Ok(ScanOutput::Sorted(SortedOutput::Batch(sorted))) => {
                 self.reservation.try_resize(get_record_batch_memory_size(&sorted))?;
                 self.stream_sorted(sorted).map(Ok)
+            }
+            Ok(ScanOutput::Runs(runs, run_rows)) => {
+                self.run_rows = Some(Some(run_rows));
+                self.metrics.budget_runs.add(runs.len().saturating_sub(1));
+                for run in runs {
+                    self.metrics.runs.add(1);
+                    // Kept in memory where the pool grants it, else spilled (as `store_run`
+                    // does with a run that outgrew what its rows held).
+                    let size = get_record_batch_memory_size(&run);
+                    let held = if self.reservation.try_grow(size).is_ok() {
+                        size
+                    } else {
+                        0
+                    };
+                    self.store_run(run, held, false).await?;
+                }
+                self.finish().await.map(Ok)
             }
             Err(why) => {
                 log::debug!(target: "gpusort::timeline", "GpuSortExec: the input is read on the host: {why}");

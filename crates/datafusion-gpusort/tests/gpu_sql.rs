@@ -12,7 +12,7 @@ use datafusion::prelude::SessionContext;
 
 #[path = "support/tables.rs"]
 mod tables;
-use tables::{compare_with_stock, context, rows};
+use tables::{compare_with_stock, context, context_with_memory_limit, rows};
 
 #[path = "support/sql_fuzz.rs"]
 mod sql_fuzz;
@@ -25,7 +25,7 @@ mod sorted;
 
 #[path = "support/device_scan.rs"]
 mod device_scan;
-use device_scan::{DEVICE_SCAN_ORDERS, check_device_scan, t_as_parquet};
+use device_scan::{DEVICE_SCAN_ORDERS, check_device_scan, sort_metric, t_as_parquet, t_as_row_groups};
 
 mod common;
 use common::gpu_present;
@@ -680,4 +680,39 @@ async fn gpu_device_scan_reads_parquet_on_the_gpu_as_stock_reads_it() {
         check_device_scan(&stock, &ours, &file, order, (1, 0)).await;
     }
     check_device_scan(&stock, &ours, &file, "a + 1, b, c", (0, 1)).await;
+}
+
+/// A file of more rows than one GPU sort holds (here `gpusort.max_run_rows`) read on the GPU in
+/// runs of whole row groups (11 of 20,000 rows, runs of 3), each sorted in a session of its
+/// own, then merged: stock DataFusion's rows, nothing read on the host. Under a memory limit the
+/// runs are not held: the input is executed instead. Needs nvCOMP as the test above.
+#[tokio::test]
+async fn gpu_device_scan_in_runs_merges_them_as_stock_sorts() {
+    if !gpu_present() {
+        return;
+    }
+    if let Err(why) = gpusort_parquet::gpu_decode::GpuPageDecoder::try_new(0) {
+        assert!(
+            std::env::var("GPUSORT_REQUIRE_NVCOMP").as_deref() != Ok("1"),
+            "GPUSORT_REQUIRE_NVCOMP=1 but {why}"
+        );
+        eprintln!("GPU TEST NOT RUN: {why}");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (stock, ours) = (context(false, 200_003, 4), context(true, 200_003, 4));
+    set(&ours, &[("min_rows", "0"), ("device", "0"), ("max_run_rows", "60000")]).await;
+    let file = t_as_row_groups(&stock, dir.path(), 20_000).await;
+    for order in DEVICE_SCAN_ORDERS {
+        let plan = check_device_scan(&stock, &ours, &file, order, (1, 0)).await;
+        assert_eq!(sort_metric(&plan, "runs"), 4, "ORDER BY {order}");
+        assert_eq!(sort_metric(&plan, "device_scan_rows"), 200_003, "ORDER BY {order}");
+    }
+    let limited = context_with_memory_limit(true, 200_003, 4, 1 << 30);
+    set(
+        &limited,
+        &[("min_rows", "0"), ("device", "0"), ("max_run_rows", "60000")],
+    )
+    .await;
+    check_device_scan(&stock, &limited, &file, DEVICE_SCAN_ORDERS[0], (0, 1)).await;
 }

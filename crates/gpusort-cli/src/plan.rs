@@ -100,10 +100,11 @@ impl PlanArgs {
     }
 
     /// Whether the sort reads its files on the GPU (`gpusort.device_scan`): it may use a GPU, runs
-    /// without limits (the files' rows all on the device at once) and `GPUSORT_DEVICE_SCAN` is
-    /// not `0`. Where the device cannot, the sort reads them on the host as ever.
+    /// without `--memory-limit` (its sorted runs, where `--gpu-memory-limit` cuts the files into
+    /// runs, are all in memory before they are merged) and `GPUSORT_DEVICE_SCAN` is not `0`.
+    /// Where the device cannot, the sort reads them on the host as ever.
     pub fn device_scan(&self) -> bool {
-        let unlimited = self.memory_limit_bytes().is_none() && self.gpu_memory_limit.is_none_or(|l| l.0 == 0);
+        let unlimited = self.memory_limit_bytes().is_none();
         let gpu = self.device != DeviceChoice::Cpu && self.strategy != StrategyChoice::Cpu && !self.no_gpusort;
         unlimited && gpu && std::env::var("GPUSORT_DEVICE_SCAN").map_or(true, |v| v != "0")
     }

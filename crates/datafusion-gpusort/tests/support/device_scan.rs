@@ -12,9 +12,15 @@ use datafusion_gpusort::{DeviceScan, GpuSortExec};
 
 /// Table `t` of `ctx` written to `dir/t.parquet` with snappy pages (what the device decodes).
 pub async fn t_as_parquet(ctx: &SessionContext, dir: &Path) -> PathBuf {
+    t_as_row_groups(ctx, dir, 1 << 20).await
+}
+
+/// [`t_as_parquet`] in row groups of `rows` rows.
+pub async fn t_as_row_groups(ctx: &SessionContext, dir: &Path, rows: usize) -> PathBuf {
     let path = dir.join("t.parquet");
     let sql = format!(
-        "COPY (SELECT * FROM t) TO '{}' STORED AS PARQUET OPTIONS ('format.compression' 'snappy')",
+        "COPY (SELECT * FROM t) TO '{}' STORED AS PARQUET OPTIONS ('format.compression' 'snappy', \
+         'format.max_row_group_size' '{rows}')",
         path.display()
     );
     ctx.sql(&sql).await.unwrap().collect().await.unwrap();
@@ -78,14 +84,15 @@ pub fn sort_metric(plan: &Arc<dyn ExecutionPlan>, name: &str) -> usize {
 pub const DEVICE_SCAN_ORDERS: &[&str] = &["a DESC NULLS LAST, b, c", "b NULLS FIRST, c DESC, a", "c, a, b"];
 
 /// `file` sorted by `order` on `ours` with its sort told the file equals stock DataFusion's
-/// sort of it, and the sort read `files` files on the GPU and fell back `fallbacks` times.
+/// sort of it, and the sort read `files` files on the GPU and fell back `fallbacks` times; the
+/// plan that ran.
 pub async fn check_device_scan(
     stock: &SessionContext,
     ours: &SessionContext,
     file: &Path,
     order: &str,
     (files, fallbacks): (usize, usize),
-) {
+) -> Arc<dyn ExecutionPlan> {
     let (expected, _) = sorted_file(stock, file, order, false).await;
     let (actual, plan) = sorted_file(ours, file, order, true).await;
     assert!(
@@ -102,4 +109,5 @@ pub async fn check_device_scan(
         fallbacks,
         "ORDER BY {order}"
     );
+    plan
 }

@@ -9,6 +9,7 @@ use arrow::datatypes::{DataType, Field, Schema};
 use arrow::util::pretty::pretty_format_batches;
 use datafusion::datasource::MemTable;
 use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_gpusort::SessionStateBuilderExt;
 
@@ -47,8 +48,26 @@ pub fn table(rows: usize, partitions: usize) -> MemTable {
 
 /// A session (gpusort on or off) with table `t` of `rows` rows in `partitions` partitions.
 pub fn context(gpusort: bool, rows: usize, partitions: usize) -> SessionContext {
+    context_in(SessionStateBuilder::new(), gpusort, rows, partitions)
+}
+
+/// [`context`] in a memory pool of `limit` bytes.
+pub fn context_with_memory_limit(gpusort: bool, rows: usize, partitions: usize, limit: usize) -> SessionContext {
+    let runtime = RuntimeEnvBuilder::new()
+        .with_memory_limit(limit, 1.0)
+        .build_arc()
+        .unwrap();
+    context_in(
+        SessionStateBuilder::new().with_runtime_env(runtime),
+        gpusort,
+        rows,
+        partitions,
+    )
+}
+
+fn context_in(builder: SessionStateBuilder, gpusort: bool, rows: usize, partitions: usize) -> SessionContext {
     let config = SessionConfig::new().with_target_partitions(4).with_batch_size(100);
-    let mut builder = SessionStateBuilder::new().with_config(config).with_default_features();
+    let mut builder = builder.with_config(config).with_default_features();
     if gpusort {
         builder = builder.with_gpusort();
     }
