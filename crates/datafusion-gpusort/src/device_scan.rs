@@ -149,29 +149,36 @@ impl ScanFiles {
             .sum()
     }
 
-    /// The decode calls of every file in runs of at most `run_rows` rows, in order: whole row
-    /// groups, a call at most [`ROW_GROUPS_A_CALL`] of one file's. The reason when the device
-    /// cannot decode a file as `schema`, or a row group alone is more than a run.
-    pub(crate) fn runs(&self, schema: &SchemaRef, run_rows: usize) -> Result<Vec<Vec<Call>>, String> {
+    /// The decode calls of every file in runs, in order: whole row groups, as many as `fits`
+    /// a run's rows and the bytes of their pages decompressed (which stay on the device until
+    /// the run's sort ends); a call at most [`ROW_GROUPS_A_CALL`] of one file's. The reason
+    /// when the device cannot decode a file as `schema`, or a row group alone does not fit.
+    pub(crate) fn runs(
+        &self,
+        schema: &SchemaRef,
+        fits: impl Fn(usize, usize) -> bool,
+    ) -> Result<Vec<Vec<Call>>, String> {
         let mut runs: Vec<Vec<Call>> = vec![vec![]];
-        let mut rows = 0;
+        let (mut rows, mut pages) = (0, 0);
         for (file, (path, _, meta)) in self.files.iter().enumerate() {
             GpuPageDecoder::plan_as(meta, Some(schema)).map_err(|e| in_file(path, e))?;
             let groups: Vec<usize> = (0..meta.num_row_groups()).collect();
             GpuPageDecoder::check_row_groups(meta, &groups).map_err(|e| in_file(path, e))?;
             for g in groups {
-                let n = meta.row_group(g).num_rows() as usize;
-                if n > run_rows {
-                    return Err(in_file(
-                        path,
-                        format!("row group {g} has {n} rows, a run at most {run_rows}"),
-                    ));
+                let group = meta.row_group(g);
+                let n = group.num_rows() as usize;
+                let bytes: usize = (group.columns().iter())
+                    .map(|c| c.uncompressed_size().max(0) as usize)
+                    .sum();
+                if !fits(n, bytes) {
+                    let why = format!("row group {g} ({n} rows) alone is more than one GPU sort holds");
+                    return Err(in_file(path, why));
                 }
-                if rows + n > run_rows {
+                if !fits(rows + n, pages + bytes) {
                     runs.push(vec![]);
-                    rows = 0;
+                    (rows, pages) = (0, 0);
                 }
-                rows += n;
+                (rows, pages) = (rows + n, pages + bytes);
                 let run = runs.last_mut().expect("a run");
                 match run.last_mut() {
                     Some(call) if call.file == file && call.groups.len() < self.row_groups_a_call => {
@@ -306,7 +313,7 @@ mod tests {
         let files = DeviceScan::new(paths).with_row_groups_a_call(2).open().unwrap();
         assert_eq!((files.len(), files.rows()), (2, 750));
         let schema = Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, false)]));
-        let runs = files.runs(&schema, usize::MAX).unwrap();
+        let runs = files.runs(&schema, |_, _| true).unwrap();
         assert_eq!(runs.len(), 1, "one run where the rows have no bound");
         let calls = runs.into_iter().next().unwrap();
         let groups: Vec<(usize, Vec<usize>)> = calls.iter().map(|c| (c.file, c.groups.clone())).collect();
@@ -344,7 +351,7 @@ mod tests {
         ];
         let files = DeviceScan::new(paths).with_row_groups_a_call(2).open().unwrap();
         let schema = Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, false)]));
-        let runs = files.runs(&schema, 300).unwrap();
+        let runs = files.runs(&schema, |rows, _| rows <= 300).unwrap();
         let shape: Vec<Vec<(usize, Vec<usize>)>> = (runs.iter())
             .map(|run| run.iter().map(|c| (c.file, c.groups.clone())).collect())
             .collect();
@@ -362,11 +369,16 @@ mod tests {
             let meta = &files.files[call.file].2;
             assert_eq!(call.range, GpuPageDecoder::byte_range(meta, &call.groups));
         }
-        let why = files.runs(&schema, 99).unwrap_err();
+        let why = files.runs(&schema, |rows, _| rows <= 99).unwrap_err();
         assert!(
-            why.contains("a.parquet") && why.contains("row group 0 has 100 rows"),
+            why.contains("a.parquet") && why.contains("row group 0 (100 rows)"),
             "{why}"
         );
+        // The pages' bytes count too: runs of one row group where two groups' pages do not fit.
+        let group = files.files[0].2.row_group(0);
+        let bytes: i64 = group.columns().iter().map(|c| c.uncompressed_size()).sum();
+        let one = files.runs(&schema, |_, pages| pages <= bytes as usize + 16).unwrap();
+        assert_eq!(one.len(), 8, "a run a row group: {one:?}");
         // The sample: the first rows, as the sort's schema has them.
         let sample = files.sample(&schema, 64).unwrap();
         assert_eq!(sample.num_rows(), 64);

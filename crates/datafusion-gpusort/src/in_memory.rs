@@ -36,7 +36,7 @@ use datafusion::physical_expr::LexOrdering;
 use datafusion::physical_expr::expressions::Column;
 use gpusort::cpu::gather::concat_batches;
 use gpusort::{SortKey, SortOutput, SortRequest, SortSpec, SplitOptions};
-use gpusort_cuda::{CudaBackend, CudaSortError, GpuSortSession, MultiGpuBackend, gpu_encoder_options};
+use gpusort_cuda::{CudaBackend, CudaSortError, GpuSortSession, MultiGpuBackend, SortFootprint, gpu_encoder_options};
 use rayon::prelude::*;
 
 use crate::config::{DeviceChoice, GpuSortConfig, StrategyChoice};
@@ -128,10 +128,10 @@ pub(crate) enum SortedOutput {
 }
 
 /// What a sort that read its files on the GPU made of them: their rows sorted, or sorted runs
-/// (of at most the `usize` rows each) to merge.
+/// to merge (and the rows of a run cut from the input, the merge's steps' size).
 pub(crate) enum ScanOutput {
     Sorted(SortedOutput),
-    Runs(Vec<RecordBatch>, usize),
+    Runs(Vec<RecordBatch>, Option<usize>),
 }
 
 /// The fewest rows a GPU sort must hold to cut the input into runs of its size: a GPU sort
@@ -618,11 +618,12 @@ impl InMemorySorter {
             (SortPath::Cpu { reason: Some(why) }, _) => return Ok(Err(why)),
             _ => return Ok(Err("the sort does not run on one GPU".into())),
         };
-        let run_rows = self.run_rows(&sample).unwrap_or(usize::MAX);
-        let runs = match files.runs(&self.schema, run_rows) {
+        let (most_rows, footprint) = self.scan_run_bounds(&gpu, &sample);
+        let fits = |rows: usize, pages: usize| rows <= most_rows && footprint.is_none_or(|f| f.fits(rows, pages));
+        let runs = match files.runs(&self.schema, fits) {
             Ok(several) if several.len() > 1 && !runs => {
                 return Ok(Err(format!(
-                    "{rows} rows are more than one GPU sort holds ({run_rows}), and a memory limit bounds the runs"
+                    "{rows} rows are more than one GPU sort holds, and a memory limit bounds the runs"
                 )));
             }
             Ok(runs) => runs,
@@ -648,7 +649,25 @@ impl InMemorySorter {
                 Err(why) => return Ok(Err(why)),
             }
         }
+        // Merge steps upload rows from the host: sized as runs cut from the input are.
+        let run_rows = self.run_rows(&sample);
         Ok(Ok(ScanOutput::Runs(self.scanned(sorted, &files), run_rows)))
+    }
+
+    /// The most rows of a device scan's run (`gpusort.max_run_rows`, or no bound), and what a
+    /// GPU sort of rows like `sample` takes of `gpu`'s memory (`None` where unknown: the sort
+    /// itself then says whether it fits). A run's decompressed pages stay on the device beside
+    /// its sort.
+    fn scan_run_bounds(&self, gpu: &CudaBackend, sample: &RecordBatch) -> (usize, Option<SortFootprint>) {
+        let most_rows = match self.options.max_run_rows {
+            0 => usize::MAX,
+            n => n,
+        };
+        let footprint = self.sort_input(sample, true).ok().and_then(|(extended, spec)| {
+            let request = SortRequest::new(&extended, &spec).with_strategy(self.options.strategy.strategy());
+            gpu.footprint_within(&gpu_request(&request), self.gpu_limit()).ok()
+        });
+        (most_rows, footprint)
     }
 
     /// The row groups of `calls` read on the GPU into a new session of `spec`.

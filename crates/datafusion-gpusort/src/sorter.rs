@@ -212,7 +212,7 @@ impl GpuSorter {
                 self.stream_sorted(sorted).map(Ok)
             }
             Ok(ScanOutput::Runs(runs, run_rows)) => {
-                self.run_rows = Some(Some(run_rows));
+                self.run_rows = Some(run_rows);
                 self.metrics.budget_runs.add(runs.len().saturating_sub(1));
                 for run in runs {
                     self.metrics.runs.add(1);

@@ -146,6 +146,13 @@ impl CudaBackend {
     /// the device can take when that is more, every column the device moves as
     /// nullable, and the larger of the direct and indirect footprints.
     pub fn max_rows_within(&self, request: &SortRequest<'_>, memory_limit: Option<usize>) -> Result<usize> {
+        let f = self.footprint_within(request, memory_limit)?;
+        Ok(f.available.saturating_sub(f.fixed) / f.per_row)
+    }
+
+    /// What one sort of batches like `request.batch` takes of device memory, as
+    /// [`Self::max_rows_within`] estimates it, and what one sort may take under `memory_limit`.
+    pub fn footprint_within(&self, request: &SortRequest<'_>, memory_limit: Option<usize>) -> Result<SortFootprint> {
         let encoder = KeyEncoder::try_new(request.batch, request.spec, &request.encoder)?;
         let schema = request.batch.schema();
         let views = views_on_device(self.gpu.options().device_views, memory_limit);
@@ -176,7 +183,34 @@ impl CudaBackend {
         let fixed = bytes(0);
         let per_row = (bytes(SAMPLE) - fixed).div_ceil(SAMPLE).max(1);
         let available = self.budget.per_sort(self.gpu.free_memory()?, memory_limit);
-        Ok(available.saturating_sub(fixed) / per_row)
+        Ok(SortFootprint {
+            fixed,
+            per_row,
+            available,
+        })
+    }
+}
+
+/// The device memory of one sort ([`CudaBackend::footprint_within`]): `fixed + rows * per_row`
+/// bytes for `rows` rows, of `available`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SortFootprint {
+    /// Bytes whatever the rows.
+    pub fixed: usize,
+    /// Bytes a row.
+    pub per_row: usize,
+    /// Bytes one sort may take.
+    pub available: usize,
+}
+
+impl SortFootprint {
+    /// Whether a sort of `rows` rows fits beside `kept` more bytes it holds to its end (the
+    /// page buffers of device batches: `DeviceBatch::with_reservations`).
+    pub fn fits(&self, rows: usize, kept: usize) -> bool {
+        self.fixed
+            .saturating_add(rows.saturating_mul(self.per_row))
+            .saturating_add(kept)
+            <= self.available
     }
 }
 

@@ -70,7 +70,7 @@ mod ties;
 pub mod transfer;
 pub mod tune;
 
-pub use backend::{CudaBackend, MAX_DIGIT_BITS};
+pub use backend::{CudaBackend, MAX_DIGIT_BITS, SortFootprint};
 pub use device::{DeviceInfo, GpuUnavailable, probe};
 pub use error::{CudaSortError, Result};
 pub use gpu::Gpu;
