@@ -259,8 +259,11 @@ extensions_options! {
         /// A sort of one partition without `LIMIT` whose input only scans local Parquet files
         /// (no filter, no limit; partitions coalesced or repartitioned) reads the files itself
         /// on the GPU: their pages decoded there, the rows never on the host (`DeviceScan`).
-        /// Where the device cannot, the input executes as ever (`device_scan_fallbacks`). The
-        /// `gpusort` tool turns it on where it runs without memory limits.
+        /// Files of more rows than one GPU sort holds are read in runs of whole row groups,
+        /// each sorted on the GPU and brought to the host, then merged; not under a memory
+        /// pool's limit (the runs are all held before they are merged). Where the device
+        /// cannot, the input executes as ever (`device_scan_fallbacks`). The `gpusort` tool
+        /// turns it on where it runs without memory limits.
         pub device_scan: bool, default = false
         /// A GPU sort of more rows than this streams its output out of the device this many
         /// rows at a time, two ranges ahead of the consumer, which takes one range while the
