@@ -654,6 +654,22 @@ async fn gpu_decimal_keys_narrow_for_the_device_key() {
     }
 }
 
+/// Whether the GPU's Parquet decoder can run: nvCOMP (GPUSORT_NVCOMP) beside the GPU. Without
+/// it the test says so and passes, unless GPUSORT_REQUIRE_NVCOMP=1.
+fn decoder_present() -> bool {
+    match gpusort_parquet::gpu_decode::GpuPageDecoder::try_new(0) {
+        Ok(_) => true,
+        Err(why) => {
+            assert!(
+                std::env::var("GPUSORT_REQUIRE_NVCOMP").as_deref() != Ok("1"),
+                "GPUSORT_REQUIRE_NVCOMP=1 but {why}"
+            );
+            eprintln!("GPU TEST NOT RUN: {why}");
+            false
+        }
+    }
+}
+
 /// A sort told its Parquet input's file reads it on the GPU (pages decoded there, the rows
 /// joining the session as device batches): stock DataFusion's rows, the file counted, nothing
 /// executed on the host; an ORDER BY of an expression executes its input instead. Needs
@@ -661,15 +677,7 @@ async fn gpu_decimal_keys_narrow_for_the_device_key() {
 /// GPUSORT_REQUIRE_NVCOMP=1.
 #[tokio::test]
 async fn gpu_device_scan_reads_parquet_on_the_gpu_as_stock_reads_it() {
-    if !gpu_present() {
-        return;
-    }
-    if let Err(why) = gpusort_parquet::gpu_decode::GpuPageDecoder::try_new(0) {
-        assert!(
-            std::env::var("GPUSORT_REQUIRE_NVCOMP").as_deref() != Ok("1"),
-            "GPUSORT_REQUIRE_NVCOMP=1 but {why}"
-        );
-        eprintln!("GPU TEST NOT RUN: {why}");
+    if !gpu_present() || !decoder_present() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -688,15 +696,7 @@ async fn gpu_device_scan_reads_parquet_on_the_gpu_as_stock_reads_it() {
 /// runs are not held: the input is executed instead. Needs nvCOMP as the test above.
 #[tokio::test]
 async fn gpu_device_scan_in_runs_merges_them_as_stock_sorts() {
-    if !gpu_present() {
-        return;
-    }
-    if let Err(why) = gpusort_parquet::gpu_decode::GpuPageDecoder::try_new(0) {
-        assert!(
-            std::env::var("GPUSORT_REQUIRE_NVCOMP").as_deref() != Ok("1"),
-            "GPUSORT_REQUIRE_NVCOMP=1 but {why}"
-        );
-        eprintln!("GPU TEST NOT RUN: {why}");
+    if !gpu_present() || !decoder_present() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
