@@ -263,7 +263,7 @@ extensions_options! {
         /// each sorted on the GPU and brought to the host, then merged; not under a memory
         /// pool's limit (the runs are all held before they are merged). Where the device
         /// cannot, the input executes as ever (`device_scan_fallbacks`). The `gpusort` tool
-        /// turns it on where it runs without memory limits.
+        /// turns it on where it runs without a memory limit (under a GPU budget too).
         pub device_scan: bool, default = false
         /// A GPU sort of more rows than this streams its output out of the device this many
         /// rows at a time, two ranges ahead of the consumer, which takes one range while the

@@ -665,7 +665,8 @@ impl InMemorySorter {
         };
         let footprint = self.sort_input(sample, true).ok().and_then(|(extended, spec)| {
             let request = SortRequest::new(&extended, &spec).with_strategy(self.options.strategy.strategy());
-            gpu.footprint_within(&gpu_request(&request), self.gpu_limit()).ok()
+            gpu.footprint_within(&gpu_request(&request), self.gpu_limit(), true)
+                .ok()
         });
         (most_rows, footprint)
     }

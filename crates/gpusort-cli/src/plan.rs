@@ -100,12 +100,11 @@ impl PlanArgs {
     }
 
     /// Whether the sort reads its files on the GPU (`gpusort.device_scan`): it may use a GPU, runs
-    /// without limits and `GPUSORT_DEVICE_SCAN` is not `0`. Where the device cannot, the sort
-    /// reads them on the host as ever. Not under `--gpu-memory-limit` yet: the scan's runs are
-    /// sized ~20% short of what a run of device batches needs (`kernels/NOTES.md`, stop 50), so
-    /// on TPC-H lineitem under 4 GiB every scan fell back after its first run (up to 0.9 s lost).
+    /// without `--memory-limit` (its sorted runs, where `--gpu-memory-limit` cuts the files into
+    /// runs, are all in memory before they are merged) and `GPUSORT_DEVICE_SCAN` is not `0`.
+    /// Where the device cannot, the sort reads them on the host as ever.
     pub fn device_scan(&self) -> bool {
-        let unlimited = self.memory_limit_bytes().is_none() && self.gpu_memory_limit.is_none_or(|l| l.0 == 0);
+        let unlimited = self.memory_limit_bytes().is_none();
         let gpu = self.device != DeviceChoice::Cpu && self.strategy != StrategyChoice::Cpu && !self.no_gpusort;
         unlimited && gpu && std::env::var("GPUSORT_DEVICE_SCAN").map_or(true, |v| v != "0")
     }

@@ -146,16 +146,24 @@ impl CudaBackend {
     /// the device can take when that is more, every column the device moves as
     /// nullable, and the larger of the direct and indirect footprints.
     pub fn max_rows_within(&self, request: &SortRequest<'_>, memory_limit: Option<usize>) -> Result<usize> {
-        let f = self.footprint_within(request, memory_limit)?;
+        let f = self.footprint_within(request, memory_limit, false)?;
         Ok(f.available.saturating_sub(f.fixed) / f.per_row)
     }
 
     /// What one sort of batches like `request.batch` takes of device memory, as
     /// [`Self::max_rows_within`] estimates it, and what one sort may take under `memory_limit`.
-    pub fn footprint_within(&self, request: &SortRequest<'_>, memory_limit: Option<usize>) -> Result<SortFootprint> {
+    /// `device_batches`: rows that join the session already on the device
+    /// ([`GpuSortSession::push_device`]), whose view columns are there whatever the limit
+    /// (rows from the host keep them on the host under a limit).
+    pub fn footprint_within(
+        &self,
+        request: &SortRequest<'_>,
+        memory_limit: Option<usize>,
+        device_batches: bool,
+    ) -> Result<SortFootprint> {
         let encoder = KeyEncoder::try_new(request.batch, request.spec, &request.encoder)?;
         let schema = request.batch.schema();
-        let views = views_on_device(self.gpu.options().device_views, memory_limit);
+        let views = device_batches || views_on_device(self.gpu.options().device_views, memory_limit);
         // Keys encoded on the device hold every word their types can take while they encode,
         // and a key of views the data buffers its values are in (the sample's bytes per row of
         // values out of line: its buffers may be shared with many more rows).
