@@ -23,7 +23,9 @@ use arrow::datatypes::SchemaRef;
 use datafusion::datasource::physical_plan::{FileScanConfig, ParquetSource};
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::execution::object_store::ObjectStoreUrl;
-use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use datafusion::parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+};
 use datafusion::parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
@@ -112,7 +114,7 @@ impl DeviceScan {
                 let meta = ParquetMetaDataReader::new()
                     .parse_and_finish(&file)
                     .map_err(|e| in_file(path, e))?;
-                Ok((path.clone(), file, meta))
+                Ok((path.clone(), file, Arc::new(meta)))
             })
             .collect::<Result<_, String>>()?;
         Ok(ScanFiles {
@@ -124,7 +126,7 @@ impl DeviceScan {
 
 /// A [`DeviceScan`]'s files opened, with their footers.
 pub(crate) struct ScanFiles {
-    files: Vec<(PathBuf, File, ParquetMetaData)>,
+    files: Vec<(PathBuf, File, Arc<ParquetMetaData>)>,
     row_groups_a_call: usize,
 }
 
@@ -201,11 +203,13 @@ impl ScanFiles {
     /// The first (at most) `rows` rows of the files, read on the host as `schema`: what a GPU
     /// sort of their rows is sized by ([`crate::in_memory`]'s `run_rows`).
     pub(crate) fn sample(&self, schema: &SchemaRef, rows: usize) -> Result<RecordBatch, String> {
-        let (path, file, _) = (self.files.iter())
+        let (path, file, meta) = (self.files.iter())
             .find(|(_, _, meta)| meta.file_metadata().num_rows() > 0)
             .ok_or("the files have no rows")?;
         let file = file.try_clone().map_err(|e| in_file(path, e))?;
-        let batch = ParquetRecordBatchReaderBuilder::try_new(file)
+        // The footer read in `open`, not parsed again.
+        let batch = ArrowReaderMetadata::try_new(Arc::clone(meta), ArrowReaderOptions::default())
+            .map(|m| ParquetRecordBatchReaderBuilder::new_with_metadata(file, m))
             .and_then(|b| b.with_batch_size(rows).with_limit(rows).build())
             .map_err(|e| in_file(path, e))?
             .next()

@@ -605,10 +605,8 @@ impl InMemorySorter {
         let Some(keys) = self.column_keys(self.schema.fields().len()) else {
             return Ok(Err("a sort expression is not a column".into()));
         };
-        let schema = Arc::clone(&self.schema);
-        let opened = blocking(move || Ok(scan.open().and_then(|f| Ok((f.sample(&schema, SAMPLE_ROWS)?, f))))).await?;
-        let (sample, files) = match opened {
-            Ok((sample, files)) => (sample, Arc::new(files)),
+        let files = match blocking(move || Ok(scan.open())).await? {
+            Ok(files) => Arc::new(files),
             Err(why) => return Ok(Err(why)),
         };
         let rows = files.rows();
@@ -617,6 +615,12 @@ impl InMemorySorter {
             (SortPath::Gpu(gpu), Some(ordinal)) => (gpu, ordinal),
             (SortPath::Cpu { reason: Some(why) }, _) => return Ok(Err(why)),
             _ => return Ok(Err("the sort does not run on one GPU".into())),
+        };
+        // Read only where the GPU sorts: what its runs are sized by.
+        let (schema, opened) = (Arc::clone(&self.schema), Arc::clone(&files));
+        let sample = match blocking(move || Ok(opened.sample(&schema, SAMPLE_ROWS))).await? {
+            Ok(sample) => sample,
+            Err(why) => return Ok(Err(why)),
         };
         let (most_rows, footprint) = self.scan_run_bounds(&gpu, &sample);
         let fits = |rows: usize, pages: usize| rows <= most_rows && footprint.is_none_or(|f| f.fits(rows, pages));
@@ -643,7 +647,10 @@ impl InMemorySorter {
                 Err(why) => return Ok(Err(why)),
             };
             match self.finish_session(session, Arc::clone(&gpu), None, one).await? {
-                Ok(out) if one => return Ok(Ok(ScanOutput::Sorted(self.scanned(out, &files)))),
+                Ok(out) if one => {
+                    self.record_scan(&files);
+                    return Ok(Ok(ScanOutput::Sorted(out)));
+                }
                 Ok(SortedOutput::Batch(run)) => sorted.push(run),
                 Ok(SortedOutput::OnDevice(_)) => unreachable!("a run comes down whole"),
                 Err(why) => return Ok(Err(why)),
@@ -651,7 +658,8 @@ impl InMemorySorter {
         }
         // Merge steps upload rows from the host: sized as runs cut from the input are.
         let run_rows = self.run_rows(&sample);
-        Ok(Ok(ScanOutput::Runs(self.scanned(sorted, &files), run_rows)))
+        self.record_scan(&files);
+        Ok(Ok(ScanOutput::Runs(sorted, run_rows)))
     }
 
     /// The most rows of a device scan's run (`gpusort.max_run_rows`, or no bound), and what a
@@ -694,15 +702,14 @@ impl InMemorySorter {
         .await
     }
 
-    /// `out`, the rows of `files` read on the device, counted in the metrics.
-    fn scanned<T>(&self, out: T, files: &ScanFiles) -> T {
+    /// Counts `files`, read on the device, in the metrics.
+    fn record_scan(&self, files: &ScanFiles) {
         self.metrics.device_scan_files.add(files.len());
         self.metrics.device_scan_rows.add(files.rows());
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
         self.metrics
             .device_scan_end_ns
             .set(now.map_or(0, |d| d.as_nanos() as usize));
-        out
     }
 
     pub(crate) fn choose_path(&self, rows: usize) -> Result<SortPath> {
