@@ -151,6 +151,17 @@ impl ScanFiles {
             .sum()
     }
 
+    /// Rows of the row groups of `calls`.
+    pub(crate) fn run_rows(&self, calls: &[Call]) -> usize {
+        (calls.iter())
+            .flat_map(|c| {
+                c.groups
+                    .iter()
+                    .map(move |&g| self.files[c.file].2.row_group(g).num_rows() as usize)
+            })
+            .sum()
+    }
+
     /// The decode calls of every file in runs, in order: whole row groups, as many as `fits`
     /// a run's rows and the bytes of their pages decompressed (which stay on the device until
     /// the run's sort ends); a call at most [`ROW_GROUPS_A_CALL`] of one file's. The reason

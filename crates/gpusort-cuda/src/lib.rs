@@ -80,7 +80,7 @@ pub use merge::{MergeMethod, odd_even_applies};
 pub use multi::MultiGpuBackend;
 pub use nvcomp::{CompressStats, DeviceBuffers, SnappyDecompressor, ZstdCompressor};
 pub use options::{DEVICE_TIES_MIN_MEAN_ROWS, DeviceTies, GpuOptions};
-pub use pinned::{FRESH_PIN_MAX, HostBuffer, PinnedPool, PinnedPoolStats};
+pub use pinned::{FRESH_PIN_MAX, HostBuffer, PinnedPool, PinnedPoolStats, block_lens};
 pub use presorted::DISTINCT_MIN_ROWS;
 pub use session::{
     DeviceBatch, DeviceBatchColumn, GPU_STRING_PREFIX_BYTES, GPU_WHOLE_STRING_BYTES, GpuSortSession, SortedRows,

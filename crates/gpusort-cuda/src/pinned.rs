@@ -30,7 +30,10 @@
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
+use arrow::array::{ArrayData, RecordBatch};
 use arrow::buffer::{Buffer, MutableBuffer};
 use cudarc::driver::{CudaContext, result, sys};
 
@@ -264,6 +267,28 @@ pub fn class_size(len: usize) -> usize {
     // Eight classes per power of two: steps of 1/8 of the power below `len`.
     let step = 1usize << (usize::BITS - 1 - len.leading_zeros() - 3);
     len.div_ceil(step) * step
+}
+
+/// The lengths of every buffer of `batch`'s columns (values, offsets or views, data buffers,
+/// validity bits; their children's too): the requests a batch like it makes of the pool when
+/// it comes down from the device, each column part a buffer of its own. For
+/// [`PinnedPool::pin_ahead`], by a caller that brings down batches like one it has (the runs
+/// of a Parquet scan read on the device come down whole one after another, each about as
+/// large as the one before).
+pub fn block_lens(batch: &RecordBatch) -> Vec<usize> {
+    fn of(data: &ArrayData, lens: &mut Vec<usize>) {
+        lens.extend(data.buffers().iter().map(Buffer::len));
+        lens.extend(data.nulls().map(|n| n.buffer().len()));
+        for child in data.child_data() {
+            of(child, lens);
+        }
+    }
+    let mut lens = vec![];
+    for column in batch.columns() {
+        of(&column.to_data(), &mut lens);
+    }
+    lens.retain(|&len| len > 0);
+    lens
 }
 
 /// A block address that may cross threads (the pool owns the memory).
@@ -622,6 +647,25 @@ impl PinnedPool {
         pinned
     }
 
+    /// [`Self::ensure_free`] of `lens` on a thread of its own, for a caller that knows its next
+    /// requests before it makes them; `then` gets the bytes newly pinned and the time it took.
+    /// `None` when no thread could be started (nothing is pinned then).
+    pub fn pin_ahead(
+        &self,
+        lens: Vec<usize>,
+        then: impl FnOnce(usize, Duration) + Send + 'static,
+    ) -> Option<JoinHandle<()>> {
+        let pool = self.clone();
+        std::thread::Builder::new()
+            .name("gpusort-pin-ahead".into())
+            .spawn(move || {
+                let start = Instant::now();
+                let pinned = pool.ensure_free(&lens);
+                then(pinned, start.elapsed());
+            })
+            .ok()
+    }
+
     fn pinned(&self, block: BlockPtr, size: usize, len: usize) -> HostBuffer {
         HostBuffer {
             ptr: block.0,
@@ -951,6 +995,49 @@ mod tests {
     }
 
     /// A trim gives every free block back, once.
+    #[test]
+    fn blocks_pinned_ahead_on_a_thread_serve_a_batch_like_the_one_they_were_sized_by() {
+        use arrow::array::{ArrayRef, Int64Array, StringViewArray};
+        use arrow::datatypes::{DataType, Field, Schema};
+        let long = "a string longer than twelve bytes";
+        let strings: Vec<Option<&str>> = (0..20_000).map(|i| (i % 3 != 0).then_some(long)).collect();
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("i", DataType::Int64, false),
+            Field::new("s", DataType::Utf8View, true),
+        ]));
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(Int64Array::from_iter_values(0..20_000)),
+            Arc::new(StringViewArray::from(strings)),
+        ];
+        let batch = RecordBatch::try_new(schema, columns).unwrap();
+        let lens = block_lens(&batch);
+        // The values, the views, the views' bytes and their validity bits; no empty buffer.
+        assert!(
+            lens.contains(&(8 * 20_000)) && lens.contains(&(16 * 20_000)),
+            "{lens:?}"
+        );
+        assert!(lens.contains(&20_000usize.div_ceil(8)), "{lens:?}");
+        let long_bytes = long.len() * (20_000 - 20_000usize.div_ceil(3));
+        assert!(lens.iter().sum::<usize>() >= 24 * 20_000 + long_bytes, "{lens:?}");
+        assert!(lens.iter().all(|&l| l > 0));
+
+        let (pool, a) = pool(64 << 20);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let thread = pool.pin_ahead(lens.clone(), move |bytes, _| tx.send(bytes).unwrap());
+        thread.expect("a thread").join().unwrap();
+        let wanted: usize = lens.iter().map(|&l| class_size(l)).sum();
+        assert_eq!(rx.recv().unwrap(), wanted);
+        assert_eq!(a.live_bytes.load(Ordering::SeqCst), wanted);
+        // A batch like it takes those blocks, and pins none of its own.
+        let taken: Vec<HostBuffer> = lens.iter().map(|&l| pool.transfer_buffer(l)).collect();
+        assert!(taken.iter().all(HostBuffer::is_pinned));
+        let s = pool.stats();
+        assert_eq!(
+            (s.reused, s.allocated, s.free_bytes),
+            (lens.len() as u64, lens.len() as u64, 0)
+        );
+    }
+
     #[test]
     fn a_trim_releases_every_free_block_once() {
         let (pool, a) = pool(64 << 20);

@@ -22,7 +22,6 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
 
 use arrow::array::{Array, AsArray};
 use arrow::datatypes::DataType;
@@ -124,21 +123,17 @@ impl RangeBlocks {
         }
         let lens: Vec<usize> = (0..ranges).flat_map(|_| set.iter().copied()).collect();
         let pinning = Arc::clone(&self.pinning);
-        let spawned = std::thread::Builder::new()
-            .name("gpusort-pin-ahead".into())
-            .spawn(move || {
-                let start = Instant::now();
-                let pinned = PinnedPool::global().ensure_free(&lens);
-                if pinned > 0 {
-                    log::debug!(
-                        target: "gpusort::timeline",
-                        "session: {pinned} bytes pinned ahead for {ranges} ranges in {:.1} ms",
-                        start.elapsed().as_secs_f64() * 1e3
-                    );
-                }
-                pinning.store(false, Ordering::Release);
-            });
-        if spawned.is_err() {
+        let spawned = pool.pin_ahead(lens, move |pinned, took| {
+            if pinned > 0 {
+                log::debug!(
+                    target: "gpusort::timeline",
+                    "session: {pinned} bytes pinned ahead for {ranges} ranges in {:.1} ms",
+                    took.as_secs_f64() * 1e3
+                );
+            }
+            pinning.store(false, Ordering::Release);
+        });
+        if spawned.is_none() {
             self.pinning.store(false, Ordering::Release);
         }
     }
