@@ -262,9 +262,13 @@ extensions_options! {
         /// Files of more rows than one GPU sort holds are read in runs of whole row groups,
         /// each sorted on the GPU and brought to the host, then merged; not under a memory
         /// pool's limit (the runs are all held before they are merged). Where the device
-        /// cannot, the input executes as ever (`device_scan_fallbacks`). The `gpusort` tool
-        /// turns it on where it runs without a memory limit (under a GPU budget too).
-        pub device_scan: bool, default = false
+        /// cannot (no GPU or nvCOMP, a type, codec or encoding it does not decode, a
+        /// projection of the files' columns, a sort on the CPU), the input executes as ever
+        /// (`device_scan_fallbacks`). On by default: DataFusion's whole slt suite passes with
+        /// it, every sort on the GPU (its Parquet scans all fall back: `gpu_sql`'s
+        /// `gpu_datafusion_slt_suite_with_device_scans`). The `gpusort` tool turns it off
+        /// under `--memory-limit`.
+        pub device_scan: bool, default = true
         /// A GPU sort of more rows than this streams its output out of the device this many
         /// rows at a time, two ranges ahead of the consumer, which takes one range while the
         /// next crosses PCIe; the device memory is held until the last range came down. 0

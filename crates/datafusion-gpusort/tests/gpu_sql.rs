@@ -28,7 +28,9 @@ mod device_scan;
 use device_scan::{DEVICE_SCAN_ORDERS, check_device_scan, sort_metric, t_as_parquet, t_as_row_groups};
 
 mod common;
+use common::differential::suite_differential;
 use common::gpu_present;
+use common::scan_marks::fallback_reasons;
 use common::slt::{SORT_SLT_FILES, run_slt_suite, with_options};
 
 /// gpusort on GPU 0 for every sort, whatever its size.
@@ -258,6 +260,33 @@ async fn gpu_datafusion_sort_slt_files_pass() {
     )
     .await;
     report.assert_all_passed();
+}
+
+/// DataFusion's whole slt suite with every sort on the GPU and `gpusort.device_scan` on
+/// (`common::differential`): every record that passes on stock DataFusion passes (but the
+/// expected differences), and the sorts of whole Parquet scans were told their files (the
+/// count is the process's: run with `--test-threads=1`). On DataFusion 55.2's suite every such
+/// scan falls back to the host (H200, stop 51: 70 of 70; zstd pages, which DataFusion writes by
+/// default, partition columns, projections, computed columns); the fallbacks are what this
+/// checks. The scans read on the GPU are checked by the `gpu_device_scan_*` tests.
+#[tokio::test(flavor = "multi_thread")]
+async fn gpu_datafusion_slt_suite_with_device_scans() {
+    if !gpu_present() {
+        return;
+    }
+    let mut options: Vec<(String, String)> = (ON_GPU.iter()).map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    options.push(("gpusort.device_scan".into(), "true".into()));
+    let name = "every sort on the GPU, its Parquet files read there".to_string();
+    let Some(differential) = suite_differential(&[(name, options)], true).await else {
+        return;
+    };
+    differential.assert_no_unexpected();
+    let (read, fell_back) = differential.device_scans;
+    println!(
+        "GPU scans: {read} read, {fell_back} fell back: {:?}",
+        fallback_reasons()
+    );
+    assert!(read + fell_back > 0, "no sort of the suite was told its Parquet files");
 }
 
 /// The differential SQL fuzz test (see `sql_fuzz.rs`) with every sort on the GPU.

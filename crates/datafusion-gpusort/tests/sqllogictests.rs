@@ -17,7 +17,8 @@
 
 mod common;
 
-use common::slt::{SORT_SLT_FILES, SUITE_WHOLE, is_explain, missing, run_slt_suite, run_slt_suite_in, with_options};
+use common::differential::{Configuration, suite_differential};
+use common::slt::{SORT_SLT_FILES, is_explain, run_slt_suite};
 
 /// The suite with `datafusion_gpusort::register`: `GpuSortRule` replaces DataFusion's sorts
 /// with `GpuSortExec`, which sorts on the CPU backend here (no GPU, and the files' inputs are
@@ -52,26 +53,6 @@ fn explain_records_are_recognized() {
     assert!(!is_explain(""));
 }
 
-/// Records of DataFusion's whole suite that fail with gpusort and pass on stock DataFusion, and
-/// why: none is a wrong answer.
-const EXPECTED_DIFFERENCES: &[(&str, u32, &str)] = &[
-    (
-        "information_schema.slt",
-        206,
-        "SHOW ALL lists the gpusort.* options too",
-    ),
-    (
-        "information_schema.slt",
-        366,
-        "SHOW ALL VERBOSE lists the gpusort.* options too",
-    ),
-    (
-        "information_schema.slt",
-        860,
-        "two rows tie on every ORDER BY key; stock's sort swaps them, GpuSortExec keeps input order",
-    ),
-];
-
 /// The gpusort options the whole suite runs with: the defaults, and runs of at most 7 rows, so
 /// that every sort of more rows goes through sorted runs and their merge (the external sort).
 const SUITE_CONFIGURATIONS: &[(&str, &[(&str, &str)])] = &[
@@ -79,17 +60,14 @@ const SUITE_CONFIGURATIONS: &[(&str, &[(&str, &str)])] = &[
     ("runs of 7 rows", &[("gpusort.max_run_rows", "7")]),
 ];
 
-/// Stock DataFusion's reruns of a file before a record that failed only with gpusort counts:
-/// a record that fails in any of them is flaky on stock DataFusion itself and is left out.
-const STOCK_RERUNS: usize = 2;
-
 /// DataFusion's whole sqllogictest suite (every `.slt` file of the `datafusion-sqllogictest`
 /// crate but the Spark functions': about 260 files and 20,000 records; see
 /// [`common::slt::full_slt_suite`]) on stock DataFusion and with gpusort in each of the
-/// [`SUITE_CONFIGURATIONS`]: every record that passes on stock DataFusion must pass with gpusort,
-/// but the [`EXPECTED_DIFFERENCES`]. Many files fail on both (data of DataFusion's source tree
-/// that is not here, tables its binary registers for some files): those records are counted, not
-/// compared. The sort files' data is vendored (`testdata/datafusion-slt`), so they and every
+/// [`SUITE_CONFIGURATIONS`] ([`common::differential::suite_differential`]): every record that
+/// passes on stock DataFusion must pass with gpusort, but the
+/// [`EXPECTED_DIFFERENCES`](common::differential::EXPECTED_DIFFERENCES). Many files fail on both
+/// (data of DataFusion's source tree that is not here, tables its binary registers for some
+/// files): those records are counted, not compared. The sort files' data is vendored (`testdata/datafusion-slt`), so they and every
 /// other file that reads only that data or the crate's own run in full. It found a wrong order
 /// of nested keys sorted DESC (`array_query.slt`) that the sort files alone do not exercise.
 ///
@@ -103,13 +81,6 @@ const STOCK_RERUNS: usize = 2;
 /// the tie order of DataFusion's TopK heap): the test lists them and fails, for a reader to judge.
 #[tokio::test(flavor = "multi_thread")]
 async fn datafusion_slt_suite_differential() {
-    let (dir, files) = match common::slt::full_slt_suite() {
-        Ok(suite) => suite,
-        Err(reason) => {
-            missing(SUITE_WHOLE, &reason);
-            return;
-        }
-    };
     let custom: Option<Vec<(String, String)>> = std::env::var("GPUSORT_SLT_OPTIONS").ok().map(|v| {
         v.split(',')
             .filter(|kv| !kv.trim().is_empty())
@@ -121,7 +92,7 @@ async fn datafusion_slt_suite_differential() {
             })
             .collect()
     });
-    let configurations: Vec<(String, Vec<(String, String)>)> = match &custom {
+    let configurations: Vec<Configuration> = match &custom {
         Some(options) => vec![(format!("{options:?}"), options.clone())],
         None => SUITE_CONFIGURATIONS
             .iter()
@@ -131,75 +102,7 @@ async fn datafusion_slt_suite_differential() {
             })
             .collect(),
     };
-    let files: Vec<&str> = files.iter().map(String::as_str).collect();
-    let stock = run_slt_suite_in(dir.path(), |builder| builder, &files).await;
-    let compared: usize = stock.files.iter().map(|f| f.run - f.failed).sum();
-    assert!(
-        compared > 5000 || std::env::var_os("GPUSORT_SLT_FILES").is_some(),
-        "too few records pass on stock DataFusion to compare: {compared}"
-    );
-    let mut unexpected = vec![];
-    let mut summary = vec![format!(
-        "DataFusion's slt suite, {} files: {} records run, {compared} pass on stock DataFusion (compared), {} fail there",
-        stock.files.len(),
-        stock.run(),
-        stock.failed()
-    )];
-    for (name, options) in &configurations {
-        let ours = run_slt_suite_in(
-            dir.path(),
-            |builder| {
-                let options: Vec<(&str, &str)> = options.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-                with_options(datafusion_gpusort::register(builder), &options)
-            },
-            &files,
-        )
-        .await;
-        assert_eq!(stock.files.len(), ours.files.len());
-        let (mut only, mut expected, mut flaky) = (0, 0, 0);
-        for (s, o) in stock.files.iter().zip(&ours.files) {
-            let only_ours: Vec<u32> = o
-                .failed_lines
-                .iter()
-                .filter(|l| !s.failed_lines.contains(l))
-                .copied()
-                .collect();
-            if only_ours.is_empty() {
-                continue;
-            }
-            only += only_ours.len();
-            let mut stock_failed_again = vec![];
-            for _ in 0..STOCK_RERUNS {
-                let again = run_slt_suite_in(dir.path(), |builder| builder, &[o.file.as_str()]).await;
-                stock_failed_again.extend(again.files.iter().flat_map(|f| f.failed_lines.iter().copied()));
-            }
-            for line in only_ours {
-                let known = EXPECTED_DIFFERENCES.iter().find(|(f, l, _)| *f == o.file && *l == line);
-                if let (Some((_, _, why)), None) = (known, &custom) {
-                    println!("[{name}] expected difference {}:{line}: {why}", o.file);
-                    expected += 1;
-                } else if stock_failed_again.contains(&line) {
-                    println!("[{name}] {}:{line} is flaky on stock DataFusion too: left out", o.file);
-                    flaky += 1;
-                } else {
-                    unexpected.push(format!("[{name}] test_files/{}:{line}", o.file));
-                }
-            }
-            println!("[{name}] {}", o.failures.join("\n"));
-        }
-        summary.push(format!(
-            "with gpusort, {name}: {} pass, {} fail; {only} only with gpusort ({expected} expected, {flaky} flaky on stock)",
-            ours.passed(),
-            ours.failed(),
-        ));
+    if let Some(differential) = suite_differential(&configurations, custom.is_none()).await {
+        differential.assert_no_unexpected();
     }
-    // Past the harness's capture, like the suites' own summary lines.
-    use std::io::Write as _;
-    let _ = writeln!(std::io::stderr().lock(), "{}", summary.join("\n"));
-    assert!(
-        unexpected.is_empty(),
-        "{} record(s) fail only with gpusort:\n  {}",
-        unexpected.len(),
-        unexpected.join("\n  ")
-    );
 }

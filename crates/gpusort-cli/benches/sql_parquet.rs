@@ -12,7 +12,9 @@
 //! `crates/gpusort-cli/benches/tpch.py`.
 //!
 //! With `SQL_PARQUET_DEVICE_SCAN=1`, gpusort's session sets `gpusort.device_scan` (the sort
-//! reads the file on the GPU where it can; the plan then reads `GpuSortExec(device_scan)`).
+//! reads the file on the GPU where it can; the plan then reads `GpuSortExec(device_scan)`);
+//! with `=0` it turns it off. `SQL_PARQUET_TIMELINE=1` prints the timeline to stderr, as
+//! `gpusort sort --timeline` does.
 //!
 //! Both engines' `COPY` encode up to W row groups at once (`datafusion.execution.parquet.
 //! maximum_parallel_row_group_writers`, DataFusion's default 1; here the number of cores, or
@@ -57,9 +59,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     // `FROM 'file.parquet'`: tables named by a path or URL, as in datafusion-cli.
     let ctx = SessionContext::new_with_state(state).enable_url_table();
-    if !stock && std::env::var("SQL_PARQUET_DEVICE_SCAN").is_ok_and(|v| v == "1") {
-        ctx.sql("SET gpusort.device_scan = true").await?.collect().await?;
+    if std::env::var("SQL_PARQUET_TIMELINE").is_ok_and(|v| v == "1") {
+        gpusort_cli::timeline::enable();
     }
+    match std::env::var("SQL_PARQUET_DEVICE_SCAN").as_deref() {
+        Ok("1") if !stock => ctx.sql("SET gpusort.device_scan = true").await?.collect().await?,
+        Ok("0") if !stock => ctx.sql("SET gpusort.device_scan = false").await?.collect().await?,
+        _ => vec![],
+    };
     let select = format!("SELECT * FROM '{input}' ORDER BY {order_by}");
     let start = Instant::now();
     let (sql, rows) = match mode.as_str() {

@@ -2,6 +2,8 @@
 //! `mod common;`. Not every target uses every helper, hence the `dead_code` allowance.
 #![allow(dead_code)]
 
+pub mod differential;
+pub mod scan_marks;
 pub mod slt;
 
 /// Whether GPU 0 is usable; panics when `GPUSORT_REQUIRE_GPU=1` and it is not, else says the

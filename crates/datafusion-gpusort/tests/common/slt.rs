@@ -56,6 +56,8 @@ use futures::FutureExt;
 use indicatif::ProgressBar;
 use sqllogictest::{Condition, Location, Record, Runner, parse_file, strict_column_validator};
 
+use super::scan_marks;
+
 /// DataFusion 55.2's sort-related `.slt` files (in `test_files/`).
 pub const SORT_SLT_FILES: &[&str] = &[
     "order.slt",
@@ -119,6 +121,9 @@ pub struct FileReport {
     pub slowest: Vec<(Duration, String)>,
     /// Wall time of the file.
     pub elapsed: Duration,
+    /// Sorts that read their Parquet files on the GPU (`gpusort.device_scan`), and those that
+    /// fell back to reading them on the host ([`super::scan_marks`]).
+    pub device_scans: (usize, usize),
 }
 
 impl FileReport {
@@ -209,6 +214,13 @@ impl SuiteReport {
     /// Records passed, all files.
     pub fn passed(&self) -> usize {
         self.files.iter().map(|f| f.passed).sum()
+    }
+
+    /// GPU scans read and fallen back, all files ([`FileReport::device_scans`]).
+    pub fn device_scans(&self) -> (usize, usize) {
+        (self.files.iter()).fold((0, 0), |(r, f), file| {
+            (r + file.device_scans.0, f + file.device_scans.1)
+        })
     }
 
     /// Records failed, all files.
@@ -523,6 +535,7 @@ async fn run_in_tree(
 ) -> SuiteReport {
     let _lock = SUITE_LOCK.lock().await;
     let _cwd = CwdGuard::enter(&tree.join(RUNNER_DIR));
+    scan_marks::install();
 
     let filter: Option<Vec<String>> = env::var("GPUSORT_SLT_FILES").ok().map(|v| {
         v.split(',')
@@ -546,9 +559,16 @@ async fn run_in_tree(
             continue;
         }
         println!("sqllogictest: running {name} ...");
-        let file_report = run_file(&configure, &name).await;
+        let before = scan_marks::counts();
+        let mut file_report = run_file(&configure, &name).await;
+        let after = scan_marks::counts();
+        file_report.device_scans = (after.0 - before.0, after.1 - before.1);
+        let scans = match file_report.device_scans {
+            (0, 0) => String::new(),
+            (read, fell_back) => format!(", {read} GPU scan(s) read, {fell_back} fell back"),
+        };
         println!(
-            "sqllogictest: {name}: {} run, {} passed, {} failed, {} EXPLAIN skipped, {} file error(s) in {:.1}s",
+            "sqllogictest: {name}: {} run, {} passed, {} failed, {} EXPLAIN skipped, {} file error(s) in {:.1}s{scans}",
             file_report.run,
             file_report.passed,
             file_report.failed,
