@@ -6,7 +6,9 @@
 //! Each step reads about `step_rows / runs` more rows of every run, takes as **splitter** the
 //! smallest of the runs' last loaded rows (runs read to the end do not count), and takes from
 //! every run its loaded rows below the splitter: all rows of the whole input below it, since
-//! each run is sorted and loaded at least that far. Those rows, concatenated in run order,
+//! each run is sorted and loaded at least that far. Where they all come from one run (runs of
+//! disjoint key ranges: a presorted or clustered input cut into runs), they are in order
+//! already and go out as they are. Else those rows, concatenated in run order,
 //! are sorted — stably, so ties keep their run order, which is input order — on the GPU when
 //! the step's sort is for it: the rows go through a GPU session whole, told that they are
 //! sorted runs (the device merges them, `merge.cu`, where that pays against its radix passes),
@@ -282,6 +284,12 @@ impl RangeMerge {
         self.metrics.range_merge_steps.add(1);
         let limit = (self.remaining != usize::MAX).then_some(self.remaining);
         let rows: usize = parts.iter().map(|p| p.num_rows()).sum();
+        if runs.iter().filter(|&&n| n > 0).count() == 1 {
+            // Rows of one run, in order already (runs of disjoint key ranges).
+            self.metrics.one_run_steps.add(1);
+            log::debug!(target: "gpusort::timeline", "merge step {step}: {rows} rows of one run, as they are");
+            return Ok(Some(self.emit(parts)));
+        }
         log::debug!(target: "gpusort::timeline", "merge step {step}: {rows} rows in {} slices", parts.len());
         let permutation = if self.sorter.merges_keys_only(&parts) {
             self.sorter.sort_keys_on_gpu(&parts, rows, runs, limit).await?

@@ -91,6 +91,46 @@ async fn runs_sized_by_max_run_rows_stay_in_memory() {
     }
 }
 
+/// Input in the sort's order (or its reverse) cut into runs: the runs' key ranges are disjoint,
+/// so the range merge's steps each take the rows of one run, which go out as they are
+/// (`one_run_steps`), with no sort; mixed keys still sort every step.
+#[tokio::test]
+async fn runs_of_disjoint_key_ranges_pass_through_the_merge() {
+    let tmp = tempfile::tempdir().unwrap();
+    let stock = session(false, None, disk_in(tmp.path()), &[]);
+    let ours = session(
+        true,
+        None,
+        disk_in(tmp.path()),
+        &[("gpusort.device", "cpu"), ("gpusort.max_run_rows", "20000")],
+    );
+    // Whether the runs' key ranges are disjoint, and whether their keys are distinct.
+    for (q, disjoint, distinct) in [
+        ("SELECT * FROM t ORDER BY id DESC", true, true),
+        ("SELECT * FROM t ORDER BY id", true, true),
+        ("SELECT id, f FROM t ORDER BY id / 1000, f DESC, id", true, false),
+        ("SELECT * FROM t ORDER BY k, id", false, true),
+    ] {
+        let (expected, _) = run(&stock, q).await.unwrap();
+        let (actual, m) = run(&ours, q).await.unwrap();
+        assert_eq!(render(&actual), render(&expected), "{q}");
+        assert!(metric(&m, "runs") >= 8, "{q}: {m}");
+        let (steps, one_run) = (metric(&m, "range_merge_steps"), metric(&m, "one_run_steps"));
+        assert!(steps >= 2, "{q}: {m}");
+        match (disjoint, distinct) {
+            // With distinct keys, at most one step a run takes two runs' rows: the run's last
+            // row (the splitter of the step before, which takes the rows below it) with the
+            // next run's.
+            (true, true) => assert!(
+                one_run + metric(&m, "runs") >= steps,
+                "{q}: {one_run} of {steps} steps of one run"
+            ),
+            (true, false) => assert!(one_run * 2 >= steps, "{q}: {one_run} of {steps} steps of one run"),
+            (false, _) => assert_eq!(one_run, 0, "{q}: {m}"),
+        }
+    }
+}
+
 #[tokio::test]
 async fn more_runs_than_the_fan_in_merge_in_levels() {
     let tmp = tempfile::tempdir().unwrap();
