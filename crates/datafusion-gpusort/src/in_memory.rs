@@ -937,12 +937,14 @@ impl InMemorySorter {
     }
 }
 
-/// The spec that sorts the key columns alone ([`InMemorySorter::key_columns`]).
 /// Pins, on a thread of its own, the host blocks a device scan's run of `rows` rows will come
 /// down into, as many and as large as those `previous` (the run before) came down into, scaled
 /// by the rows; once the pinning for the run before ended (`before`). Each run of TPC-H
 /// lineitem (~10M rows) pinned ~2 GB on its way down, ~130 ms of its ~210 ms (stop 50, an
-/// H200); ahead, that overlaps the run's reading and sorting.
+/// H200); ahead, that overlaps the run's reading and sorting. Pinning a run's blocks ahead
+/// takes longer than the run (~0.2 s against ~0.15 s on lineitem, stop 51), so every other
+/// run finds all its blocks and the others part of them: the scan's reading 0.11-0.42 s
+/// shorter under a 4 GiB GPU budget.
 fn pin_ahead_like(previous: &RecordBatch, rows: usize, before: Option<JoinHandle<()>>) -> Option<JoinHandle<()>> {
     if let Some(before) = before {
         let _ = before.join();
@@ -959,6 +961,7 @@ fn pin_ahead_like(previous: &RecordBatch, rows: usize, before: Option<JoinHandle
     })
 }
 
+/// The spec that sorts the key columns alone ([`InMemorySorter::key_columns`]).
 fn key_spec(expr: &LexOrdering) -> SortSpec {
     SortSpec::new(expr.iter().enumerate().map(|(column, e)| SortKey {
         column,

@@ -17,6 +17,7 @@ use datafusion::physical_expr::{LexOrdering, PhysicalSortExpr};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
 use datafusion::physical_plan::{ExecutionPlan, execute_stream};
+use datafusion::prelude::SessionContext;
 use datafusion_gpusort::{GpuSortConfig, GpuSortExec};
 use futures::StreamExt;
 
@@ -69,9 +70,9 @@ async fn spilling_sorts_match_stock_and_keep_input_order_of_ties() {
     }
 }
 
-#[tokio::test]
-async fn runs_sized_by_max_run_rows_stay_in_memory() {
-    let tmp = tempfile::tempdir().unwrap();
+/// Stock DataFusion, and gpusort on the CPU in runs of at most 20,000 rows, no memory limit;
+/// temp files in `tmp`.
+fn stock_and_runs_of_20000_rows(tmp: &tempfile::TempDir) -> (SessionContext, SessionContext) {
     let stock = session(false, None, disk_in(tmp.path()), &[]);
     let ours = session(
         true,
@@ -79,6 +80,13 @@ async fn runs_sized_by_max_run_rows_stay_in_memory() {
         disk_in(tmp.path()),
         &[("gpusort.device", "cpu"), ("gpusort.max_run_rows", "20000")],
     );
+    (stock, ours)
+}
+
+#[tokio::test]
+async fn runs_sized_by_max_run_rows_stay_in_memory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (stock, ours) = stock_and_runs_of_20000_rows(&tmp);
     for (q, stable) in QUERIES {
         let (expected, _) = run(&stock, stable).await.unwrap();
         let (actual, m) = run(&ours, q).await.unwrap();
@@ -97,13 +105,7 @@ async fn runs_sized_by_max_run_rows_stay_in_memory() {
 #[tokio::test]
 async fn runs_of_disjoint_key_ranges_pass_through_the_merge() {
     let tmp = tempfile::tempdir().unwrap();
-    let stock = session(false, None, disk_in(tmp.path()), &[]);
-    let ours = session(
-        true,
-        None,
-        disk_in(tmp.path()),
-        &[("gpusort.device", "cpu"), ("gpusort.max_run_rows", "20000")],
-    );
+    let (stock, ours) = stock_and_runs_of_20000_rows(&tmp);
     // Whether the runs' key ranges are disjoint, and whether their keys are distinct.
     for (q, disjoint, distinct) in [
         ("SELECT * FROM t ORDER BY id DESC", true, true),
