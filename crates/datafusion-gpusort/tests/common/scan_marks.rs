@@ -7,7 +7,6 @@
 //! the GPU tests do), or another test's scans count too.
 
 use std::sync::Mutex;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Marks of a scan whose rows were read on the device (one per session it read into).
@@ -46,15 +45,10 @@ impl log::Log for ScanMarks {
 
 /// Starts counting (once a process; a no-op where another logger was installed first).
 pub fn install() {
-    static INSTALLED: OnceLock<bool> = OnceLock::new();
-    INSTALLED.get_or_init(|| {
-        static LOGGER: ScanMarks = ScanMarks;
-        let ok = log::set_logger(&LOGGER).is_ok();
-        if ok {
-            log::set_max_level(log::LevelFilter::Debug);
-        }
-        ok
-    });
+    static LOGGER: ScanMarks = ScanMarks;
+    if log::set_logger(&LOGGER).is_ok() {
+        log::set_max_level(log::LevelFilter::Debug);
+    }
 }
 
 /// Scans read on the device and scans that fell back, so far.
