@@ -3,7 +3,7 @@
 # spends its CPU time, phase by phase. The machine has no perf: .gpu/perfpkg.tar.xz carries
 # one (the development machine's /usr/bin/perf and the libraries it links, but glibc's, under
 # perfpkg/lib). Carry gpusort with its symbols (`strip --strip-debug`, not `strip`). For each
-# ORDER BY list in LISTS (1, 2, 3 as in tpch.py): the sort under `perf record` (no call
+# ORDER BY list in LISTS (1-6 as in tpch.py): the sort under `perf record` (no call
 # graphs: Rust's release builds keep no frame pointers) with --timeline, then under $OUT
 #   perf-L.txt        the profile by thread name and symbol, and by symbol alone
 #   samples-L.txt.xz  every sample (time, thread, symbol), to cut by the timeline's phases
@@ -25,6 +25,9 @@ for list in $(echo "${LISTS:-3}" | tr , ' '); do
     1) order="l_shipdate, l_orderkey, l_linenumber" ;;
     2) order="l_returnflag, l_linestatus, l_extendedprice DESC, l_orderkey, l_linenumber" ;;
     3) order="l_comment, l_orderkey, l_linenumber" ;;
+    4) order="l_partkey, l_suppkey" ;;
+    5) order="l_orderkey DESC, l_linenumber DESC" ;;
+    6) order="l_shipmode, l_receiptdate DESC NULLS LAST, l_quantity" ;;
   esac
   # A warm-up run: kernels compiled and cached, the file in the page cache.
   .gpu/gpusort sort "$input" -o /tmp/perf-out.parquet -k "$order" --force --quiet

@@ -156,9 +156,10 @@ pub struct GpuSortMetrics {
     /// Of those steps, the ones whose runs the GPU merged (`merge.cu`) instead of sorting
     /// their rows.
     pub gpu_merged_steps: Count,
-    /// Of those steps, the ones whose rows all came from one run: already in order, emitted
-    /// as they are, with no sort (runs of disjoint key ranges, as presorted input makes them).
-    pub one_run_steps: Count,
+    /// Of those steps, the ones emitted as they are, with no sort: the runs' shares did not
+    /// overlap (runs of disjoint key ranges, as presorted or reversed input makes them), or
+    /// the step's rows were all equal.
+    pub in_order_steps: Count,
     /// Of those steps, the ones that sent only their key columns to the GPU and gathered
     /// their rows on the host through the permutation it sent back
     /// (`gpusort.merge_keys_only`).
@@ -221,7 +222,7 @@ impl GpuSortMetrics {
             range_merge_steps: dev().counter("range_merge_steps", partition),
             gpu_merged_steps: dev().counter("gpu_merged_steps", partition),
             gpu_key_steps: dev().counter("gpu_key_steps", partition),
-            one_run_steps: dev().counter("one_run_steps", partition),
+            in_order_steps: dev().counter("in_order_steps", partition),
             spill_time: dev().subset_time("spill_time", partition),
             merge_time: summary().subset_time("merge_time", partition),
             spill: SpillMetrics::new(set, partition),

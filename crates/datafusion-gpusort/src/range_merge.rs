@@ -6,9 +6,11 @@
 //! Each step reads about `step_rows / runs` more rows of every run, takes as **splitter** the
 //! smallest of the runs' last loaded rows (runs read to the end do not count), and takes from
 //! every run its loaded rows below the splitter: all rows of the whole input below it, since
-//! each run is sorted and loaded at least that far. Where they all come from one run (runs of
-//! disjoint key ranges: a presorted or clustered input cut into runs), they are in order
-//! already and go out as they are. Else those rows, concatenated in run order,
+//! each run is sorted and loaded at least that far. Where the runs' shares of the step do not
+//! overlap (runs of disjoint key ranges: a presorted, reversed or clustered input cut into
+//! runs), they are in order already and go out as they are, share after share, in the order
+//! of their first rows (ties in run order, which keeps the sort stable). Else those rows,
+//! concatenated in run order,
 //! are sorted — stably, so ties keep their run order, which is input order — on the GPU when
 //! the step's sort is for it: the rows go through a GPU session whole, told that they are
 //! sorted runs (the device merges them, `merge.cu`, where that pays against its radix passes),
@@ -188,13 +190,8 @@ impl RangeMerge {
         self.step += 1;
         let Some(splitter) = self.load(step).await? else {
             // Every run is loaded to its end: all that is left.
-            let (mut parts, mut runs) = (vec![], vec![]);
-            for r in self.readers.iter_mut() {
-                let n = r.rows;
-                r.take(n, &mut parts);
-                runs.push(n);
-            }
-            return self.sort_step(parts, runs, step).await;
+            let counts: Vec<usize> = self.readers.iter().map(|r| r.rows).collect();
+            return self.take_step(counts, step).await;
         };
         let counts = {
             let _timer = self.metrics.merge_time.timer();
@@ -208,13 +205,76 @@ impl RangeMerge {
             // Nothing below the splitter: the rows equal to it are the smallest left.
             let equal = self.take_equal(&splitter).await?;
             self.metrics.range_merge_steps.add(1);
+            self.metrics.in_order_steps.add(1);
             return Ok(Some(self.emit(equal)));
         }
+        self.take_step(counts, step).await
+    }
+
+    /// Takes `counts[i]` rows of run `i` and emits them: as they are, share after share, where
+    /// the shares do not overlap ([`Self::in_order`]), else sorted ([`Self::sort_step`]).
+    async fn take_step(&mut self, counts: Vec<usize>, step: usize) -> Result<Option<Vec<RecordBatch>>> {
         let mut parts = vec![];
-        for (r, &n) in self.readers.iter_mut().zip(&counts) {
-            r.take(n, &mut parts);
+        let order = {
+            let _timer = self.metrics.merge_time.timer();
+            self.in_order(&counts)?
+        };
+        let Some(order) = order else {
+            for (r, &n) in self.readers.iter_mut().zip(&counts) {
+                r.take(n, &mut parts);
+            }
+            return self.sort_step(parts, counts, step).await;
+        };
+        if order.is_empty() {
+            self.finish();
+            return Ok(None);
         }
-        self.sort_step(parts, counts, step).await
+        for &i in &order {
+            self.readers[i].take(counts[i], &mut parts);
+        }
+        self.metrics.range_merge_steps.add(1);
+        self.metrics.in_order_steps.add(1);
+        let rows: usize = counts.iter().sum();
+        log::debug!(
+            target: "gpusort::timeline",
+            "merge step {step}: {rows} rows of {} run(s) in order, as they are",
+            order.len()
+        );
+        Ok(Some(self.emit(parts)))
+    }
+
+    /// The runs with rows in the step (`counts[i]` rows of run `i`), in the order their shares
+    /// go out as they are, when they do not overlap: ordered by their first rows (ties in run
+    /// order), each share's last row is before the next share's first, or equal to it with the
+    /// next share from a later run (ties keep input order). `None` when two shares overlap:
+    /// the step's rows are sorted.
+    fn in_order(&self, counts: &[usize]) -> Result<Option<Vec<usize>>> {
+        let cmp = self.cmp();
+        let shares: Vec<(usize, KeyRef, KeyRef)> = (counts.iter().enumerate())
+            .filter(|(_, n)| **n > 0)
+            .map(|(i, &n)| (i, self.readers[i].key_at(0), self.readers[i].key_at(n - 1)))
+            .collect();
+        let mut order: Vec<usize> = (0..shares.len()).collect();
+        let mut failed = None;
+        // A stable sort: shares whose first rows are equal stay in run order.
+        order.sort_by(|&a, &b| {
+            cmp.compare(&shares[a].1, &shares[b].1).unwrap_or_else(|e| {
+                failed = Some(e);
+                std::cmp::Ordering::Equal
+            })
+        });
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        for pair in order.windows(2) {
+            let (before, after) = (&shares[pair[0]], &shares[pair[1]]);
+            match cmp.compare(&before.2, &after.1)? {
+                std::cmp::Ordering::Less => {}
+                std::cmp::Ordering::Equal if before.0 < after.0 => {}
+                _ => return Ok(None),
+            }
+        }
+        Ok(Some(order.into_iter().map(|k| shares[k].0).collect()))
     }
 
     /// Compares key columns in the sort's order.
@@ -284,12 +344,6 @@ impl RangeMerge {
         self.metrics.range_merge_steps.add(1);
         let limit = (self.remaining != usize::MAX).then_some(self.remaining);
         let rows: usize = parts.iter().map(|p| p.num_rows()).sum();
-        if runs.iter().filter(|&&n| n > 0).count() == 1 {
-            // Rows of one run, in order already (runs of disjoint key ranges).
-            self.metrics.one_run_steps.add(1);
-            log::debug!(target: "gpusort::timeline", "merge step {step}: {rows} rows of one run, as they are");
-            return Ok(Some(self.emit(parts)));
-        }
         log::debug!(target: "gpusort::timeline", "merge step {step}: {rows} rows in {} slices", parts.len());
         let permutation = if self.sorter.merges_keys_only(&parts) {
             self.sorter.sort_keys_on_gpu(&parts, rows, runs, limit).await?
@@ -414,6 +468,21 @@ impl RunReader {
             }
         }
         Ok(())
+    }
+
+    /// Loaded row `k` not yet taken (`k < self.rows`).
+    fn key_at(&self, mut k: usize) -> KeyRef {
+        k += self.offset;
+        for (batch, keys) in &self.loaded {
+            if k < batch.num_rows() {
+                return KeyRef {
+                    keys: keys.clone(),
+                    row: k,
+                };
+            }
+            k -= batch.num_rows();
+        }
+        unreachable!("row {k} past the loaded rows")
     }
 
     /// The last loaded row.

@@ -100,35 +100,52 @@ async fn runs_sized_by_max_run_rows_stay_in_memory() {
 }
 
 /// Input in the sort's order (or its reverse) cut into runs: the runs' key ranges are disjoint,
-/// so the range merge's steps each take the rows of one run, which go out as they are
-/// (`one_run_steps`), with no sort; mixed keys still sort every step.
+/// so the range merge's steps take shares of runs that do not overlap, which go out as they are
+/// (`in_order_steps`), with no sort. Ties across runs go out in run order (input order), also
+/// where a reversed order puts a group of ties across two runs; mixed keys sort every step.
 #[tokio::test]
 async fn runs_of_disjoint_key_ranges_pass_through_the_merge() {
     let tmp = tempfile::tempdir().unwrap();
     let (stock, ours) = stock_and_runs_of_20000_rows(&tmp);
-    // Whether the runs' key ranges are disjoint, and whether their keys are distinct.
-    for (q, disjoint, distinct) in [
-        ("SELECT * FROM t ORDER BY id DESC", true, true),
-        ("SELECT * FROM t ORDER BY id", true, true),
-        ("SELECT id, f FROM t ORDER BY id / 1000, f DESC, id", true, false),
-        ("SELECT * FROM t ORDER BY k, id", false, true),
+    // How many of the steps go out as they are.
+    enum Steps {
+        All,
+        Some,
+        None,
+        Any,
+    }
+    for (q, stable, steps_in_order) in [
+        ("SELECT * FROM t ORDER BY id DESC", None, Steps::All),
+        ("SELECT * FROM t ORDER BY id", None, Steps::All),
+        // Groups of 30,000 rows: a group's ties span runs, in run order.
+        (
+            "SELECT * FROM t ORDER BY id / 30000",
+            Some("SELECT * FROM t ORDER BY id / 30000, id"),
+            Steps::All,
+        ),
+        // Reversed: the run with a group's first ties comes after the group's next run.
+        (
+            "SELECT * FROM t ORDER BY id / 30000 DESC",
+            Some("SELECT * FROM t ORDER BY id / 30000 DESC, id"),
+            Steps::Any,
+        ),
+        ("SELECT id, f FROM t ORDER BY id / 1000, f DESC, id", None, Steps::Some),
+        ("SELECT * FROM t ORDER BY k, id", None, Steps::None),
     ] {
-        let (expected, _) = run(&stock, q).await.unwrap();
+        let (expected, _) = run(&stock, stable.unwrap_or(q)).await.unwrap();
         let (actual, m) = run(&ours, q).await.unwrap();
         assert_eq!(render(&actual), render(&expected), "{q}");
         assert!(metric(&m, "runs") >= 8, "{q}: {m}");
-        let (steps, one_run) = (metric(&m, "range_merge_steps"), metric(&m, "one_run_steps"));
+        let (steps, in_order) = (metric(&m, "range_merge_steps"), metric(&m, "in_order_steps"));
         assert!(steps >= 2, "{q}: {m}");
-        match (disjoint, distinct) {
-            // With distinct keys, at most one step a run takes two runs' rows: the run's last
-            // row (the splitter of the step before, which takes the rows below it) with the
-            // next run's.
-            (true, true) => assert!(
-                one_run + metric(&m, "runs") >= steps,
-                "{q}: {one_run} of {steps} steps of one run"
+        match steps_in_order {
+            Steps::All => assert_eq!(in_order, steps, "{q}: {m}"),
+            Steps::Some => assert!(
+                in_order > 0 && in_order < steps,
+                "{q}: {in_order} of {steps} steps in order"
             ),
-            (true, false) => assert!(one_run * 2 >= steps, "{q}: {one_run} of {steps} steps of one run"),
-            (false, _) => assert_eq!(one_run, 0, "{q}: {m}"),
+            Steps::None => assert_eq!(in_order, 0, "{q}: {m}"),
+            Steps::Any => {}
         }
     }
 }
