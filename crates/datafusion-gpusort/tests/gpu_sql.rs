@@ -721,7 +721,8 @@ async fn gpu_device_scan_reads_parquet_on_the_gpu_as_stock_reads_it() {
 
 /// A file of more rows than one GPU sort holds (here `gpusort.max_run_rows`) read on the GPU in
 /// runs of whole row groups (11 of 20,000 rows, runs of 3), each sorted in a session of its
-/// own, then merged: stock DataFusion's rows, nothing read on the host. Under a memory limit the
+/// own, then merged: stock DataFusion's rows, nothing read on the host. Its pages are zstd
+/// (DataFusion's default), the test above's snappy. Under a memory limit the
 /// runs are not held: the input is executed instead. Needs nvCOMP as the test above.
 #[tokio::test]
 async fn gpu_device_scan_in_runs_merges_them_as_stock_sorts() {
@@ -731,7 +732,7 @@ async fn gpu_device_scan_in_runs_merges_them_as_stock_sorts() {
     let dir = tempfile::tempdir().unwrap();
     let (stock, ours) = (context(false, 200_003, 4), context(true, 200_003, 4));
     set(&ours, &[("min_rows", "0"), ("device", "0"), ("max_run_rows", "60000")]).await;
-    let file = t_as_row_groups(&stock, dir.path(), 20_000).await;
+    let file = t_as_row_groups(&stock, dir.path(), 20_000, "zstd(3)").await;
     for order in DEVICE_SCAN_ORDERS {
         let plan = check_device_scan(&stock, &ours, &file, order, (1, 0)).await;
         assert_eq!(sort_metric(&plan, "runs"), 4, "ORDER BY {order}");

@@ -29,7 +29,7 @@
 //! | `memory` | — | device memory a sort needs |
 //! | `options` | — | [`GpuOptions`]: the `GPUSORT_*` settings, read once when a device opens |
 //! | [`tune`] | — | `gpusort tune`: the empirical search over the kernels' settings, the tuning profile |
-//! | [`nvcomp`] | — | nvCOMP, loaded at run time: zstd for the tool's Parquet pages, snappy pages decompressed for reading |
+//! | [`nvcomp`] | — | nvCOMP, loaded at run time: zstd for the tool's Parquet pages, snappy and zstd pages decompressed for reading |
 //! | [`parquet`] | `parquet.cu` | Parquet data pages decoded into Arrow's layout on the device |
 //!
 //! Dependencies point one way: `backend` -> `session` -> `sort` -> `lsd`/`sample`/`msd`/`gather` ->
@@ -78,7 +78,7 @@ pub use kernels::{KernelCache, KernelTuning};
 pub use memory::{BudgetRefusal, DeviceBudget, DeviceBudgetStats, DeviceReservation};
 pub use merge::{MergeMethod, odd_even_applies};
 pub use multi::MultiGpuBackend;
-pub use nvcomp::{CompressStats, DeviceBuffers, SnappyDecompressor, ZstdCompressor};
+pub use nvcomp::{CompressStats, DeviceBuffers, PageCodec, PageDecompressor, ZstdCompressor};
 pub use options::{DEVICE_TIES_MIN_MEAN_ROWS, DeviceTies, GpuOptions};
 pub use pinned::{FRESH_PIN_MAX, HostBuffer, PinnedPool, PinnedPoolStats, block_lens};
 pub use presorted::DISTINCT_MIN_ROWS;

@@ -7,6 +7,9 @@
 //! bound for each page, and come back in one copy. Each output is one standard zstd frame: any
 //! zstd decoder (DuckDB, pyarrow, arrow-rs) reads it.
 //!
+//! Reading goes the other way: [`PageDecompressor`] decompresses a call's snappy or zstd pages
+//! (`nvcompBatched{Snappy,Zstd}DecompressAsync`) into one device buffer.
+//!
 //! nvCOMP is not linked: like the CUDA driver it is loaded at run time, from the path in
 //! `GPUSORT_NVCOMP` (the library, or a folder holding it) or else by the name
 //! `libnvcomp.so.6` (the `nvidia-libnvcomp-cu13` wheel ships it; put its `lib64` folder on
@@ -91,8 +94,8 @@ type CompressAsync = unsafe extern "C" fn(
     CUstream,
 ) -> Status;
 
-/// `nvcompBatchedSnappyDecompressOpts_t`: the backend and reserved bytes, zeroed: the default
-/// backend (the decompression engine where the GPU has one, else the SMs).
+/// `nvcompBatched{Snappy,Zstd}DecompressOpts_t`: the backend and reserved bytes, zeroed: the
+/// default backend (the decompression engine where the GPU has one, else the SMs).
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct DecompressOpts {
@@ -100,6 +103,7 @@ struct DecompressOpts {
 }
 const DECOMPRESS_OPTS: DecompressOpts = DecompressOpts { reserved: [0; 64] };
 
+type GetDecompressAlignments = unsafe extern "C" fn(DecompressOpts, *mut Alignments) -> Status;
 type DecompressTempSize = unsafe extern "C" fn(usize, usize, DecompressOpts, *mut usize, usize, CUstream) -> Status;
 type DecompressAsync = unsafe extern "C" fn(
     *const *const c_void,
@@ -126,8 +130,32 @@ struct Api {
     temp_size: GetTempSize,
     max_output: GetMaxOutput,
     compress: CompressAsync,
-    snappy_temp_size: DecompressTempSize,
-    snappy_decompress: DecompressAsync,
+    /// Snappy's entry points, then zstd's ([`PageCodec`]'s order).
+    decompressors: [DecompressEntries; 2],
+}
+
+/// The entry points of one codec's batched decompression, and its buffers' alignments.
+struct DecompressEntries {
+    temp_size: DecompressTempSize,
+    decompress: DecompressAsync,
+    alignments: Alignments,
+}
+
+/// The codec of the pages a [`PageDecompressor`] call decompresses (Parquet's names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageCodec {
+    Snappy,
+    Zstd,
+}
+
+impl PageCodec {
+    /// Its name in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            PageCodec::Snappy => "snappy",
+            PageCodec::Zstd => "zstd",
+        }
+    }
 }
 
 impl Api {
@@ -147,7 +175,7 @@ impl Api {
                 path.display()
             )
         })?;
-        let symbol = |name: &str| format!("{}: no {name}", path.display());
+        let symbol = |name: String| format!("{}: no {name}", path.display());
         // SAFETY: each symbol is typed with the signature of nvCOMP 6's headers, and the
         // version is checked before any other is called.
         unsafe {
@@ -166,13 +194,24 @@ impl Api {
                 entry(&library, "nvcompBatchedZstdCompressGetRequiredAlignments").map_err(symbol)?;
             let mut alignments = Alignments::default();
             check_launch(get_alignments(OPTS, &mut alignments), "alignments", None)?;
+            let decompressor = |codec: &str| -> std::result::Result<DecompressEntries, String> {
+                let named = |what: &str| format!("nvcompBatched{codec}Decompress{what}");
+                let get_alignments: GetDecompressAlignments =
+                    entry(&library, &named("GetRequiredAlignments")).map_err(symbol)?;
+                let mut alignments = Alignments::default();
+                check_launch(get_alignments(DECOMPRESS_OPTS, &mut alignments), "alignments", None)?;
+                Ok(DecompressEntries {
+                    temp_size: entry(&library, &named("GetTempSize")).map_err(symbol)?,
+                    decompress: entry(&library, &named("Async")).map_err(symbol)?,
+                    alignments,
+                })
+            };
             Ok(Api {
+                decompressors: [decompressor("Snappy")?, decompressor("Zstd")?],
                 status_string: entry(&library, "nvcompGetStatusString").map_err(symbol)?,
                 temp_size: entry(&library, "nvcompBatchedZstdCompressGetTempSize").map_err(symbol)?,
                 max_output: entry(&library, "nvcompBatchedZstdCompressGetMaxOutputChunkSize").map_err(symbol)?,
                 compress: entry(&library, "nvcompBatchedZstdCompressAsync").map_err(symbol)?,
-                snappy_temp_size: entry(&library, "nvcompBatchedSnappyDecompressGetTempSize").map_err(symbol)?,
-                snappy_decompress: entry(&library, "nvcompBatchedSnappyDecompressAsync").map_err(symbol)?,
                 alignments,
                 version: props.version,
                 path,
@@ -191,11 +230,11 @@ impl Api {
 ///
 /// # Safety
 /// `F` must be the symbol's true signature.
-unsafe fn entry<F: Copy>(library: &libloading::Library, name: &'static str) -> std::result::Result<F, &'static str> {
+unsafe fn entry<F: Copy>(library: &libloading::Library, name: &str) -> std::result::Result<F, String> {
     // SAFETY: the caller vouches for the type.
     unsafe { library.get::<F>(name.as_bytes()) }
         .map(|s| *s)
-        .map_err(|_| name)
+        .map_err(|_| name.to_owned())
 }
 
 fn check_launch(status: Status, call: &str, words: Option<StatusString>) -> std::result::Result<(), String> {
@@ -545,13 +584,13 @@ impl ZstdCompressor {
     }
 }
 
-/// Snappy buffers decompressed on one GPU, all of a batch in one nvCOMP call, into one device
-/// buffer: the first step of Parquet decode on the GPU (the pages as
+/// Snappy or zstd buffers ([`PageCodec`]) decompressed on one GPU, all of a batch in one nvCOMP
+/// call, into one device buffer: the first step of Parquet decode on the GPU (the pages as
 /// `gpusort_parquet::stored_pages` lists them; `kernels/NOTES.md`, "Parquet decode on the GPU:
 /// the plan"). The inputs are packed into pinned memory and cross PCIe in one copy; the call's
 /// device memory is held of the process's budget of the device, the output's for as long as
 /// the [`DeviceBuffers`] live.
-pub struct SnappyDecompressor {
+pub struct PageDecompressor {
     device: NvcompDevice,
     stream: Arc<CudaStream>,
 }
@@ -605,15 +644,15 @@ impl Inputs<'_> {
     }
 }
 
-impl std::fmt::Debug for SnappyDecompressor {
+impl std::fmt::Debug for PageDecompressor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SnappyDecompressor")
+        f.debug_struct("PageDecompressor")
             .field("library", &self.device.api.path)
             .finish_non_exhaustive()
     }
 }
 
-impl SnappyDecompressor {
+impl PageDecompressor {
     /// A decompressor on GPU `ordinal`; an error says why there is none (no nvCOMP, no GPU).
     pub fn try_new(ordinal: usize) -> Result<Self> {
         let device = NvcompDevice::open(ordinal)?;
@@ -639,10 +678,16 @@ impl SnappyDecompressor {
         &self.stream
     }
 
-    /// Each of `compressed` (raw snappy) decompressed on the host, in order: the device's work
-    /// downloaded (tests, and checks against the CPU's snappy).
-    pub fn decompress(&self, compressed: &[&[u8]], sizes: &[usize]) -> Result<Vec<Vec<u8>>> {
-        let out = self.decompress_to_device(compressed, sizes)?;
+    /// The alignment `codec`'s calls need of each compressed buffer's address on the device
+    /// (1: any): [`Self::decompress_on_device`] takes only buffers at such addresses.
+    pub fn input_alignment(&self, codec: PageCodec) -> usize {
+        self.device.api.decompressors[codec as usize].alignments.input.max(1)
+    }
+
+    /// Each of `compressed` (raw snappy, or zstd frames) decompressed on the host, in order:
+    /// the device's work downloaded (tests, and checks against the CPU's codecs).
+    pub fn decompress(&self, codec: PageCodec, compressed: &[&[u8]], sizes: &[usize]) -> Result<Vec<Vec<u8>>> {
+        let out = self.decompress_to_device(codec, compressed, sizes)?;
         let mut host = vec![0u8; out.data.len()];
         self.stream.memcpy_dtoh(&out.data, &mut host)?;
         self.stream.synchronize()?;
@@ -654,26 +699,45 @@ impl SnappyDecompressor {
             .collect())
     }
 
-    /// Each of `compressed` (raw snappy, as Parquet pages hold it) decompressed into one device
-    /// buffer; `sizes[i]` is what buffer `i` decompresses to (its snappy preamble says it). An
-    /// error where the device memory budget has no room now, or where nvCOMP finds a buffer
-    /// corrupt or of another size than `sizes` says.
-    pub fn decompress_to_device(&self, compressed: &[&[u8]], sizes: &[usize]) -> Result<DeviceBuffers> {
-        self.decompress_inputs(Inputs::Host(compressed.to_vec()), sizes)
+    /// Each of `compressed` (pages of `codec` as Parquet holds them: raw snappy, or zstd
+    /// frames) decompressed into one device buffer; `sizes[i]` is what buffer `i` decompresses
+    /// to (the page header says it). An error where the device memory budget has no room now,
+    /// or where nvCOMP finds a buffer corrupt or of another size than `sizes` says.
+    pub fn decompress_to_device(
+        &self,
+        codec: PageCodec,
+        compressed: &[&[u8]],
+        sizes: &[usize],
+    ) -> Result<DeviceBuffers> {
+        self.decompress_inputs(codec, Inputs::Host(compressed.to_vec()), sizes)
     }
 
     /// As [`Self::decompress_to_device`], of buffers on the device already: `compressed[i]` is
     /// the address and length of buffer `i` (in device memory that outlives the call; a file's
-    /// range uploaded whole by [`Self::upload_range`], say): nothing is packed or copied.
-    pub fn decompress_on_device(&self, compressed: &[(u64, usize)], sizes: &[usize]) -> Result<DeviceBuffers> {
-        self.decompress_inputs(Inputs::Device(compressed.to_vec()), sizes)
+    /// range uploaded whole by [`Self::upload_range`], say): nothing is packed or copied. Each
+    /// address must be a multiple of [`Self::input_alignment`].
+    pub fn decompress_on_device(
+        &self,
+        codec: PageCodec,
+        compressed: &[(u64, usize)],
+        sizes: &[usize],
+    ) -> Result<DeviceBuffers> {
+        let align = self.input_alignment(codec) as u64;
+        if let Some(&(at, _)) = compressed.iter().find(|&&(at, _)| at % align != 0) {
+            return Err(CudaSortError::Compression(format!(
+                "a {} buffer at device address {at:#x}: nvCOMP needs them at multiples of {align}",
+                codec.name()
+            )));
+        }
+        self.decompress_inputs(codec, Inputs::Device(compressed.to_vec()), sizes)
     }
 
-    fn decompress_inputs(&self, compressed: Inputs<'_>, sizes: &[usize]) -> Result<DeviceBuffers> {
+    fn decompress_inputs(&self, codec: PageCodec, compressed: Inputs<'_>, sizes: &[usize]) -> Result<DeviceBuffers> {
         if compressed.len() != sizes.len() {
             return Err(CudaSortError::Compression(format!(
-                "{} snappy buffers with {} sizes",
+                "{} {} buffers with {} sizes",
                 compressed.len(),
+                codec.name(),
                 sizes.len()
             )));
         }
@@ -689,10 +753,10 @@ impl SnappyDecompressor {
             });
         }
         if full.len() == sizes.len() {
-            return self.decompress_full(&compressed, sizes);
+            return self.decompress_full(codec, &compressed, sizes);
         }
         let lens: Vec<usize> = full.iter().map(|&i| sizes[i]).collect();
-        let mut out = self.decompress_full(&compressed.select(&full), &lens)?;
+        let mut out = self.decompress_full(codec, &compressed.select(&full), &lens)?;
         let mut at = vec![0; sizes.len()];
         for (&i, &a) in full.iter().zip(&out.offsets) {
             at[i] = a;
@@ -745,21 +809,22 @@ impl SnappyDecompressor {
 
     /// [`Self::decompress_to_device`] of buffers that are none of them empty: hold the call's
     /// device memory of the budget, pack, upload, decompress, check each size and status.
-    fn decompress_full(&self, compressed: &Inputs<'_>, sizes: &[usize]) -> Result<DeviceBuffers> {
+    fn decompress_full(&self, codec: PageCodec, compressed: &Inputs<'_>, sizes: &[usize]) -> Result<DeviceBuffers> {
         let (api, stream, s) = (self.device.api, &self.stream, self.stream.cu_stream());
+        let entries = &api.decompressors[codec as usize];
         let n = compressed.len();
         let host = match compressed {
             Inputs::Host(h) => &h[..],
             Inputs::Device(_) => &[],
         };
-        let (in_at, in_total) = pack(host.iter().map(|c| c.len()), 8);
-        let (out_at, out_total) = pack(sizes.iter().copied(), 8);
+        let (in_at, in_total) = pack(host.iter().map(|c| c.len()), entries.alignments.input.max(8));
+        let (out_at, out_total) = pack(sizes.iter().copied(), entries.alignments.output.max(8));
         let max_out = sizes.iter().copied().max().unwrap_or(0).max(1);
         let mut temp_bytes = 0;
         // SAFETY: a query; it enqueues nothing on the stream.
         api.check(
-            unsafe { (api.snappy_temp_size)(n, max_out, DECOMPRESS_OPTS, &mut temp_bytes, out_total, s) },
-            "snappy temp size",
+            unsafe { (entries.temp_size)(n, max_out, DECOMPRESS_OPTS, &mut temp_bytes, out_total, s) },
+            &format!("{} temp size", codec.name()),
         )?;
         let mut held = self.device.budget().reservation();
         // Tables: input pointers and sizes, output sizes and pointers (uploaded); the sizes
@@ -767,8 +832,9 @@ impl SnappyDecompressor {
         let table_bytes = 8 * 6 * n;
         if !held.try_grow_to(in_total + out_total + temp_bytes + table_bytes) {
             return Err(CudaSortError::Compression(format!(
-                "the device memory budget has no room for {:.1} MB of snappy pages now",
-                (in_total + out_total) as f64 / 1e6
+                "the device memory budget has no room for {:.1} MB of {} pages now",
+                (in_total + out_total) as f64 / 1e6,
+                codec.name()
             )));
         }
         let (d_in, data) = (alloc(stream, in_total)?, alloc(stream, out_total)?);
@@ -794,7 +860,7 @@ impl SnappyDecompressor {
             }
             result::memcpy_htod_async(tables, &staged.as_slice()[in_total..], s)?;
             api.check(
-                (api.snappy_decompress)(
+                (entries.decompress)(
                     word(0) as *const *const c_void,
                     word(1) as *const usize,
                     word(2) as *const usize,
@@ -807,7 +873,7 @@ impl SnappyDecompressor {
                     word(5) as *mut Status,
                     s,
                 ),
-                "snappy decompression",
+                &format!("{} decompression", codec.name()),
             )?;
             result::memcpy_dtoh_async(&mut done[..], word(4), s)?;
         }
@@ -817,9 +883,10 @@ impl SnappyDecompressor {
         for (i, (status, (&written, &size))) in statuses.into_iter().zip(done[..n].iter().zip(sizes)).enumerate() {
             if status != SUCCESS || written as usize != size {
                 return Err(CudaSortError::Compression(format!(
-                    "nvCOMP could not decompress snappy buffer {i} of {n} to its {size} bytes ({written} \
+                    "nvCOMP could not decompress {} buffer {i} of {n} to its {size} bytes ({written} \
                      written): {}",
-                    check_launch(status, "snappy", Some(api.status_string))
+                    codec.name(),
+                    check_launch(status, codec.name(), Some(api.status_string))
                         .err()
                         .unwrap_or_default()
                 )));
@@ -943,13 +1010,14 @@ mod tests {
         }
     }
 
-    /// Snappy buffers of every shape (empty, one byte, runs, noise, up to 1 MiB as Parquet pages
-    /// are) decompress on the GPU to what the CPU's snappy made them from; a corrupt buffer or
-    /// a wrong size is an error, and a budget without room refuses the call.
+    /// Buffers of every shape (empty, one byte, runs, noise, up to 1 MiB as Parquet pages are),
+    /// snappy and zstd (one frame, and several frames joined, as the tool's writer makes a
+    /// page), decompress on the GPU to what the CPU's codecs made them from; a corrupt buffer
+    /// or a wrong size is an error, and a budget without room refuses the call.
     #[test]
-    fn snappy_pages_decompress_on_the_gpu_as_on_the_cpu() {
-        let test = "snappy_pages_decompress_on_the_gpu_as_on_the_cpu";
-        let Some(gpu) = nvcomp_for_test(test, || SnappyDecompressor::try_new(0)) else {
+    fn pages_decompress_on_the_gpu_as_on_the_cpu() {
+        let test = "pages_decompress_on_the_gpu_as_on_the_cpu";
+        let Some(gpu) = nvcomp_for_test(test, || PageDecompressor::try_new(0)) else {
             return;
         };
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
@@ -973,43 +1041,67 @@ mod tests {
                     .collect()
             })
             .collect();
-        let compressed: Vec<Vec<u8>> = (plain.iter())
-            .map(|p| snap::raw::Encoder::new().compress_vec(p).unwrap())
-            .collect();
-        let refs: Vec<&[u8]> = compressed.iter().map(|c| c.as_slice()).collect();
-        let sizes: Vec<usize> = plain.iter().map(|p| p.len()).collect();
-        // Without the empty buffers first, then with them (made on the host).
-        let (some, some_sizes): (Vec<&[u8]>, Vec<usize>) = refs
-            .iter()
-            .zip(&sizes)
-            .filter(|(_, n)| **n > 0)
-            .map(|(r, n)| (*r, *n))
-            .unzip();
-        assert!(some.len() < refs.len(), "the test has empty buffers");
-        let out = gpu.decompress(&some, &some_sizes).unwrap();
-        assert!(
-            out.iter()
-                .zip(plain.iter().filter(|p| !p.is_empty()))
-                .all(|(o, p)| o == p)
-        );
-        let out = gpu.decompress(&refs, &sizes).unwrap();
-        for (i, (o, p)) in out.iter().zip(&plain).enumerate() {
-            assert!(o == p, "buffer {i} ({} bytes) differs", p.len());
-        }
-        let mut wrong = sizes.clone();
-        wrong[7] += 1;
-        assert!(gpu.decompress(&refs, &wrong).is_err(), "a wrong size");
-        let cut = &compressed[1][..compressed[1].len() / 2];
-        assert!(gpu.decompress(&[refs[0], cut], &sizes[..2]).is_err(), "a cut buffer");
-        assert_eq!(gpu.decompress(&[], &[]).unwrap().len(), 0);
-        assert_eq!(gpu.decompress(&[&[0u8][..]], &[0]).unwrap(), vec![Vec::<u8>::new()]);
-        // A budget is taken at the first call: a new decompressor for the one without room.
-        let Some(fresh) = nvcomp_for_test(test, || SnappyDecompressor::try_new(0)) else {
-            return;
+        // zstd: every fourth buffer as two frames joined.
+        let zstd_of = |i: usize, p: &[u8]| {
+            if i % 4 == 1 && p.len() > 1 {
+                let (a, b) = p.split_at(p.len() / 3);
+                [zstd::bulk::compress(a, 3).unwrap(), zstd::bulk::compress(b, 3).unwrap()].concat()
+            } else {
+                zstd::bulk::compress(p, 3).unwrap()
+            }
         };
-        let refused = fresh.with_budget(DeviceBudget::new(64 << 10));
-        let no_room = refused.decompress(&refs, &sizes).unwrap_err().to_string();
-        assert!(no_room.contains("no room"), "{no_room}");
+        for codec in [PageCodec::Snappy, PageCodec::Zstd] {
+            let compressed: Vec<Vec<u8>> = (plain.iter().enumerate())
+                .map(|(i, p)| match codec {
+                    PageCodec::Snappy => snap::raw::Encoder::new().compress_vec(p).unwrap(),
+                    PageCodec::Zstd => zstd_of(i, p),
+                })
+                .collect();
+            let refs: Vec<&[u8]> = compressed.iter().map(|c| c.as_slice()).collect();
+            let sizes: Vec<usize> = plain.iter().map(|p| p.len()).collect();
+            // Without the empty buffers first, then with them (made on the host).
+            let (some, some_sizes): (Vec<&[u8]>, Vec<usize>) = refs
+                .iter()
+                .zip(&sizes)
+                .filter(|(_, n)| **n > 0)
+                .map(|(r, n)| (*r, *n))
+                .unzip();
+            assert!(some.len() < refs.len(), "the test has empty buffers");
+            let out = gpu.decompress(codec, &some, &some_sizes).unwrap();
+            assert!(
+                out.iter()
+                    .zip(plain.iter().filter(|p| !p.is_empty()))
+                    .all(|(o, p)| o == p),
+                "{codec:?}"
+            );
+            let out = gpu.decompress(codec, &refs, &sizes).unwrap();
+            for (i, (o, p)) in out.iter().zip(&plain).enumerate() {
+                assert!(o == p, "{codec:?} buffer {i} ({} bytes) differs", p.len());
+            }
+            let mut wrong = sizes.clone();
+            wrong[7] += 1;
+            assert!(gpu.decompress(codec, &refs, &wrong).is_err(), "{codec:?}: a wrong size");
+            let cut = &compressed[1][..compressed[1].len() / 2];
+            let cut = gpu.decompress(codec, &[refs[0], cut], &sizes[..2]);
+            assert!(cut.is_err(), "{codec:?}: a cut buffer");
+            assert_eq!(gpu.decompress(codec, &[], &[]).unwrap().len(), 0);
+            assert_eq!(
+                gpu.decompress(codec, &[&[0u8][..]], &[0]).unwrap(),
+                vec![Vec::<u8>::new()]
+            );
+            // A budget is taken at the first call: a new decompressor for the one without room.
+            let Some(fresh) = nvcomp_for_test(test, || PageDecompressor::try_new(0)) else {
+                return;
+            };
+            let refused = fresh.with_budget(DeviceBudget::new(64 << 10));
+            let no_room = refused.decompress(codec, &refs, &sizes).unwrap_err().to_string();
+            assert!(no_room.contains("no room"), "{no_room}");
+        }
+        eprintln!(
+            "{test}: input alignment snappy {}, zstd {}",
+            gpu.input_alignment(PageCodec::Snappy),
+            gpu.input_alignment(PageCodec::Zstd)
+        );
     }
 
     /// A call's staging: the inputs at their offsets, then the table's words, little-endian;

@@ -1,6 +1,6 @@
 //! Parquet data pages decoded on the device (`kernels/parquet.cu`): the third step of the plan
 //! in `kernels/NOTES.md`, "Parquet decode on the GPU: the plan". The pages lie decompressed in
-//! device memory ([`crate::SnappyDecompressor`]); the caller (`gpusort_parquet`, which reads the
+//! device memory ([`crate::PageDecompressor`]); the caller (`gpusort_parquet`, which reads the
 //! file's metadata) describes each with a [`ParquetPage`], and [`Gpu::parquet_decode`] writes
 //! every page's rows into its column's Arrow buffers in one launch: fixed-width values widened
 //! or narrowed to the Arrow width, byte arrays as 16-byte views into the pages' bytes, a

@@ -12,7 +12,7 @@
 use std::time::Instant;
 
 use bytes::Bytes;
-use gpusort_cuda::SnappyDecompressor;
+use gpusort_cuda::{PageCodec, PageDecompressor};
 use gpusort_parquet::stored_pages::{ColumnChunkPages, column_chunk_pages};
 use parquet::basic::Compression;
 use parquet::file::reader::{FileReader, SerializedFileReader};
@@ -76,7 +76,7 @@ fn main() {
         plain as f64 / cpu_s / 1e9
     );
 
-    let gpu = match SnappyDecompressor::try_new(0) {
+    let gpu = match PageDecompressor::try_new(0) {
         Ok(g) => g,
         Err(e) => return println!("GPU: not run ({e})"),
     };
@@ -86,7 +86,9 @@ fn main() {
         for (calls, chunk) in pages.chunks(groups_a_call).zip(cpu.chunks(groups_a_call)) {
             let refs: Vec<&[u8]> = calls.iter().flatten().map(|(b, _)| *b).collect();
             let sizes: Vec<usize> = calls.iter().flatten().map(|(_, u)| *u).collect();
-            let out = gpu.decompress_to_device(&refs, &sizes).expect("nvCOMP");
+            let out = gpu
+                .decompress_to_device(PageCodec::Snappy, &refs, &sizes)
+                .expect("nvCOMP");
             if round == 0 {
                 let mut host = vec![0u8; out.data.len()];
                 gpu.stream().memcpy_dtoh(&out.data, &mut host).unwrap();

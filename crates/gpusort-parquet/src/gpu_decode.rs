@@ -1,17 +1,17 @@
 //! Row groups of a Parquet file decoded on the GPU into Arrow columns in device memory (issue
 //! 20's reading phase; `crates/gpusort-cuda/kernels/NOTES.md`, "Parquet decode on the GPU: the
 //! plan", step 3). [`GpuPageDecoder::decode`] lists the chunks' pages as stored
-//! ([`column_chunk_pages`]), decompresses every snappy page of the call in one nvCOMP call and
+//! ([`column_chunk_pages`]), decompresses every snappy or zstd page of the call in one nvCOMP call and
 //! uploads the uncompressed ones, makes views of the PLAIN byte arrays, and decodes every data
 //! page in one launch ([`gpusort_cuda::parquet`]).
 //!
 //! What it decodes: flat columns, required or optional, of the types [`ColumnPlan::for_field`]
 //! lists (integers, floats, dates, times, timestamps, decimals stored as INT32 or INT64, byte
 //! arrays as `Utf8View` / `BinaryView`), pages v1 and v2 that are PLAIN or dictionary encoded,
-//! uncompressed or snappy. Anything else is refused before the GPU is touched
+//! uncompressed, snappy or zstd (one codec a call). Anything else is refused before the GPU is touched
 //! ([`GpuPageDecoder::plan`]), and the caller reads the file with the Parquet crate.
 //!
-//! Byte arrays' views point into the decompressed pages themselves: buffer 0 is the snappy
+//! Byte arrays' views point into the decompressed pages themselves: buffer 0 is nvCOMP's
 //! output, buffer 1 the uploaded pages ([`GpuRowGroups::buffers`]); no byte is copied.
 
 use std::sync::Arc;
@@ -21,7 +21,7 @@ use arrow::buffer::{BooleanBuffer, Buffer, NullBuffer};
 use arrow::datatypes::{DataType, Field, FieldRef, Schema, SchemaRef};
 use bytes::Bytes;
 use gpusort_cuda::parquet::{PAGE_DICT, PAGE_OPTIONAL, PAGE_PLAIN, PAGE_V1_LEVELS, ParquetPage, ViewRegion};
-use gpusort_cuda::{DeviceBatch, DeviceBatchColumn, DeviceBuffers, Gpu, KernelCache, SnappyDecompressor};
+use gpusort_cuda::{DeviceBatch, DeviceBatchColumn, DeviceBuffers, Gpu, KernelCache, PageCodec, PageDecompressor};
 use parquet::arrow::parquet_to_arrow_schema;
 use parquet::basic::{Compression, Encoding, Type as PhysicalType};
 use parquet::errors::{ParquetError, Result};
@@ -79,7 +79,7 @@ impl ColumnPlan {
 /// Decodes Parquet row groups on one GPU; see the module doc.
 pub struct GpuPageDecoder {
     gpu: Arc<Gpu>,
-    snappy: SnappyDecompressor,
+    nvcomp: PageDecompressor,
     /// The types the columns are decoded as, where not the file's own ([`Self::with_schema`]).
     schema: Option<SchemaRef>,
 }
@@ -87,7 +87,7 @@ pub struct GpuPageDecoder {
 impl std::fmt::Debug for GpuPageDecoder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GpuPageDecoder")
-            .field("snappy", &self.snappy)
+            .field("nvcomp", &self.nvcomp)
             .finish_non_exhaustive()
     }
 }
@@ -102,7 +102,7 @@ pub struct GpuColumn {
 }
 
 /// Row groups decoded into device memory: their columns, and the decompressed pages the byte
-/// arrays' views point into (buffer 0: snappy's output; buffer 1: pages uploaded as stored).
+/// arrays' views point into (buffer 0: nvCOMP's output; buffer 1: pages uploaded as stored).
 pub struct GpuRowGroups {
     pub rows: usize,
     pub columns: Vec<GpuColumn>,
@@ -200,10 +200,12 @@ struct Placed {
     index: usize,
 }
 
-/// The buffers a call sends to the device: snappy pages and their sizes, and raw bytes.
+/// The buffers a call sends to the device: compressed pages (of one codec) and their sizes, and
+/// raw bytes.
 #[derive(Default)]
 struct Uploads<'a> {
-    snappy: Vec<&'a [u8]>,
+    codec: Option<PageCodec>,
+    compressed: Vec<&'a [u8]>,
     sizes: Vec<usize>,
     raw: Vec<&'a [u8]>,
 }
@@ -215,17 +217,19 @@ impl<'a> Uploads<'a> {
         if !page.compressed {
             return Ok(self.raw(bytes));
         }
-        if codec != Compression::SNAPPY {
-            return Err(ParquetError::NYI(format!("{codec} pages on the GPU")));
+        let codec = page_codec(codec).ok_or_else(|| ParquetError::NYI(format!("{codec} pages on the GPU")))?;
+        if self.codec.is_some_and(|c| c != codec) {
+            return Err(ParquetError::NYI("pages of two codecs in one call".into()));
         }
+        self.codec = Some(codec);
         let size = page
             .uncompressed_bytes
-            .ok_or_else(|| ParquetError::General("a snappy page without its size".into()))?;
-        self.snappy.push(bytes);
+            .ok_or_else(|| ParquetError::General(format!("a {} page without its size", codec.name())))?;
+        self.compressed.push(bytes);
         self.sizes.push(size);
         Ok(Placed {
             buffer: 0,
-            index: self.snappy.len() - 1,
+            index: self.compressed.len() - 1,
         })
     }
 
@@ -256,11 +260,11 @@ struct PagePlan {
 impl GpuPageDecoder {
     /// A decoder on GPU `ordinal`; an error says why there is none (no GPU, no nvCOMP).
     pub fn try_new(ordinal: usize) -> gpusort_cuda::Result<Self> {
-        let snappy = SnappyDecompressor::try_new(ordinal)?;
+        let nvcomp = PageDecompressor::try_new(ordinal)?;
         let gpu = Arc::new(Gpu::open(ordinal, &KernelCache::from_env())?);
         Ok(Self {
             gpu,
-            snappy,
+            nvcomp,
             schema: None,
         })
     }
@@ -268,7 +272,7 @@ impl GpuPageDecoder {
     /// Holds its device memory (the pages, the decoded columns) of `budget` instead of the
     /// process's budget of the device.
     pub fn with_budget(mut self, budget: Arc<gpusort_cuda::DeviceBudget>) -> Self {
-        self.snappy = self.snappy.with_budget(budget);
+        self.nvcomp = self.nvcomp.with_budget(budget);
         self
     }
 
@@ -341,12 +345,16 @@ impl GpuPageDecoder {
     /// Whether the device decodes the chunks of `row_groups` of `meta`'s file, by what their
     /// metadata lists (codec, encodings), or why not; [`Self::decode`] checks each page again.
     pub fn check_row_groups(meta: &ParquetMetaData, row_groups: &[usize]) -> Result<(), String> {
+        let mut codecs = None;
         for &g in row_groups {
             let rg = meta.row_groups().get(g).ok_or_else(|| format!("no row group {g}"))?;
             for chunk in rg.columns() {
                 let name = chunk.column_path().string();
-                if !matches!(chunk.compression(), Compression::SNAPPY | Compression::UNCOMPRESSED) {
-                    return Err(format!("column '{name}': {} pages", chunk.compression()));
+                match (chunk.compression(), page_codec(chunk.compression())) {
+                    (Compression::UNCOMPRESSED, _) => {}
+                    (_, Some(codec)) if codecs.is_none_or(|c| c == codec) => codecs = Some(codec),
+                    (_, Some(_)) => return Err(format!("column '{name}': pages of two codecs in one call")),
+                    (other, None) => return Err(format!("column '{name}': {other} pages")),
                 }
                 // RLE: the levels' (and booleans'); BIT_PACKED, old levels, is not read.
                 if let Some(e) = chunk.encodings().find(|e| {
@@ -407,7 +415,7 @@ impl GpuPageDecoder {
         let column_bytes: usize = (plans.iter())
             .map(|p| rows * p.out_width as usize + if p.optional { 4 * rows.div_ceil(32) } else { 0 })
             .sum();
-        let mut held = self.snappy.reservation();
+        let mut held = self.nvcomp.reservation();
         if !held.try_grow_to(column_bytes + 16 * view_count) {
             return Err(ParquetError::General(format!(
                 "the device memory budget has no room for {:.1} MB of decoded columns now",
@@ -438,8 +446,10 @@ impl GpuPageDecoder {
 
     /// The call's pages on the device: the range of the file that holds them uploaded whole
     /// (buffer 1, whose pieces are the uploads' raw slices: one copy, none packed; at full
-    /// speed from `pinned` memory, [`FileBytes::read_pinned`]), and the snappy pages
-    /// decompressed from it there (buffer 0).
+    /// speed from `pinned` memory, [`FileBytes::read_pinned`]), and the compressed pages
+    /// decompressed from it there (buffer 0). Where the codec needs its inputs at aligned
+    /// addresses and a page is not, the compressed pages are packed on the host instead and
+    /// the range holds the raw pages alone.
     fn to_device(&self, file: &Bytes, pinned: bool, uploads: &Uploads) -> Result<[DeviceBuffers; 2]> {
         let offset = |b: &[u8]| {
             let at = (b.as_ptr() as usize).wrapping_sub(file.as_ptr() as usize);
@@ -448,29 +458,43 @@ impl GpuPageDecoder {
                 _ => Err(ParquetError::General("a page outside the file's bytes".into())),
             }
         };
-        let (mut lo, mut hi) = (usize::MAX, 0);
-        for b in uploads.snappy.iter().chain(&uploads.raw) {
-            let at = offset(b)?;
-            (lo, hi) = (lo.min(at), hi.max(at + b.len()));
-        }
-        let lo = lo.min(hi);
+        let codec = uploads.codec.unwrap_or(PageCodec::Snappy);
+        let span = |pages: &mut dyn Iterator<Item = &&[u8]>| -> Result<(usize, usize)> {
+            let (mut lo, mut hi) = (usize::MAX, 0);
+            for b in pages {
+                let at = offset(b)?;
+                (lo, hi) = (lo.min(at), hi.max(at + b.len()));
+            }
+            Ok((lo.min(hi), hi))
+        };
+        let (lo, hi) = span(&mut uploads.compressed.iter().chain(&uploads.raw))?;
+        // The device buffer starts at an address aligned far past any codec's needs.
+        let align = self.nvcomp.input_alignment(codec);
+        let aligned = (uploads.compressed.iter()).all(|b| offset(b).is_ok_and(|at| (at - lo) % align == 0));
+        let (lo, hi) = if aligned {
+            (lo, hi)
+        } else {
+            span(&mut uploads.raw.iter())?
+        };
         let pieces: Vec<(usize, usize)> = (uploads.raw.iter())
             .map(|b| Ok((offset(b)? - lo, b.len())))
             .collect::<Result<_>>()?;
-        let range = (self.snappy)
+        let range = (self.nvcomp)
             .upload_range(&file[lo..hi], &pieces, pinned)
             .map_err(external)?;
-        let base = {
-            use cudarc::driver::DevicePtr;
-            range.data.device_ptr(self.snappy.stream()).0
+        let decompressed = if aligned {
+            let base = {
+                use cudarc::driver::DevicePtr;
+                range.data.device_ptr(self.nvcomp.stream()).0
+            };
+            let inputs: Vec<(u64, usize)> = (uploads.compressed.iter())
+                .map(|b| Ok((base + (offset(b)? - lo) as u64, b.len())))
+                .collect::<Result<_>>()?;
+            self.nvcomp.decompress_on_device(codec, &inputs, &uploads.sizes)
+        } else {
+            (self.nvcomp).decompress_to_device(codec, &uploads.compressed, &uploads.sizes)
         };
-        let inputs: Vec<(u64, usize)> = (uploads.snappy.iter())
-            .map(|b| Ok((base + (offset(b)? - lo) as u64, b.len())))
-            .collect::<Result<_>>()?;
-        let decompressed = (self.snappy)
-            .decompress_on_device(&inputs, &uploads.sizes)
-            .map_err(external)?;
-        Ok([decompressed, range])
+        Ok([decompressed.map_err(external)?, range])
     }
 
     fn alloc_column(&self, plan: &ColumnPlan, rows: usize) -> gpusort_cuda::Result<GpuColumn> {
@@ -484,6 +508,15 @@ impl GpuPageDecoder {
             values: self.gpu.alloc_bytes(rows * plan.out_width as usize)?,
             validity,
         })
+    }
+}
+
+/// The codec nvCOMP decompresses for a Parquet `codec` (`None`: none does, or none is needed).
+fn page_codec(codec: Compression) -> Option<PageCodec> {
+    match codec {
+        Compression::SNAPPY => Some(PageCodec::Snappy),
+        Compression::ZSTD(_) => Some(PageCodec::Zstd),
+        _ => None,
     }
 }
 
@@ -678,17 +711,17 @@ impl GpuRowGroups {
                 validity: c.validity,
             })
             .collect();
-        let [snappy, raw] = self.buffers;
-        let ((snappy, held_snappy), (raw, held_raw)) = (snappy.into_parts(), raw.into_parts());
-        let kept = snappy.len() + raw.len();
+        let [decompressed, raw] = self.buffers;
+        let ((decompressed, held_decompressed), (raw, held_raw)) = (decompressed.into_parts(), raw.into_parts());
+        let kept = decompressed.len() + raw.len();
         // The views of the PLAIN byte arrays were read by the decode, which waited for them:
         // freed, and their bytes no longer held of the budget.
         let mut held = self._held;
         held.shrink_to(held.bytes().saturating_sub(self._views.len()));
         drop(self._views);
-        let owner = Box::new((snappy, raw));
+        let owner = Box::new((decompressed, raw));
         DeviceBatch::new(self.rows, columns, self.first_buffer, addresses, owner)
-            .with_reservations(vec![held, held_snappy, held_raw], kept)
+            .with_reservations(vec![held, held_decompressed, held_raw], kept)
     }
 
     /// The columns downloaded as a record batch (tests, and checks against the CPU's reader):
@@ -999,7 +1032,7 @@ mod tests {
 
     /// Every column of every row group, decoded on the GPU, equals the Parquet crate's reading:
     /// every type, with and without nulls, dictionaries and their fallback to PLAIN, pages v1
-    /// and v2, snappy and uncompressed, pages of a few rows and of many, the file in pinned
+    /// and v2, snappy, zstd and uncompressed, pages of a few rows and of many, the file in pinned
     /// memory (all row groups) and in pageable memory (the last).
     #[test]
     fn gpu_decode_reads_as_the_parquet_crate() {
@@ -1014,6 +1047,8 @@ mod tests {
                 for (codec, dictionary, page_rows) in [
                     (Compression::SNAPPY, true, 1_000),
                     (Compression::SNAPPY, false, 20_000),
+                    (Compression::ZSTD(Default::default()), true, 700),
+                    (Compression::ZSTD(Default::default()), false, 20_000),
                     (Compression::UNCOMPRESSED, true, 333),
                     (Compression::UNCOMPRESSED, false, 64),
                 ] {
@@ -1057,7 +1092,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(cases, 64);
+        assert_eq!(cases, 96);
         // The DELTA encodings are refused (before the GPU is used): the caller reads the file
         // with the Parquet crate.
         let props = WriterProperties::builder()
@@ -1304,13 +1339,16 @@ mod tests {
             assert!(why.contains(says), "{why}");
         }
         let data = batch(&mut SmallRng::seed_from_u64(1), 10, 0.1, 5);
-        let zstd = WriterProperties::builder()
-            .set_compression(Compression::ZSTD(Default::default()))
+        // One nvCOMP call decompresses one codec (the workspace's Parquet crate writes no
+        // codec but snappy and zstd, so no other is tried here).
+        let mixed = WriterProperties::builder()
+            .set_compression(Compression::SNAPPY)
+            .set_column_compression("i16".into(), Compression::ZSTD(Default::default()))
             .build();
-        let file = write(&data, zstd);
+        let file = write(&data, mixed);
         let meta = ParquetMetaDataReader::new().parse_and_finish(&file).unwrap();
         let why = GpuPageDecoder::check_row_groups(&meta, &[0]).unwrap_err();
-        assert_eq!(why, "column 'i8': ZSTD(ZstdLevel(1)) pages");
+        assert_eq!(why, "column 'i16': pages of two codecs in one call");
         assert!(
             GpuPageDecoder::check_row_groups(&meta, &[9])
                 .unwrap_err()

@@ -1,5 +1,5 @@
 //! Sorts of a Parquet file whose `GpuSortExec` reads the file itself ([`DeviceScan`]): table
-//! `t` written to a snappy Parquet file, and the plan of `SELECT * FROM file ORDER BY ...`
+//! `t` written to a snappy or zstd Parquet file, and the plan of `SELECT * FROM file ORDER BY ...`
 //! with its sort told the file, as `gpusort sort` tells it.
 
 use std::path::{Path, PathBuf};
@@ -10,16 +10,17 @@ use datafusion::physical_plan::{ExecutionPlan, collect};
 use datafusion::prelude::{ParquetReadOptions, SessionContext};
 use datafusion_gpusort::{DeviceScan, GpuSortExec};
 
-/// Table `t` of `ctx` written to `dir/t.parquet` with snappy pages (what the device decodes).
+/// Table `t` of `ctx` written to `dir/t.parquet` with snappy pages (a codec the device decodes).
 pub async fn t_as_parquet(ctx: &SessionContext, dir: &Path) -> PathBuf {
-    t_as_row_groups(ctx, dir, 1 << 20).await
+    t_as_row_groups(ctx, dir, 1 << 20, "snappy").await
 }
 
-/// [`t_as_parquet`] in row groups of `rows` rows.
-pub async fn t_as_row_groups(ctx: &SessionContext, dir: &Path, rows: usize) -> PathBuf {
+/// [`t_as_parquet`] in row groups of `rows` rows, its pages compressed by `codec` (DataFusion's
+/// name: `snappy`, `zstd(3)`).
+pub async fn t_as_row_groups(ctx: &SessionContext, dir: &Path, rows: usize, codec: &str) -> PathBuf {
     let path = dir.join("t.parquet");
     let sql = format!(
-        "COPY (SELECT * FROM t) TO '{}' STORED AS PARQUET OPTIONS ('format.compression' 'snappy', \
+        "COPY (SELECT * FROM t) TO '{}' STORED AS PARQUET OPTIONS ('format.compression' '{codec}', \
          'format.max_row_group_size' '{rows}')",
         path.display()
     );
