@@ -30,6 +30,7 @@
 //! | `options` | — | [`GpuOptions`]: the `GPUSORT_*` settings, read once when a device opens |
 //! | [`tune`] | — | `gpusort tune`: the empirical search over the kernels' settings, the tuning profile |
 //! | [`nvcomp`] | — | nvCOMP, loaded at run time: zstd for the tool's Parquet pages, snappy and zstd pages decompressed for reading |
+//! | `zstd_frames` | — | the frames of a zstd page, one nvCOMP buffer each |
 //! | [`parquet`] | `parquet.cu` | Parquet data pages decoded into Arrow's layout on the device |
 //!
 //! Dependencies point one way: `backend` -> `session` -> `sort` -> `lsd`/`sample`/`msd`/`gather` ->
@@ -69,6 +70,7 @@ mod table;
 mod ties;
 pub mod transfer;
 pub mod tune;
+mod zstd_frames;
 
 pub use backend::{CudaBackend, MAX_DIGIT_BITS, SortFootprint};
 pub use device::{DeviceInfo, GpuUnavailable, probe};

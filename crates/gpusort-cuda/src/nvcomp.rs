@@ -34,6 +34,7 @@ use crate::error::{CudaSortError, Result};
 use crate::memory::{DeviceBudget, DeviceReservation};
 use crate::options::GpuOptions;
 use crate::pinned::{HostBuffer, PinnedPool};
+use crate::zstd_frames::zstd_frames;
 
 /// The library's file name.
 pub const NVCOMP_LIBRARY: &str = "libnvcomp.so.6";
@@ -261,6 +262,21 @@ fn library_path(configured: Option<PathBuf>) -> PathBuf {
 /// Rounds `n` up to a multiple of `to` (a power of two or any positive number).
 fn align_up(n: usize, to: usize) -> usize {
     n.div_ceil(to.max(1)) * to.max(1)
+}
+
+/// Where each output goes: as [`pack`] places them (at multiples of `align`), but an output
+/// `joined` to the one before right after it (the frames of one page); `None` where that is not
+/// at a multiple of `joined_align`.
+fn place(sizes: &[usize], joined: &[bool], align: usize, joined_align: usize) -> Option<(Vec<usize>, usize)> {
+    let mut end = 0;
+    let offsets = (sizes.iter().zip(joined))
+        .map(|(&len, &joined)| {
+            let at = if joined { end } else { align_up(end, align) };
+            end = at + len;
+            (at % joined_align.max(1) == 0).then_some(at)
+        })
+        .collect::<Option<Vec<usize>>>()?;
+    Some((offsets, end))
 }
 
 /// Where each buffer goes in a packed region: offsets aligned to `align`, and the total.
@@ -612,15 +628,15 @@ impl DeviceBuffers {
 }
 
 /// The compressed buffers of a call: in host memory (packed into pinned memory and uploaded by
-/// the call), or on the device already (an address and a length each, in memory that outlives
-/// the call).
+/// the call), or on the device already (an address each, in memory that outlives the call,
+/// and the same bytes on the host, where a zstd page's frames are read).
 #[derive(Debug, Clone)]
 enum Inputs<'a> {
     Host(Vec<&'a [u8]>),
-    Device(Vec<(u64, usize)>),
+    Device(Vec<(u64, &'a [u8])>),
 }
 
-impl Inputs<'_> {
+impl<'a> Inputs<'a> {
     fn len(&self) -> usize {
         match self {
             Inputs::Host(v) => v.len(),
@@ -628,9 +644,10 @@ impl Inputs<'_> {
         }
     }
 
-    fn bytes(&self, i: usize) -> usize {
+    /// Buffer `i`'s bytes on the host.
+    fn host(&self, i: usize) -> &'a [u8] {
         match self {
-            Inputs::Host(v) => v[i].len(),
+            Inputs::Host(v) => v[i],
             Inputs::Device(v) => v[i].1,
         }
     }
@@ -640,6 +657,24 @@ impl Inputs<'_> {
         match self {
             Inputs::Host(v) => Inputs::Host(keep.iter().map(|&i| v[i]).collect()),
             Inputs::Device(v) => Inputs::Device(keep.iter().map(|&i| v[i]).collect()),
+        }
+    }
+
+    /// The pieces `(buffer, offset, length)` of these buffers, where they are; on the host
+    /// where one on the device is not at a multiple of `align`.
+    fn pieces(&self, pieces: &[(usize, usize, usize)], align: u64) -> Self {
+        let host = || Inputs::Host(pieces.iter().map(|&(i, at, n)| &self.host(i)[at..at + n]).collect());
+        match self {
+            Inputs::Host(_) => host(),
+            Inputs::Device(v) => {
+                let device: Vec<(u64, &'a [u8])> = (pieces.iter())
+                    .map(|&(i, at, n)| (v[i].0 + at as u64, &v[i].1[at..at + n]))
+                    .collect();
+                match device.iter().all(|(a, _)| a % align.max(1) == 0) {
+                    true => Inputs::Device(device),
+                    false => host(),
+                }
+            }
         }
     }
 }
@@ -713,22 +748,16 @@ impl PageDecompressor {
     }
 
     /// As [`Self::decompress_to_device`], of buffers on the device already: `compressed[i]` is
-    /// the address and length of buffer `i` (in device memory that outlives the call; a file's
-    /// range uploaded whole by [`Self::upload_range`], say): nothing is packed or copied. Each
-    /// address must be a multiple of [`Self::input_alignment`].
+    /// the address of buffer `i` (in device memory that outlives the call; a file's range
+    /// uploaded whole by [`Self::upload_range`], say) and its bytes on the host: nothing is
+    /// packed or copied, unless a buffer (or a zstd frame) is not at a multiple of
+    /// [`Self::input_alignment`]: then the call's buffers are packed from the host.
     pub fn decompress_on_device(
         &self,
         codec: PageCodec,
-        compressed: &[(u64, usize)],
+        compressed: &[(u64, &[u8])],
         sizes: &[usize],
     ) -> Result<DeviceBuffers> {
-        let align = self.input_alignment(codec) as u64;
-        if let Some(&(at, _)) = compressed.iter().find(|&&(at, _)| at % align != 0) {
-            return Err(CudaSortError::Compression(format!(
-                "a {} buffer at device address {at:#x}: nvCOMP needs them at multiples of {align}",
-                codec.name()
-            )));
-        }
         self.decompress_inputs(codec, Inputs::Device(compressed.to_vec()), sizes)
     }
 
@@ -752,17 +781,54 @@ impl PageDecompressor {
                 _held: self.device.budget().reservation(),
             });
         }
-        if full.len() == sizes.len() {
-            return self.decompress_full(codec, &compressed, sizes);
-        }
         let lens: Vec<usize> = full.iter().map(|&i| sizes[i]).collect();
-        let mut out = self.decompress_full(codec, &compressed.select(&full), &lens)?;
+        let (buffers, buffer_sizes, joined, first) = self.buffers(codec, compressed.select(&full), &lens)?;
+        let mut out = self.decompress_full(codec, &buffers, &buffer_sizes, &joined)?;
         let mut at = vec![0; sizes.len()];
-        for (&i, &a) in full.iter().zip(&out.offsets) {
-            at[i] = a;
+        for (&i, &b) in full.iter().zip(&first) {
+            at[i] = out.offsets[b];
         }
         (out.offsets, out.sizes) = (at, sizes.to_vec());
         Ok(out)
+    }
+
+    /// The buffers nvCOMP takes for `pages` (`sizes[i]` bytes decompressed): each page as it
+    /// is, or, of a zstd page of several frames, each frame ([`zstd_frames`]: nvCOMP
+    /// decompresses one frame a buffer), written right after the frame before it (`joined`).
+    /// Their sizes, and the index of each page's first buffer.
+    fn buffers<'a>(
+        &self,
+        codec: PageCodec,
+        pages: Inputs<'a>,
+        sizes: &[usize],
+    ) -> Result<(Inputs<'a>, Vec<usize>, Vec<bool>, Vec<usize>)> {
+        let (mut pieces, mut lens, mut joined, mut first) = (vec![], vec![], vec![], vec![]);
+        for (k, &size) in sizes.iter().enumerate() {
+            first.push(pieces.len());
+            let bytes = pages.host(k);
+            let frames = match codec {
+                PageCodec::Snappy => vec![],
+                PageCodec::Zstd => zstd_frames(bytes).map_err(CudaSortError::Compression)?,
+            };
+            if frames.len() < 2 {
+                (pieces.push((k, 0, bytes.len())), lens.push(size), joined.push(false));
+                continue;
+            }
+            let content: Option<Vec<u64>> = frames.iter().map(|f| f.content).collect();
+            let content = content
+                .filter(|c| c.iter().sum::<u64>() == size as u64)
+                .ok_or_else(|| {
+                    CudaSortError::Compression(format!(
+                        "a zstd page of {} frames whose sizes are not given, or do not add up to its {size} bytes",
+                        frames.len()
+                    ))
+                })?;
+            for (j, (f, c)) in frames.iter().zip(content).enumerate() {
+                (pieces.push((k, f.at, f.len)), lens.push(c as usize), joined.push(j > 0));
+            }
+        }
+        let align = self.input_alignment(codec) as u64;
+        Ok((pages.pieces(&pieces, align), lens, joined, first))
     }
 
     /// `bytes` (a file's range, say) copied to one device buffer, held of the decompressor's
@@ -809,7 +875,13 @@ impl PageDecompressor {
 
     /// [`Self::decompress_to_device`] of buffers that are none of them empty: hold the call's
     /// device memory of the budget, pack, upload, decompress, check each size and status.
-    fn decompress_full(&self, codec: PageCodec, compressed: &Inputs<'_>, sizes: &[usize]) -> Result<DeviceBuffers> {
+    fn decompress_full(
+        &self,
+        codec: PageCodec,
+        compressed: &Inputs<'_>,
+        sizes: &[usize],
+        joined: &[bool],
+    ) -> Result<DeviceBuffers> {
         let (api, stream, s) = (self.device.api, &self.stream, self.stream.cu_stream());
         let entries = &api.decompressors[codec as usize];
         let n = compressed.len();
@@ -818,7 +890,13 @@ impl PageDecompressor {
             Inputs::Device(_) => &[],
         };
         let (in_at, in_total) = pack(host.iter().map(|c| c.len()), entries.alignments.input.max(8));
-        let (out_at, out_total) = pack(sizes.iter().copied(), entries.alignments.output.max(8));
+        let (out_at, out_total) = place(
+            sizes,
+            joined,
+            entries.alignments.output.max(8),
+            entries.alignments.output,
+        )
+        .ok_or_else(|| CudaSortError::Compression(format!("a {} frame's output is not aligned", codec.name())))?;
         let max_out = sizes.iter().copied().max().unwrap_or(0).max(1);
         let mut temp_bytes = 0;
         // SAFETY: a query; it enqueues nothing on the stream.
@@ -845,7 +923,7 @@ impl PageDecompressor {
             Inputs::Device(d) => d.iter().map(|&(a, _)| a).collect(),
         };
         let table: Vec<u64> = (addresses.into_iter())
-            .chain((0..n).map(|i| compressed.bytes(i) as u64))
+            .chain((0..n).map(|i| compressed.host(i).len() as u64))
             .chain(sizes.iter().map(|&n| n as u64))
             .chain(out_at.iter().map(|&a| out_base + a as u64))
             .collect();
@@ -1101,6 +1179,20 @@ mod tests {
             "{test}: input alignment snappy {}, zstd {}",
             gpu.input_alignment(PageCodec::Snappy),
             gpu.input_alignment(PageCodec::Zstd)
+        );
+    }
+
+    /// Outputs go at aligned offsets, but a page's later frames right after the frame before
+    /// them, unless the codec needs those aligned too and they are not.
+    #[test]
+    fn frames_of_a_page_are_placed_end_to_end() {
+        let (sizes, joined) = ([5, 3, 4, 9, 2], [false, true, true, false, true]);
+        assert_eq!(place(&sizes, &joined, 8, 1), Some((vec![0, 5, 8, 16, 25], 27)));
+        assert_eq!(place(&sizes, &[false; 5], 8, 1), Some((vec![0, 8, 16, 24, 40], 42)));
+        assert_eq!(place(&sizes, &joined, 8, 4), None);
+        assert_eq!(
+            place(&[8, 8, 3], &[false, true, true], 8, 8),
+            Some((vec![0, 8, 16], 19))
         );
     }
 

@@ -448,8 +448,8 @@ impl GpuPageDecoder {
     /// (buffer 1, whose pieces are the uploads' raw slices: one copy, none packed; at full
     /// speed from `pinned` memory, [`FileBytes::read_pinned`]), and the compressed pages
     /// decompressed from it there (buffer 0). Where the codec needs its inputs at aligned
-    /// addresses and a page is not, the compressed pages are packed on the host instead and
-    /// the range holds the raw pages alone.
+    /// addresses, the compressed pages are packed on the host instead (the decompressor's
+    /// call) and the range holds the raw pages alone.
     fn to_device(&self, file: &Bytes, pinned: bool, uploads: &Uploads) -> Result<[DeviceBuffers; 2]> {
         let offset = |b: &[u8]| {
             let at = (b.as_ptr() as usize).wrapping_sub(file.as_ptr() as usize);
@@ -459,36 +459,27 @@ impl GpuPageDecoder {
             }
         };
         let codec = uploads.codec.unwrap_or(PageCodec::Snappy);
-        let span = |pages: &mut dyn Iterator<Item = &&[u8]>| -> Result<(usize, usize)> {
-            let (mut lo, mut hi) = (usize::MAX, 0);
-            for b in pages {
-                let at = offset(b)?;
-                (lo, hi) = (lo.min(at), hi.max(at + b.len()));
-            }
-            Ok((lo.min(hi), hi))
-        };
-        let (lo, hi) = span(&mut uploads.compressed.iter().chain(&uploads.raw))?;
-        // The device buffer starts at an address aligned far past any codec's needs.
-        let align = self.nvcomp.input_alignment(codec);
-        let aligned = (uploads.compressed.iter()).all(|b| offset(b).is_ok_and(|at| (at - lo) % align == 0));
-        let (lo, hi) = if aligned {
-            (lo, hi)
-        } else {
-            span(&mut uploads.raw.iter())?
-        };
+        let in_place = self.nvcomp.input_alignment(codec) == 1;
+        let (mut lo, mut hi) = (usize::MAX, 0);
+        let in_range = (uploads.compressed.iter()).filter(|_| in_place).chain(&uploads.raw);
+        for b in in_range {
+            let at = offset(b)?;
+            (lo, hi) = (lo.min(at), hi.max(at + b.len()));
+        }
+        let lo = lo.min(hi);
         let pieces: Vec<(usize, usize)> = (uploads.raw.iter())
             .map(|b| Ok((offset(b)? - lo, b.len())))
             .collect::<Result<_>>()?;
         let range = (self.nvcomp)
             .upload_range(&file[lo..hi], &pieces, pinned)
             .map_err(external)?;
-        let decompressed = if aligned {
+        let decompressed = if in_place {
             let base = {
                 use cudarc::driver::DevicePtr;
                 range.data.device_ptr(self.nvcomp.stream()).0
             };
-            let inputs: Vec<(u64, usize)> = (uploads.compressed.iter())
-                .map(|b| Ok((base + (offset(b)? - lo) as u64, b.len())))
+            let inputs: Vec<(u64, &[u8])> = (uploads.compressed.iter())
+                .map(|b| Ok((base + (offset(b)? - lo) as u64, *b)))
                 .collect::<Result<_>>()?;
             self.nvcomp.decompress_on_device(codec, &inputs, &uploads.sizes)
         } else {
