@@ -627,6 +627,16 @@ impl DeviceBuffers {
     }
 }
 
+/// What nvCOMP takes for a call's pages ([`PageDecompressor::buffers`]): the buffers, what
+/// each decompresses to, whether each is written right after the one before it (a later frame
+/// of a page), and the index of each page's first buffer.
+struct Buffers<'a> {
+    inputs: Inputs<'a>,
+    sizes: Vec<usize>,
+    joined: Vec<bool>,
+    first: Vec<usize>,
+}
+
 /// The compressed buffers of a call: in host memory (packed into pinned memory and uploaded by
 /// the call), or on the device already (an address each, in memory that outlives the call,
 /// and the same bytes on the host, where a zstd page's frames are read).
@@ -782,10 +792,10 @@ impl PageDecompressor {
             });
         }
         let lens: Vec<usize> = full.iter().map(|&i| sizes[i]).collect();
-        let (buffers, buffer_sizes, joined, first) = self.buffers(codec, compressed.select(&full), &lens)?;
-        let mut out = self.decompress_full(codec, &buffers, &buffer_sizes, &joined)?;
+        let buffers = self.buffers(codec, compressed.select(&full), &lens)?;
+        let mut out = self.decompress_full(codec, &buffers.inputs, &buffers.sizes, &buffers.joined)?;
         let mut at = vec![0; sizes.len()];
-        for (&i, &b) in full.iter().zip(&first) {
+        for (&i, &b) in full.iter().zip(&buffers.first) {
             at[i] = out.offsets[b];
         }
         (out.offsets, out.sizes) = (at, sizes.to_vec());
@@ -795,13 +805,7 @@ impl PageDecompressor {
     /// The buffers nvCOMP takes for `pages` (`sizes[i]` bytes decompressed): each page as it
     /// is, or, of a zstd page of several frames, each frame ([`zstd_frames`]: nvCOMP
     /// decompresses one frame a buffer), written right after the frame before it (`joined`).
-    /// Their sizes, and the index of each page's first buffer.
-    fn buffers<'a>(
-        &self,
-        codec: PageCodec,
-        pages: Inputs<'a>,
-        sizes: &[usize],
-    ) -> Result<(Inputs<'a>, Vec<usize>, Vec<bool>, Vec<usize>)> {
+    fn buffers<'a>(&self, codec: PageCodec, pages: Inputs<'a>, sizes: &[usize]) -> Result<Buffers<'a>> {
         let (mut pieces, mut lens, mut joined, mut first) = (vec![], vec![], vec![], vec![]);
         for (k, &size) in sizes.iter().enumerate() {
             first.push(pieces.len());
@@ -811,7 +815,9 @@ impl PageDecompressor {
                 PageCodec::Zstd => zstd_frames(bytes).map_err(CudaSortError::Compression)?,
             };
             if frames.len() < 2 {
-                (pieces.push((k, 0, bytes.len())), lens.push(size), joined.push(false));
+                pieces.push((k, 0, bytes.len()));
+                lens.push(size);
+                joined.push(false);
                 continue;
             }
             let content: Option<Vec<u64>> = frames.iter().map(|f| f.content).collect();
@@ -824,11 +830,18 @@ impl PageDecompressor {
                     ))
                 })?;
             for (j, (f, c)) in frames.iter().zip(content).enumerate() {
-                (pieces.push((k, f.at, f.len)), lens.push(c as usize), joined.push(j > 0));
+                pieces.push((k, f.at, f.len));
+                lens.push(c as usize);
+                joined.push(j > 0);
             }
         }
         let align = self.input_alignment(codec) as u64;
-        Ok((pages.pieces(&pieces, align), lens, joined, first))
+        Ok(Buffers {
+            inputs: pages.pieces(&pieces, align),
+            sizes: lens,
+            joined,
+            first,
+        })
     }
 
     /// `bytes` (a file's range, say) copied to one device buffer, held of the decompressor's
