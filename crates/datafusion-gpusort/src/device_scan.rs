@@ -27,6 +27,7 @@ use datafusion::parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
 };
 use datafusion::parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
+use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
@@ -52,6 +53,9 @@ pub const ROW_GROUPS_A_CALL: usize = 64;
 pub struct DeviceScan {
     files: Vec<PathBuf>,
     row_groups_a_call: usize,
+    /// Why the scan's own projection keeps the device from reading it (a computed or renamed
+    /// column): the sort executes its input, and counts the fallback.
+    refused: Option<String>,
 }
 
 impl DeviceScan {
@@ -60,6 +64,7 @@ impl DeviceScan {
         Self {
             files,
             row_groups_a_call: ROW_GROUPS_A_CALL,
+            refused: None,
         }
     }
 
@@ -77,7 +82,9 @@ impl DeviceScan {
     /// The scan of the local Parquet files `plan` reads whole: a `DataSourceExec` of them with
     /// no predicate and no limit, its partitions maybe coalesced (without a fetch) or
     /// repartitioned; `None` for any other plan. Its columns are checked against the files'
-    /// when they are read (a projection or partition columns make the sort read its input).
+    /// by name when they are read: a projection of the files' columns is decoded alone, while
+    /// partition columns, and a projection that computes or renames a column, make the sort
+    /// read its input.
     pub fn of_plan(plan: &Arc<dyn ExecutionPlan>) -> Option<Self> {
         let passes = plan.downcast_ref::<RepartitionExec>().is_some()
             || plan
@@ -103,11 +110,23 @@ impl DeviceScan {
                 files.push(path);
             }
         }
-        (!files.is_empty()).then(|| Self::new(files))
+        // The files' columns are found by name: each output column must be one, unrenamed.
+        let refused = (config.file_source.projection().into_iter())
+            .flat_map(|p| p.iter())
+            .find(|p| p.expr.downcast_ref::<Column>().is_none_or(|c| c.name() != p.alias))
+            .map(|p| format!("the scan computes or renames its column {}", p.alias));
+        (!files.is_empty()).then(|| Self {
+            refused,
+            ..Self::new(files)
+        })
     }
 
-    /// The files opened and their footers read; the reason when one cannot be.
+    /// The files opened and their footers read; the reason when one cannot be (or the scan's
+    /// projection is not read on the device).
     pub(crate) fn open(&self) -> Result<ScanFiles, String> {
+        if let Some(why) = &self.refused {
+            return Err(why.clone());
+        }
         let files = (self.files.iter())
             .map(|path| {
                 let file = File::open(path).map_err(|e| in_file(path, e))?;
@@ -173,15 +192,18 @@ impl ScanFiles {
     ) -> Result<Vec<Vec<Call>>, String> {
         let mut runs: Vec<Vec<Call>> = vec![vec![]];
         let (mut rows, mut pages) = (0, 0);
+        // Each file's columns that `schema` names (all, or a projection's).
+        let mut columns = vec![];
         for (file, (path, _, meta)) in self.files.iter().enumerate() {
-            GpuPageDecoder::plan_as(meta, Some(schema)).map_err(|e| in_file(path, e))?;
+            let plans = GpuPageDecoder::plan_as(meta, Some(schema)).map_err(|e| in_file(path, e))?;
+            columns.push(plans.iter().map(|p| p.column).collect::<Vec<_>>());
             let groups: Vec<usize> = (0..meta.num_row_groups()).collect();
-            GpuPageDecoder::check_row_groups(meta, &groups).map_err(|e| in_file(path, e))?;
+            GpuPageDecoder::check_columns(meta, &groups, &columns[file]).map_err(|e| in_file(path, e))?;
             for g in groups {
                 let group = meta.row_group(g);
                 let n = group.num_rows() as usize;
-                let bytes: usize = (group.columns().iter())
-                    .map(|c| c.uncompressed_size().max(0) as usize)
+                let bytes: usize = (columns[file].iter())
+                    .map(|&c| group.column(c).uncompressed_size().max(0) as usize)
                     .sum();
                 if !fits(n, bytes) {
                     let why = format!("row group {g} ({n} rows) alone is more than one GPU sort holds");
@@ -206,7 +228,8 @@ impl ScanFiles {
             }
         }
         for call in runs.iter_mut().flatten() {
-            call.range = GpuPageDecoder::byte_range(&self.files[call.file].2, &call.groups);
+            let meta = &self.files[call.file].2;
+            call.range = GpuPageDecoder::columns_byte_range(meta, &call.groups, &columns[call.file]);
         }
         Ok(runs)
     }
@@ -398,6 +421,78 @@ mod tests {
         let sample = files.sample(&schema, 64).unwrap();
         assert_eq!(sample.num_rows(), 64);
         assert_eq!(sample.schema(), schema);
+    }
+
+    /// The scan under the sort of `query` over `file` (table `f`), as the planner makes it,
+    /// and the names of the sort's input columns.
+    async fn scan_of(file: &Path, query: &str) -> (Option<DeviceScan>, Vec<String>) {
+        let ctx = datafusion::prelude::SessionContext::new();
+        let create = format!(
+            "CREATE EXTERNAL TABLE f STORED AS PARQUET LOCATION '{}'",
+            file.display()
+        );
+        ctx.sql(&create).await.unwrap();
+        let plan = ctx.sql(query).await.unwrap().create_physical_plan().await.unwrap();
+        let mut found = (None, vec![]);
+        datafusion::common::tree_node::TreeNode::apply(&plan, |node| {
+            if node.name() == "SortExec" {
+                let input = node.children()[0].clone();
+                let names = input.schema().fields().iter().map(|f| f.name().clone()).collect();
+                found = (DeviceScan::of_plan(&input), names);
+            }
+            Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+        })
+        .unwrap();
+        found
+    }
+
+    /// A projection of the files' columns is read by the device, by name, and only those
+    /// columns' bytes; a projection that computes or renames a column is refused with a
+    /// reason, as partition columns are when the files' columns are matched.
+    #[tokio::test]
+    async fn projections_of_the_files_columns_are_read_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("a", DataType::Int64, false),
+            Field::new("b", DataType::Int64, false),
+            Field::new("c", DataType::Int64, false),
+        ]));
+        let column = |k: i64| Arc::new(Int64Array::from_iter_values((0..1000).map(move |i| i * k))) as _;
+        let batch = RecordBatch::try_new(Arc::clone(&schema), vec![column(1), column(2), column(3)]).unwrap();
+        let path = dir.path().join("abc.parquet");
+        let mut writer = ArrowWriter::try_new(File::create(&path).unwrap(), schema, None).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+        let scan = scan_of(&path, "SELECT b, a FROM f ORDER BY a").await.0.expect("a scan");
+        let files = scan.open().unwrap();
+        let projected = Arc::new(Schema::new(vec![
+            Field::new("b", DataType::Int64, false),
+            Field::new("a", DataType::Int64, false),
+        ]));
+        let runs = files.runs(&projected, |_, _| true).unwrap();
+        let meta = &files.files[0].2;
+        let (range, whole) = (&runs[0][0].range, GpuPageDecoder::byte_range(meta, &[0]));
+        assert_eq!(*range, GpuPageDecoder::columns_byte_range(meta, &[0], &[1, 0]));
+        assert!(
+            range.start == whole.start && range.end < whole.end,
+            "{range:?} of {whole:?}"
+        );
+        let plans = GpuPageDecoder::plan_as(meta, Some(&projected)).unwrap();
+        assert_eq!(plans.iter().map(|p| p.column).collect::<Vec<_>>(), [1, 0]);
+        // A column the files do not hold (a partition column's name, say).
+        let other = Schema::new(vec![Field::new("d", DataType::Int64, false)]);
+        let why = files.runs(&Arc::new(other), |_, _| true).unwrap_err();
+        assert!(why.contains("hold no column d"), "{why}");
+        // DataFusion 55 renames above the sort (its input has the files' names), and computes
+        // in the scan, which is refused.
+        let (scan, names) = scan_of(&path, "SELECT b AS a, c FROM f ORDER BY a").await;
+        assert_eq!(
+            (scan.and_then(|s| s.refused), names),
+            (None, vec!["b".into(), "c".into()])
+        );
+        let (scan, _) = scan_of(&path, "SELECT a + 1 AS a, b FROM f ORDER BY a").await;
+        let why = scan.expect("a scan").open().err().expect("refused");
+        assert_eq!(why, "the scan computes or renames its column a");
     }
 
     #[test]

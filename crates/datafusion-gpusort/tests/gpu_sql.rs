@@ -25,7 +25,9 @@ mod sorted;
 
 #[path = "support/device_scan.rs"]
 mod device_scan;
-use device_scan::{DEVICE_SCAN_ORDERS, check_device_scan, sort_metric, t_as_parquet, t_as_row_groups};
+use device_scan::{
+    DEVICE_SCAN_ORDERS, check_device_scan, check_device_scan_of, sort_metric, t_as_parquet, t_as_row_groups,
+};
 
 mod common;
 use common::differential::suite_differential;
@@ -703,7 +705,8 @@ fn decoder_present() -> bool {
 
 /// A sort told its Parquet input's file reads it on the GPU (pages decoded there, the rows
 /// joining the session as device batches): stock DataFusion's rows, the file counted, nothing
-/// executed on the host; an ORDER BY of an expression executes its input instead. Needs
+/// executed on the host, also of a projection of its columns (decoded alone, by name); an
+/// ORDER BY of an expression executes its input instead. Needs
 /// nvCOMP (GPUSORT_NVCOMP) beside the GPU; without it the test says so and passes unless
 /// GPUSORT_REQUIRE_NVCOMP=1.
 #[tokio::test]
@@ -719,6 +722,9 @@ async fn gpu_device_scan_reads_parquet_on_the_gpu_as_stock_reads_it() {
         check_device_scan(&stock, &ours, &file, order, (1, 0)).await;
     }
     check_device_scan(&stock, &ours, &file, "a + 1, b, c", (0, 1)).await;
+    for (select, order) in [("c, a", "c DESC, a"), ("b", "b NULLS FIRST")] {
+        check_device_scan_of(&stock, &ours, &file, select, order, (1, 0)).await;
+    }
 }
 
 /// A file of more rows than one GPU sort holds (here `gpusort.max_run_rows`) read on the GPU in

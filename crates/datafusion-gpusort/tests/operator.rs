@@ -319,8 +319,8 @@ async fn a_device_scan_of_a_sort_on_the_cpu_falls_back_to_the_input() {
 }
 
 /// With `gpusort.device_scan`, the rule tells a sort its Parquet input's files where the input
-/// only scans them, not where it filters them, and not without the option; the rows are stock
-/// DataFusion's either way (here on the CPU, which reads the input).
+/// only scans them (all their columns or some), not where it filters them, and not without the
+/// option; the rows are stock DataFusion's either way (here on the CPU, which reads the input).
 #[tokio::test]
 async fn the_rule_tells_a_sort_of_a_whole_parquet_scan_its_files() {
     let (dir, stock, ours) = cpu_sorts_of_t_as_parquet().await;
@@ -334,6 +334,7 @@ async fn the_rule_tells_a_sort_of_a_whole_parquet_scan_its_files() {
     }
     for (on, query, told) in [
         (true, "SELECT * FROM f ORDER BY a, b, c", true),
+        (true, "SELECT c, a FROM f ORDER BY a, c", true),
         (true, "SELECT * FROM f WHERE a > 10 ORDER BY a, b, c", false),
         (true, "SELECT * FROM f ORDER BY a, b, c LIMIT 5", false),
         (false, "SELECT * FROM f ORDER BY a, b, c", false),

@@ -29,10 +29,12 @@ use parquet::file::metadata::{ColumnChunkMetaData, ParquetMetaData};
 
 use crate::stored_pages::{ColumnChunkPages, PageKind, StoredPage, column_chunk_pages};
 
-/// How one column is decoded: bytes a stored value takes (0: byte arrays), bytes of its Arrow
-/// value (16 for views), whether it widens with its sign, and its output field.
+/// How one column is decoded: the file's column it reads (its index among the file's leaf
+/// columns), bytes a stored value takes (0: byte arrays), bytes of its Arrow value (16 for
+/// views), whether it widens with its sign, and its output field.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ColumnPlan {
+    pub column: usize,
     pub in_width: u32,
     pub out_width: u32,
     pub sign: bool,
@@ -67,6 +69,7 @@ impl ColumnPlan {
             None => field.clone().with_nullable(optional),
         };
         Ok(Self {
+            column: 0,
             in_width,
             out_width,
             sign,
@@ -276,7 +279,7 @@ impl GpuPageDecoder {
         self
     }
 
-    /// Decodes each column as the field of `schema` at its place ([`Self::plan_as`]).
+    /// Decodes the columns `schema` names, each as its field there ([`Self::plan_as`]).
     pub fn with_schema(mut self, schema: SchemaRef) -> Self {
         self.schema = Some(schema);
         self
@@ -293,9 +296,10 @@ impl GpuPageDecoder {
         Self::plan_as(meta, None)
     }
 
-    /// [`Self::plan`], each column decoded as the field of `schema` at its place (of the same
-    /// name) where given: a table's types for the file's columns (a decimal of INT64 as
-    /// `Decimal64`, say).
+    /// [`Self::plan`], or where `schema` is given, of the file's columns it names (all or some,
+    /// in its order: a projection), each decoded as its field there: a table's types for the
+    /// file's columns (a decimal of INT64 as `Decimal64`, say). An error where it names a
+    /// column the file does not hold.
     pub fn plan_as(meta: &ParquetMetaData, schema: Option<&Schema>) -> Result<Vec<ColumnPlan>, String> {
         let file = meta.file_metadata();
         let descr = file.schema_descr();
@@ -303,27 +307,31 @@ impl GpuPageDecoder {
         if natural.fields().len() != descr.num_columns() {
             return Err("nested columns".into());
         }
-        let schema = match schema {
-            None => &natural,
+        let names = |s: &Schema| s.fields().iter().map(|f| f.name().clone()).collect::<Vec<_>>();
+        let (schema, columns): (&Schema, Vec<usize>) = match schema {
+            None => (&natural, (0..natural.fields().len()).collect()),
             Some(s) => {
-                let names = |s: &Schema| s.fields().iter().map(|f| f.name().clone()).collect::<Vec<_>>();
-                if names(s) != names(&natural) {
-                    return Err(format!(
-                        "the file's columns {:?} are not the table's {:?}",
-                        names(&natural),
-                        names(s)
-                    ));
-                }
-                s
+                let in_file = |name: &String| {
+                    let mut at = (natural.fields().iter()).enumerate().filter(|(_, f)| f.name() == name);
+                    match (at.next(), at.next()) {
+                        (Some((i, _)), None) => Ok(i),
+                        _ => Err(format!(
+                            "the file's columns {:?} hold no column {name} (or more than one)",
+                            names(&natural)
+                        )),
+                    }
+                };
+                (s, names(s).iter().map(in_file).collect::<Result<_, _>>()?)
             }
         };
-        (schema.fields().iter().enumerate())
-            .map(|(i, field)| {
+        (schema.fields().iter().zip(columns))
+            .map(|(field, i)| {
                 let col = descr.column(i);
                 if col.max_rep_level() > 0 || col.max_def_level() > 1 {
                     return Err(format!("column '{}' is repeated or nested", field.name()));
                 }
-                ColumnPlan::for_field(field, col.physical_type(), col.max_def_level() == 1)
+                let plan = ColumnPlan::for_field(field, col.physical_type(), col.max_def_level() == 1)?;
+                Ok(ColumnPlan { column: i, ..plan })
             })
             .collect()
     }
@@ -331,8 +339,13 @@ impl GpuPageDecoder {
     /// The bytes of the file that `row_groups`' column chunks lie in (what a call of them
     /// reads: [`FileBytes::read_range`]).
     pub fn byte_range(meta: &ParquetMetaData, row_groups: &[usize]) -> std::ops::Range<u64> {
+        Self::columns_byte_range(meta, row_groups, &all_columns(meta))
+    }
+
+    /// [`Self::byte_range`] of the chunks of `columns` alone (a projection's).
+    pub fn columns_byte_range(meta: &ParquetMetaData, row_groups: &[usize], columns: &[usize]) -> std::ops::Range<u64> {
         let ranges = (row_groups.iter())
-            .flat_map(|&g| meta.row_group(g).columns().iter())
+            .flat_map(|&g| columns.iter().map(move |&c| meta.row_group(g).column(c)))
             .map(|c| {
                 let (start, len) = c.byte_range();
                 start..start + len
@@ -345,10 +358,15 @@ impl GpuPageDecoder {
     /// Whether the device decodes the chunks of `row_groups` of `meta`'s file, by what their
     /// metadata lists (codec, encodings), or why not; [`Self::decode`] checks each page again.
     pub fn check_row_groups(meta: &ParquetMetaData, row_groups: &[usize]) -> Result<(), String> {
+        Self::check_columns(meta, row_groups, &all_columns(meta))
+    }
+
+    /// [`Self::check_row_groups`] of the chunks of `columns` alone (a projection's).
+    pub fn check_columns(meta: &ParquetMetaData, row_groups: &[usize], columns: &[usize]) -> Result<(), String> {
         let mut codecs = None;
         for &g in row_groups {
             let rg = meta.row_groups().get(g).ok_or_else(|| format!("no row group {g}"))?;
-            for chunk in rg.columns() {
+            for chunk in columns.iter().map(|&c| rg.column(c)) {
                 let name = chunk.column_path().string();
                 match (chunk.compression(), page_codec(chunk.compression())) {
                     (Compression::UNCOMPRESSED, _) => {}
@@ -388,16 +406,17 @@ impl GpuPageDecoder {
         let (pinned, offset, file) = (file.pinned, file.offset, &file.bytes);
         let start = std::time::Instant::now();
         let plans = Self::plan_as(meta, self.schema.as_deref()).map_err(ParquetError::NYI)?;
-        Self::check_row_groups(meta, row_groups).map_err(ParquetError::NYI)?;
+        let columns: Vec<usize> = plans.iter().map(|p| p.column).collect();
+        Self::check_columns(meta, row_groups, &columns).map_err(ParquetError::NYI)?;
         // Every chunk's pages, row group by row group.
         let mut chunks = vec![];
         let mut rows = 0u64;
         for &g in row_groups {
             let rg = meta.row_group(g);
-            for c in 0..plans.len() {
-                let chunk = chunk_in(rg.column(c), offset, file.len())?;
+            for (k, plan) in plans.iter().enumerate() {
+                let chunk = chunk_in(rg.column(plan.column), offset, file.len())?;
                 let pages = column_chunk_pages(file, &chunk, rg.num_rows() as usize)?;
-                chunks.push((c, rows..rows + rg.num_rows() as u64, pages));
+                chunks.push((k, rows..rows + rg.num_rows() as u64, pages));
             }
             rows += rg.num_rows() as u64;
         }
@@ -500,6 +519,11 @@ impl GpuPageDecoder {
             validity,
         })
     }
+}
+
+/// Every leaf column of `meta`'s file.
+fn all_columns(meta: &ParquetMetaData) -> Vec<usize> {
+    (0..meta.file_metadata().schema_descr().num_columns()).collect()
 }
 
 /// The codec nvCOMP decompresses for a Parquet `codec` (`None`: none does, or none is needed).

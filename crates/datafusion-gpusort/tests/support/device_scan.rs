@@ -28,11 +28,12 @@ pub async fn t_as_row_groups(ctx: &SessionContext, dir: &Path, rows: usize, code
     path
 }
 
-/// The rows of `file` sorted by `order` on `ctx` (pretty-printed), and the plan that ran them:
-/// its `GpuSortExec`s told the file when `scan`.
-pub async fn sorted_file(
+/// The rows of `file`'s columns `select` sorted by `order` on `ctx` (pretty-printed), and the
+/// plan that ran them: its `GpuSortExec`s told the file when `scan`.
+pub async fn sorted_columns(
     ctx: &SessionContext,
     file: &Path,
+    select: &str,
     order: &str,
     scan: bool,
 ) -> (String, Arc<dyn ExecutionPlan>) {
@@ -41,7 +42,10 @@ pub async fn sorted_file(
         .await
         .unwrap();
     ctx.register_table("f", df.into_view()).unwrap();
-    let df = ctx.sql(&format!("SELECT * FROM f ORDER BY {order}")).await.unwrap();
+    let df = ctx
+        .sql(&format!("SELECT {select} FROM f ORDER BY {order}"))
+        .await
+        .unwrap();
     ctx.deregister_table("f").unwrap();
     let mut plan = df.create_physical_plan().await.unwrap();
     if scan {
@@ -92,10 +96,22 @@ pub async fn check_device_scan(
     ours: &SessionContext,
     file: &Path,
     order: &str,
+    counts: (usize, usize),
+) -> Arc<dyn ExecutionPlan> {
+    check_device_scan_of(stock, ours, file, "*", order, counts).await
+}
+
+/// [`check_device_scan`] of the columns `select` lists.
+pub async fn check_device_scan_of(
+    stock: &SessionContext,
+    ours: &SessionContext,
+    file: &Path,
+    select: &str,
+    order: &str,
     (files, fallbacks): (usize, usize),
 ) -> Arc<dyn ExecutionPlan> {
-    let (expected, _) = sorted_file(stock, file, order, false).await;
-    let (actual, plan) = sorted_file(ours, file, order, true).await;
+    let (expected, _) = sorted_columns(stock, file, select, order, false).await;
+    let (actual, plan) = sorted_columns(ours, file, select, order, true).await;
     assert!(
         actual == expected,
         "ORDER BY {order}: the rows differ from stock DataFusion's"
