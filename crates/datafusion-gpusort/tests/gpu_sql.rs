@@ -268,8 +268,9 @@ async fn gpu_datafusion_sort_slt_files_pass() {
 /// (`common::differential`): every record that passes on stock DataFusion passes (but the
 /// expected differences), and the sorts of whole Parquet scans were told their files (the
 /// count is the process's: run with `--test-threads=1`); with nvCOMP, some read on the GPU.
-/// On DataFusion 55.2's suite (H200, stop 52) 21 such scans read on the GPU (zstd and snappy
-/// pages) and 49 fall back to the host (partition columns, projections, computed columns).
+/// On DataFusion 55.2's suite (H200, stop 52) 22 such scans read on the GPU (zstd and snappy
+/// pages, projections of the files' columns) and 48 fall back to the host (partition columns,
+/// columns the scan computes, nested columns).
 #[tokio::test(flavor = "multi_thread")]
 async fn gpu_datafusion_slt_suite_with_device_scans() {
     if !gpu_present() {
