@@ -43,9 +43,9 @@ pub struct ColumnPlan {
 }
 
 impl ColumnPlan {
-    /// The plan of `field` (as the Parquet crate's reader returns it) stored as `physical`, or
-    /// why the device does not decode it.
-    pub fn for_field(field: &Field, physical: PhysicalType, optional: bool) -> Result<Self, String> {
+    /// The plan of `field` (as the Parquet crate's reader returns it) stored as `physical` in
+    /// the file's column `column`, or why the device does not decode it.
+    pub fn for_field(column: usize, field: &Field, physical: PhysicalType, optional: bool) -> Result<Self, String> {
         use DataType as D;
         use PhysicalType as P;
         let (in_width, out_width, sign, out_type) = match (physical, field.data_type()) {
@@ -69,7 +69,7 @@ impl ColumnPlan {
             None => field.clone().with_nullable(optional),
         };
         Ok(Self {
-            column: 0,
+            column,
             in_width,
             out_width,
             sign,
@@ -330,8 +330,7 @@ impl GpuPageDecoder {
                 if col.max_rep_level() > 0 || col.max_def_level() > 1 {
                     return Err(format!("column '{}' is repeated or nested", field.name()));
                 }
-                let plan = ColumnPlan::for_field(field, col.physical_type(), col.max_def_level() == 1)?;
-                Ok(ColumnPlan { column: i, ..plan })
+                ColumnPlan::for_field(i, field, col.physical_type(), col.max_def_level() == 1)
             })
             .collect()
     }
