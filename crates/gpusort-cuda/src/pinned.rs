@@ -994,7 +994,8 @@ mod tests {
         assert_eq!(a.live.load(Ordering::SeqCst), 0);
     }
 
-    /// A trim gives every free block back, once.
+    /// A batch's buffer lengths (values, views, their bytes, validity) pinned ahead on a thread
+    /// are the blocks a batch like it then takes, none pinned anew.
     #[test]
     fn blocks_pinned_ahead_on_a_thread_serve_a_batch_like_the_one_they_were_sized_by() {
         use arrow::array::{ArrayRef, Int64Array, StringViewArray};
@@ -1038,6 +1039,7 @@ mod tests {
         );
     }
 
+    /// A trim gives every free block back, once.
     #[test]
     fn a_trim_releases_every_free_block_once() {
         let (pool, a) = pool(64 << 20);
