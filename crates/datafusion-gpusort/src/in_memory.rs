@@ -714,8 +714,9 @@ impl InMemorySorter {
         .await
     }
 
-    /// Counts `files`, read on the device, in the metrics.
+    /// Counts `files`, read on the device, in the metrics (and marks the timeline).
     fn record_scan(&self, files: &ScanFiles) {
+        crate::device_scan::mark(format_args!("device scan: {} file(s) read on the device", files.len()));
         self.metrics.device_scan_files.add(files.len());
         self.metrics.device_scan_rows.add(files.rows());
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);

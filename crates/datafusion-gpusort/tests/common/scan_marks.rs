@@ -9,7 +9,8 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// Marks of a scan whose rows were read on the device (one per session it read into).
+/// Marks of a scan that read all its files on the device (one a scan, once every run is read
+/// and sorted: a scan that fails part way counts as a fallback alone).
 static READ: AtomicUsize = AtomicUsize::new(0);
 /// Marks of a scan that fell back to reading its input on the host.
 static FELL_BACK: AtomicUsize = AtomicUsize::new(0);
@@ -29,7 +30,7 @@ impl log::Log for ScanMarks {
             return;
         }
         let text = record.args().to_string();
-        if text.starts_with("device scan: session begun") {
+        if text.starts_with("device scan: ") && text.ends_with(" read on the device") {
             READ.fetch_add(1, Ordering::Relaxed);
         } else if let Some(why) = text.strip_prefix("GpuSortExec: the input is read on the host: ") {
             FELL_BACK.fetch_add(1, Ordering::Relaxed);
