@@ -609,7 +609,7 @@ impl InMemorySorter {
         let Some(keys) = self.column_keys(self.schema.fields().len()) else {
             return Ok(Err("a sort expression is not a column".into()));
         };
-        if let Some(why) = self.cpu_by_choice() {
+        if let Err(why) = self.gpu_by_choice() {
             // Known without the files' footers.
             return Ok(Err(why));
         }
@@ -725,23 +725,23 @@ impl InMemorySorter {
             .set(now.map_or(0, |d| d.as_nanos() as usize));
     }
 
-    /// Why the options choose the CPU whatever the rows (`gpusort.strategy` or
-    /// `gpusort.device` = cpu); `None` where they do not.
-    fn cpu_by_choice(&self) -> Option<String> {
+    /// The GPU the options allow, or why they choose the CPU whatever the rows
+    /// (`gpusort.strategy` or `gpusort.device` = cpu).
+    fn gpu_by_choice(&self) -> std::result::Result<usize, String> {
         match (self.options.strategy, self.options.device.ordinal()) {
-            (StrategyChoice::Cpu, _) => Some("gpusort.strategy = cpu".into()),
-            (_, None) => Some("gpusort.device = cpu".into()),
-            _ => None,
+            (StrategyChoice::Cpu, _) => Err("gpusort.strategy = cpu".into()),
+            (_, None) => Err("gpusort.device = cpu".into()),
+            (_, Some(ordinal)) => Ok(ordinal),
         }
     }
 
     pub(crate) fn choose_path(&self, rows: usize) -> Result<SortPath> {
         let o = &self.options;
         let cpu = |reason: String| Ok(SortPath::Cpu { reason: Some(reason) });
-        if let Some(why) = self.cpu_by_choice() {
-            return cpu(why);
-        }
-        let ordinal = o.device.ordinal().expect("not the CPU by choice");
+        let ordinal = match self.gpu_by_choice() {
+            Ok(ordinal) => ordinal,
+            Err(why) => return cpu(why),
+        };
         if rows < o.min_rows {
             return cpu(format!("{rows} rows < gpusort.min_rows = {}", o.min_rows));
         }
