@@ -290,7 +290,9 @@ def main():
                     # the same with the view key's output values left where the input had them
                     # (the writer reads them at random) instead of laid out on the device
                     "gpu-host-compact": [],
-                    "gpu-4g-host-views": ["--gpu-memory-limit", "4GiB"]}
+                    "gpu-4g-host-views": ["--gpu-memory-limit", "4GiB"],
+                    # the same with the merge steps' keys alone on the GPU, their rows gathered on the host
+                    "gpu-4g-keys": ["--gpu-memory-limit", "4GiB"]}
     # Contenders that differ by an environment variable.
     thp = {"MIMALLOC_ALLOW_LARGE_OS_PAGES": "1"}
     contender_env = {"gpu-host-views": {"GPUSORT_DEVICE_VIEWS": "0"}, "gpu-thp": thp, "cpu-thp": thp,
@@ -300,7 +302,8 @@ def main():
                      "gpu-device-ties": {"GPUSORT_DEVICE_TIES": "1"},
                      "gpu-gathered-ties": {"GPUSORT_DEVICE_TIES": "1", "GPUSORT_TIE_VIEWS": "0"},
                      "gpu-host-compact": {"GPUSORT_COMPACT_VIEWS": "0"},
-                     "gpu-4g-host-views": {"GPUSORT_DEVICE_VIEWS": "0"}}
+                     "gpu-4g-host-views": {"GPUSORT_DEVICE_VIEWS": "0"},
+                     "gpu-4g-keys": {"GPUSORT_MERGE_KEYS_ONLY": "1"}}
     rows = []
     first_gpu = True
     for li in args.lists.split(","):

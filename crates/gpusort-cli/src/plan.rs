@@ -126,6 +126,9 @@ impl PlanArgs {
         let unlimited = self.memory_limit_bytes().is_none() && self.gpu_memory_limit.is_none_or(|l| l.0 == 0);
         config.release_uploaded_input = unlimited && std::env::var("GPUSORT_RELEASE_INPUT").map_or(true, |v| v != "0");
         config.device_scan = self.device_scan();
+        // The external sort's merge steps send only their key columns to the GPU and gather the
+        // rows on the host (`gpusort.merge_keys_only`) with `GPUSORT_MERGE_KEYS_ONLY=1`, for an A/B.
+        config.merge_keys_only = std::env::var("GPUSORT_MERGE_KEYS_ONLY").is_ok_and(|v| v == "1");
         if let Some(limit) = self.gpu_memory_limit {
             config.gpu_memory_limit = limit;
         }

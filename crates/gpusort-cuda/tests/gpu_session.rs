@@ -2,7 +2,7 @@
 //! with an NVIDIA GPU:
 //!
 //! ```text
-//! GPUSORT_REQUIRE_GPU=1 cargo test -p gpusort-cuda --test gpu_session -- --test-threads=1
+//! GPUSORT_REQUIRE_GPU=1 cargo test -p gpusort-cuda --test gpu_session
 //! ```
 //!
 //! With `GPUSORT_REQUIRE_GPU=1` and no usable GPU every test fails. Without it, on a machine
@@ -13,7 +13,7 @@
 //! spans many segments and batches straddle them; the result must equal the CPU backend's (and
 //! the stable reference) row for row, with and without a limit.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use arrow::array::{Array, ArrayRef, RecordBatch, UInt32Array};
 use arrow::datatypes::{DataType, Field, Schema};
@@ -23,7 +23,41 @@ use gpusort_testing::{EDGE_SIZES, assert_matches_reference, random_case, rng_fro
 use rand::prelude::*;
 use rand::rngs::SmallRng;
 
-fn backend() -> Option<&'static CudaBackend> {
+/// The backend, shared by the tests, and the test's turn with it: tests that count what the
+/// pinned pool or the backend's budget hold run alone ([`backend_alone`]), the others side by
+/// side, so the counts hold with any `--test-threads`.
+struct TestGpu {
+    backend: &'static CudaBackend,
+    _turn: Turn,
+}
+
+#[allow(dead_code)] // held for its drop
+enum Turn {
+    Shared(RwLockReadGuard<'static, ()>),
+    Alone(RwLockWriteGuard<'static, ()>),
+}
+
+static TURNS: RwLock<()> = RwLock::new(());
+
+impl std::ops::Deref for TestGpu {
+    type Target = CudaBackend;
+    fn deref(&self) -> &CudaBackend {
+        self.backend
+    }
+}
+
+fn backend() -> Option<TestGpu> {
+    let turn = Turn::Shared(TURNS.read().unwrap_or_else(|e| e.into_inner()));
+    opened().map(|backend| TestGpu { backend, _turn: turn })
+}
+
+/// As [`backend`], with no other test using the GPU meanwhile.
+fn backend_alone() -> Option<TestGpu> {
+    let turn = Turn::Alone(TURNS.write().unwrap_or_else(|e| e.into_inner()));
+    opened().map(|backend| TestGpu { backend, _turn: turn })
+}
+
+fn opened() -> Option<&'static CudaBackend> {
     static B: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
     match B.get_or_init(|| CudaBackend::try_new(0).map_err(|e| e.to_string())) {
         Ok(b) => Some(b),
@@ -90,7 +124,7 @@ fn check_session(
 
 #[test]
 fn session_matches_the_cpu_backend_on_random_tables_in_many_batches() {
-    let Some(gpu) = backend() else { return };
+    let Some(ref gpu) = backend() else { return };
     let (mut rng, seed) = rng_from_env(0x5e55_1011);
     for case in 0..120 {
         let len = match case % 4 {
@@ -150,7 +184,7 @@ fn fixed_table(rng: &mut SmallRng, n: usize) -> RecordBatch {
 
 #[test]
 fn session_moves_every_strategy_across_segments() {
-    let Some(gpu) = backend() else { return };
+    let Some(ref gpu) = backend() else { return };
     let (mut rng, seed) = rng_from_env(0x5e55_1012);
     let batch = fixed_table(&mut rng, 200_003);
     for strategy in gpusort::Strategy::ALL {
@@ -183,7 +217,7 @@ fn session_moves_every_strategy_across_segments() {
 
 #[test]
 fn session_sorts_no_rows_and_one_row() {
-    let Some(gpu) = backend() else { return };
+    let Some(ref gpu) = backend() else { return };
     let (mut rng, _) = rng_from_env(7);
     let batch = fixed_table(&mut rng, 10);
     let spec = SortSpec::new([SortKey::sql(1, true)]);
@@ -215,7 +249,7 @@ fn session_sorts_no_rows_and_one_row() {
 
 #[test]
 fn session_rejects_batches_of_another_schema() {
-    let Some(gpu) = backend() else { return };
+    let Some(ref gpu) = backend() else { return };
     let (mut rng, _) = rng_from_env(8);
     let batch = fixed_table(&mut rng, 100);
     let mut s = gpu
@@ -227,7 +261,7 @@ fn session_rejects_batches_of_another_schema() {
 
 #[test]
 fn sorted_columns_live_in_pinned_pool_buffers_that_return_when_dropped() {
-    let Some(gpu) = backend() else { return };
+    let Some(ref gpu) = backend_alone() else { return };
     let pool = PinnedPool::global();
     let (mut rng, _) = rng_from_env(9);
     let batch = fixed_table(&mut rng, 1 << 20);
@@ -270,7 +304,7 @@ fn sorted_columns_live_in_pinned_pool_buffers_that_return_when_dropped() {
 
 #[test]
 fn session_out_of_device_memory_fails_before_or_at_finish() {
-    let Some(gpu) = backend() else { return };
+    let Some(ref gpu) = backend() else { return };
     let (mut rng, _) = rng_from_env(10);
     let batch = fixed_table(&mut rng, 1 << 20);
     let spec = SortSpec::new([SortKey::sql(0, false)]);
@@ -315,7 +349,7 @@ fn session_out_of_device_memory_fails_before_or_at_finish() {
 
 #[test]
 fn dropped_sessions_free_their_uploads() {
-    let Some(gpu) = backend() else { return };
+    let Some(ref gpu) = backend_alone() else { return };
     let (mut rng, _) = rng_from_env(11);
     let batch = fixed_table(&mut rng, 1 << 20);
     let spec = SortSpec::new([SortKey::sql(0, false)]);
@@ -338,7 +372,7 @@ fn dropped_sessions_free_their_uploads() {
 
 #[test]
 fn columns_over_the_fresh_pin_limit_cross_through_the_ring() {
-    let Some(gpu) = backend() else { return };
+    let Some(ref gpu) = backend_alone() else { return };
     // A u64 key (two varying words of 4n bytes each) and a u64 payload of 8n bytes: every one
     // over FRESH_PIN_MAX, so each crosses as heap memory through the pinned ring, in both
     // directions, with a partial last chunk.
@@ -376,7 +410,7 @@ fn columns_over_the_fresh_pin_limit_cross_through_the_ring() {
 /// does not cross PCIe (the host gathers no column of this table).
 #[test]
 fn sessions_without_the_permutation_return_the_same_rows() {
-    let Some(gpu) = backend() else { return };
+    let Some(ref gpu) = backend() else { return };
     let (mut rng, _) = rng_from_env(21);
     let n = 50_000;
     let batch = fixed_table(&mut rng, n);
@@ -470,7 +504,7 @@ fn relisted(batch: &RecordBatch) -> RecordBatch {
 
 #[test]
 fn view_columns_move_on_the_device_with_the_data_buffers_of_every_batch() {
-    let Some(gpu) = backend() else { return };
+    let Some(ref gpu) = backend() else { return };
     let views = gpusort_cuda::GpuOptions::from_env().unwrap().device_views;
     assert!(
         views,
@@ -571,7 +605,7 @@ fn view_columns_move_on_the_device_with_the_data_buffers_of_every_batch() {
 /// one value longer than that and the prefix is 32 bytes again, the ties ordered after.
 #[test]
 fn string_keys_of_up_to_48_bytes_go_into_the_key_whole() {
-    let Some(gpu) = backend() else { return };
+    let Some(ref gpu) = backend() else { return };
     let (mut rng, seed) = rng_from_env(0x3e1e_0064);
     let schema = Arc::new(Schema::new(vec![
         Field::new("s", DataType::Utf8View, true),
@@ -625,7 +659,7 @@ fn string_keys_of_up_to_48_bytes_go_into_the_key_whole() {
 #[test]
 fn short_string_keys_past_the_prefix_bound_are_encoded_on_the_device() {
     use arrow::array::{Decimal64Array, Int32Array, Int64Array, StringViewArray};
-    let Some(gpu) = backend() else { return };
+    let Some(ref gpu) = backend() else { return };
     let (mut rng, seed) = rng_from_env(0x5e55_0017);
     let n = 30_000;
     let pick = |rng: &mut SmallRng, from: &[&'static str]| from[rng.random_range(0..from.len())];
@@ -714,7 +748,7 @@ fn sorted_in_ranges(
 
 #[test]
 fn ranges_of_the_sorted_rows_are_the_whole_sort_in_pieces() {
-    let Some(gpu) = backend() else { return };
+    let Some(ref gpu) = backend() else { return };
     let (mut rng, seed) = rng_from_env(0x5a4e_6e01);
     // Random tables of every type (nulls; strings the host or the device gathers), each
     // strategy, with and without limits, in ranges of 1 row up to more than all rows.
@@ -777,7 +811,7 @@ fn ranges_of_the_sorted_rows_are_the_whole_sort_in_pieces() {
 #[test]
 fn views_compacted_on_the_device_hold_only_their_own_batch_bytes() {
     use arrow::array::AsArray;
-    let Some(gpu) = backend() else { return };
+    let Some(ref gpu) = backend() else { return };
     let options = gpusort_cuda::GpuOptions::from_env().unwrap();
     assert!(
         options.device_views && options.compact_views,
@@ -880,7 +914,7 @@ fn views_compacted_on_the_device_hold_only_their_own_batch_bytes() {
 
 #[test]
 fn sorted_rows_dropped_part_way_release_their_device_memory() {
-    let Some(gpu) = backend() else { return };
+    let Some(ref gpu) = backend_alone() else { return };
     let (mut rng, _) = rng_from_env(0x5a4e_6e02);
     let batch = fixed_table(&mut rng, 300_000);
     let spec = SortSpec::new([SortKey::sql(0, false)]);
@@ -906,7 +940,7 @@ fn sorted_rows_dropped_part_way_release_their_device_memory() {
 
 #[test]
 fn released_input_sorts_the_same_rows_from_the_columns_left_on_the_host() {
-    let Some(gpu) = backend() else { return };
+    let Some(ref gpu) = backend() else { return };
     let (mut rng, seed) = rng_from_env(0x4e1e_a5ed);
     // Random tables of every type (nulls, strings, host and device columns), released from
     // the first batch or part way, sorted whole or in ranges with the views laid out on the
