@@ -87,6 +87,10 @@ pub struct GpuOptions {
     /// rayon's pool (`GPUSORT_STAGE_AHEAD`, 1 to 16; see `session/upload.rs`): while the input
     /// is read, one segment at a time fell behind the readers.
     pub stage_ahead: usize,
+    /// Uploaded rows whose values lie in pinned host memory already (sorted runs that came
+    /// down into the pinned pool, merged again) are copied to the device from where they are,
+    /// not staged first (`session/upload.rs`; off with `GPUSORT_DIRECT_UPLOADS=0`).
+    pub direct_uploads: bool,
 }
 
 /// Segments staged at once unless `GPUSORT_STAGE_AHEAD` says otherwise
@@ -151,6 +155,7 @@ impl Default for GpuOptions {
             pin_ahead: true,
             stream_priority: true,
             stage_ahead: STAGE_AHEAD,
+            direct_uploads: true,
         }
     }
 }
@@ -266,6 +271,7 @@ impl GpuOptions {
                 1..=16,
                 "segments",
             )?,
+            direct_uploads: var("GPUSORT_DIRECT_UPLOADS").as_deref() != Some("0"),
         })
     }
 
@@ -340,6 +346,7 @@ mod tests {
             ("GPUSORT_PIN_AHEAD", "0"),
             ("GPUSORT_STREAM_PRIORITY", "0"),
             ("GPUSORT_STAGE_AHEAD", "1"),
+            ("GPUSORT_DIRECT_UPLOADS", "0"),
         ]))
         .unwrap();
         assert_eq!(o.stage_ahead, 1);
@@ -348,7 +355,7 @@ mod tests {
         }
         assert!(o.profile && !o.onesweep && !o.pair_lanes && !o.device_keys && !o.device_views && !o.presorted);
         assert!(!o.few_distinct);
-        assert!(!o.pin_ahead && !o.stream_priority);
+        assert!(!o.pin_ahead && !o.stream_priority && !o.direct_uploads);
         assert_eq!(o.device_ties, DeviceTies::Never);
         assert_eq!(o.merge, Some(MergeMethod::OddEven));
         assert_eq!(

@@ -67,6 +67,29 @@ impl Drop for Transfers {
     }
 }
 
+/// Whether `bytes` lie in page-locked host memory that the driver knows (the pinned pool's
+/// blocks, allocated or registered through CUDA), which a copy reads in place at full PCIe
+/// speed. Asked of the driver for the first and the last byte (a buffer is one allocation)
+/// with `cuPointerGetAttributes`, which answers "unknown" for pageable memory where the single
+/// attribute's call fails (an error the sanitizers report); a thread with no context current
+/// also says no.
+pub(crate) fn is_pinned(bytes: &[u8]) -> bool {
+    use cudarc::driver::sys;
+    if bytes.is_empty() {
+        return false;
+    }
+    let ends = [bytes.as_ptr(), bytes.as_ptr().wrapping_add(bytes.len() - 1)];
+    ends.iter().all(|&p| {
+        let mut kind: u32 = 0;
+        let mut attributes = [sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE];
+        let mut data = [(&mut kind as *mut u32).cast::<std::ffi::c_void>()];
+        // SAFETY: one attribute, an unsigned int written into `kind`; the driver only looks
+        // the address up.
+        let r = unsafe { sys::cuPointerGetAttributes(1, attributes.as_mut_ptr(), data.as_mut_ptr(), p as CUdeviceptr) };
+        r == sys::CUresult::CUDA_SUCCESS && kind == sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32
+    })
+}
+
 /// `src` into `dst` on all cores.
 fn host_copy(src: &[u8], dst: &mut [u8]) {
     dst.par_chunks_mut(HOST_COPY_TASK)

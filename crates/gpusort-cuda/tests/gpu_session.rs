@@ -1026,3 +1026,66 @@ fn assert_same_rows(got: &RecordBatch, expected: &RecordBatch, what: &str) {
         );
     }
 }
+
+/// Sorted runs whose columns came down into the pinned pool, sorted again as a range merge
+/// pushes them (each run's share in slices, run after run, a heap batch among them): the
+/// device copies their values from where they lie (`bytes_in_place`), stages the rest (the
+/// heap batch, views whose buffer indices rise, validity bits), and the rows are the CPU
+/// backend's, with segments that cut the slices anywhere.
+#[test]
+fn pinned_runs_upload_from_where_they_lie() {
+    let Some(ref gpu) = backend() else { return };
+    assert!(
+        gpusort_cuda::GpuOptions::from_env().unwrap().direct_uploads,
+        "GPUSORT_DIRECT_UPLOADS=0 is set: this test needs uploads in place"
+    );
+    let (mut rng, seed) = rng_from_env(0x5e55_1014);
+    for case in 0..8 {
+        let table = match case % 2 {
+            0 => {
+                let n = rng.random_range(1_000..200_000);
+                fixed_table(&mut rng, n)
+            }
+            _ => {
+                let batches = view_batches(&mut rng, 30);
+                arrow::compute::concat_batches(&batches[0].schema(), &batches).unwrap()
+            }
+        };
+        let spec = SortSpec::new([SortKey::sql(0, false)]);
+        // Three runs, each sorted on the GPU: their columns are pinned pool buffers.
+        let n = table.num_rows();
+        let runs: Vec<RecordBatch> = [(0, n / 3), (n / 3, n / 2 - n / 3), (n / 2, n - n / 2)]
+            .into_iter()
+            .map(|(offset, len)| {
+                let mut s = gpu.begin_sort(table.schema(), spec.clone()).unwrap();
+                s.push(&table.slice(offset, len)).unwrap();
+                s.finish(None).unwrap().batch
+            })
+            .collect();
+        let mut parts = vec![];
+        for (r, run) in runs.iter().enumerate() {
+            parts.extend(split(&mut rng, run, 5_000));
+            if r == 0 && run.num_rows() > 10 {
+                // A batch of heap memory (a copy), as a spilled run reads back.
+                let rows = UInt32Array::from_iter_values(1..run.num_rows() as u32 / 2);
+                let copy = arrow::compute::take_record_batch(run, &rows).unwrap();
+                parts.push(copy);
+            }
+        }
+        let batch = arrow::compute::concat_batches(&table.schema(), &parts).unwrap();
+        let segment_rows = [64, 1000, 1 << 20][case % 3];
+        let what = format!(
+            "seed {seed} case {case}: {} rows in {} slices of 3 runs, segments of {segment_rows}",
+            batch.num_rows(),
+            parts.len()
+        );
+        let out = check_session(gpu, &batch, &spec, &parts, segment_rows, None, &what);
+        let stats = &out.stats;
+        assert!(
+            stats.bytes_in_place > 0 && stats.bytes_in_place < stats.bytes_to_device,
+            "{what}: {} of {} bytes copied in place",
+            stats.bytes_in_place,
+            stats.bytes_to_device
+        );
+    }
+}

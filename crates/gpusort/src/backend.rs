@@ -141,6 +141,9 @@ pub struct SortStats {
     pub device_time: Option<Duration>,
     /// Bytes copied from host to device.
     pub bytes_to_device: u64,
+    /// Of `bytes_to_device`, those a device backend copied from where they lay in pinned host
+    /// memory instead of staging them first.
+    pub bytes_in_place: u64,
     /// Bytes copied from device to host.
     pub bytes_from_device: u64,
     /// Key ranges the sort was split into, each sorted by a sorter of its own

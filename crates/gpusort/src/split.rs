@@ -310,6 +310,7 @@ pub fn combine_stats(stats: &[SortStats]) -> SortStats {
             (a, b) => a.or(b),
         };
         out.bytes_to_device += s.bytes_to_device;
+        out.bytes_in_place += s.bytes_in_place;
         out.bytes_from_device += s.bytes_from_device;
     }
     out.split_ranges = stats.len();

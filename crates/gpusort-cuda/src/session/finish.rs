@@ -390,11 +390,17 @@ impl GpuSortSession {
             let held = std::mem::replace(&mut d.reservation, self.budget.reservation());
             uploaded.reservation = Some(held);
         }
-        log::debug!(target: "gpusort::timeline", "session: uploads done");
+        log::debug!(
+            target: "gpusort::timeline",
+            "session: uploads done ({} of {} bytes copied from where they were, not staged)",
+            uploaded.in_place,
+            uploaded.to_device
+        );
         stats.stage_time = uploaded.stage_time;
         stats.upload_time = uploaded.upload_time;
         stats.device_wait = uploaded.budget_wait;
         stats.bytes_to_device = uploaded.to_device;
+        stats.bytes_in_place = uploaded.in_place;
         Ok(uploaded)
     }
 

@@ -1,6 +1,11 @@
 //! The uploader of a [`GpuSortSession`](super::GpuSortSession): segments staged into pinned
 //! buffers on all cores and copied to the device on the session's copy stream while the input
 //! arrives (see the session's module docs). No kernel: copies only.
+//!
+//! Values that lie in pinned host memory already (sorted runs that came down into the pinned
+//! pool and are merged again, `GpuOptions::direct_uploads`) are not staged: the device copies
+//! them from where they are ([`direct_parts`]), and the staged rest of their column around them,
+//! each stretch of adjacent pieces in one copy ([`copy_column`]).
 
 use std::sync::Arc;
 use std::sync::mpsc;
@@ -8,7 +13,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use arrow::array::{Array, RecordBatch};
+use arrow::buffer::Buffer;
 use arrow::util::bit_mask::set_bits;
+use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DevicePtr};
 use gpusort::cpu::gather::{fixed_values, rebase_view};
 use rayon::prelude::*;
@@ -18,7 +25,7 @@ use crate::error::{CudaSortError, Result};
 use crate::gpu::Gpu;
 use crate::memory::DeviceReservation;
 use crate::pinned::{HostBuffer, PinnedPool};
-use crate::transfer::Transfers;
+use crate::transfer::{Transfers, is_pinned};
 
 /// Rows `offset..offset + len` of a batch, going to row `at` of a segment; for each device
 /// column, by how much its long views' buffer indices rise (where the batch's data buffers
@@ -107,9 +114,37 @@ fn set_ones(bits: &mut [u8], start: usize, len: usize) {
     }
 }
 
-/// Copies the rows of `parts` into `buf` (laid out by `layout`), on all cores; returns, per
-/// device column, whether its validity bits were staged (some part has nulls in it).
-fn stage(layout: &SegmentLayout, parts: &[Part], buf: &mut [u8]) -> Vec<bool> {
+/// For each device column, each part's values where the device copies them from the part's
+/// own buffer rather than from the staging buffer ([`direct_parts`]).
+type Direct = Vec<Vec<Option<Buffer>>>;
+
+/// [`Direct`] for `parts`: with `enabled`, the values of a part that lie in pinned host memory
+/// (the driver says, [`is_pinned`]; asked once an allocation) and cross unchanged (not views
+/// whose buffer indices rise). Runs on the uploader's thread, whose context the driver's
+/// answer needs.
+fn direct_parts(layout: &SegmentLayout, parts: &[Part], enabled: bool) -> Direct {
+    let mut pinned = std::collections::HashMap::<usize, bool>::new();
+    (layout.columns.iter().enumerate())
+        .map(|(k, &(c, w))| {
+            (parts.iter())
+                .map(|part| {
+                    if !enabled || part.first_buffers[k] != 0 {
+                        return None;
+                    }
+                    let values =
+                        fixed_values(part.batch.column(c).as_ref(), w).slice_with_length(part.offset * w, part.len * w);
+                    let whole = values.data_ptr().as_ptr() as usize;
+                    (*pinned.entry(whole).or_insert_with(|| is_pinned(values.as_slice()))).then_some(values)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Copies the rows of `parts` into `buf` (laid out by `layout`), on all cores, but for the
+/// values `direct` copies from where they are; returns, per device column, whether its
+/// validity bits were staged (some part has nulls in it).
+fn stage(layout: &SegmentLayout, parts: &[Part], direct: &Direct, buf: &mut [u8]) -> Vec<bool> {
     assert!(buf.len() >= layout.bytes);
     let base = SendPtr(buf.as_mut_ptr());
     let nullable: Vec<bool> = layout
@@ -121,7 +156,7 @@ fn stage(layout: &SegmentLayout, parts: &[Part], buf: &mut [u8]) -> Vec<bool> {
     let mut tasks = vec![];
     for (k, &(_, w)) in layout.columns.iter().enumerate() {
         let step = (STAGE_TASK_BYTES / w).max(1);
-        for (p, part) in parts.iter().enumerate() {
+        for (p, part) in parts.iter().enumerate().filter(|(p, _)| direct[k][*p].is_none()) {
             for start in (0..part.len).step_by(step) {
                 tasks.push((k, p, start, step.min(part.len - start)));
             }
@@ -195,6 +230,8 @@ pub(super) struct Uploaded {
     /// Time spent waiting for the budget.
     pub(super) budget_wait: Duration,
     pub(super) to_device: u64,
+    /// Of `to_device`, the bytes copied from where they were (not staged).
+    pub(super) in_place: u64,
     pub(super) stage_time: Duration,
     pub(super) upload_time: Duration,
 }
@@ -248,9 +285,9 @@ impl Drop for Uploader {
     }
 }
 
-/// A segment being staged on a thread of its own: its buffer and the nullable columns come
-/// back when it is done.
-type Staging<'scope> = std::thread::ScopedJoinHandle<'scope, (HostBuffer, Vec<bool>, Duration)>;
+/// A segment being staged on a thread of its own: its buffer, the nullable columns, the time
+/// it took and the values copied from where they are come back when it is done.
+type Staging<'scope> = std::thread::ScopedJoinHandle<'scope, (HostBuffer, Vec<bool>, Duration, Direct)>;
 
 /// The uploader's loop: stage each segment in the next staging buffer, up to `ahead` segments
 /// at once, then, in order, reserve its device memory (within `available`, waiting for the
@@ -280,8 +317,8 @@ fn upload_segments(
         out: Uploaded::default(),
         copies: Transfers::new(stream),
         // Staging buffers (ahead being staged, the rest crossing PCIe) and, for each, the
-        // event after the copies that last read it.
-        staging: (0..ahead + STAGING_DEPTH - 1).map(|_| (None, None)).collect(),
+        // event after the copies that last read it (or the buffers copied in place beside it).
+        staging: (0..ahead + STAGING_DEPTH - 1).map(|_| (None, None, vec![])).collect(),
         timings: vec![],
     };
     let result = std::thread::scope(|scope| -> Result<()> {
@@ -296,6 +333,7 @@ fn upload_segments(
             if let Some(e) = up.staging[slot].1.take() {
                 e.synchronize()?;
             }
+            up.staging[slot].2.clear();
             let wait = wait.elapsed();
             let mut buf = match up.staging[slot].0.take() {
                 Some(b) => b,
@@ -304,13 +342,15 @@ fn upload_segments(
             let head = SegmentJobHead {
                 first_row: job.first_row,
                 rows: job.rows,
+                spans: job.parts.iter().map(|p| (p.at, p.len)).collect(),
             };
+            let direct = direct_parts(layout, &job.parts, gpu.options().direct_uploads);
             let handle = std::thread::Builder::new()
                 .name("gpusort-stage".into())
                 .spawn_scoped(scope, move || {
                     let start = Instant::now();
-                    let nullable = stage(layout, &job.parts, buf.as_mut_slice());
-                    (buf, nullable, start.elapsed())
+                    let nullable = stage(layout, &job.parts, &direct, buf.as_mut_slice());
+                    (buf, nullable, start.elapsed(), direct)
                 })
                 .map_err(|e| CudaSortError::Unsupported(format!("cannot start a staging thread: {e}")))?;
             staged.push_back((head, slot, wait, handle));
@@ -327,10 +367,12 @@ fn upload_segments(
     up.finish()
 }
 
-/// What [`upload_segments`] keeps of a segment while it is staged.
+/// What [`upload_segments`] keeps of a segment while it is staged: its rows, and each part's
+/// first row in it and rows.
 struct SegmentJobHead {
     first_row: usize,
     rows: usize,
+    spans: Vec<(usize, usize)>,
 }
 
 /// The copies side of [`upload_segments`]: the staged segments' device memory and copies.
@@ -342,7 +384,7 @@ struct SegmentCopies<'a> {
     reservation: DeviceReservation,
     out: Uploaded,
     copies: Transfers,
-    staging: Vec<(Option<HostBuffer>, Option<CudaEvent>)>,
+    staging: Vec<(Option<HostBuffer>, Option<CudaEvent>, Vec<Buffer>)>,
     timings: Vec<(CudaEvent, CudaEvent)>,
 }
 
@@ -351,7 +393,7 @@ impl SegmentCopies<'_> {
     /// starts its copies; the buffer is free again after the event it leaves in `slot`.
     fn start_copies(&mut self, head: SegmentJobHead, slot: usize, wait: Duration, staging: Staging<'_>) -> Result<()> {
         let waited = Instant::now();
-        let (buf, nullable, staged) = staging
+        let (buf, nullable, staged, direct) = staging
             .join()
             .map_err(|_| CudaSortError::Unsupported("a staging thread panicked".into()))?;
         let (layout, j) = (self.layout, self.out.segments.len());
@@ -364,10 +406,12 @@ impl SegmentCopies<'_> {
         }
         self.out.budget_wait += self.reservation.grow_to(device_bytes).map_err(CudaSortError::Busy)?;
         self.out.stage_time += staged;
+        let in_place: usize = direct.iter().flatten().flatten().map(|b| b.len()).sum();
+        self.out.in_place += in_place as u64;
         log::debug!(
             target: "gpusort::timeline",
             "upload: segment {j} staged ({} rows; {:.2} ms waiting for its buffer, {:.2} ms staging, \
-             {:.2} ms waiting for it)",
+             {:.2} ms waiting for it; {in_place} bytes copied in place)",
             head.rows,
             wait.as_secs_f64() * 1e3,
             staged.as_secs_f64() * 1e3,
@@ -384,9 +428,21 @@ impl SegmentCopies<'_> {
         let bytes = buf.as_slice();
         for (k, &(_, w)) in layout.columns.iter().enumerate() {
             let values = &bytes[layout.values[k]..layout.values[k] + head.rows * w];
-            segment
-                .values
-                .push(Some(upload(self.stream, &mut self.copies, values)?));
+            // SAFETY: written by the copies before anything reads it.
+            let dst = unsafe { self.stream.alloc::<u8>(values.len().max(1)) }?;
+            // SAFETY: `dst` holds the column's rows; the staging buffer and the buffers copied
+            // in place stay in `slot` until the stream passes its event.
+            unsafe {
+                copy_column(
+                    &mut self.copies,
+                    values,
+                    &direct[k],
+                    &head.spans,
+                    w,
+                    dst.device_ptr(self.stream).0,
+                )
+            }?;
+            segment.values.push(Some(dst));
             self.out.device_bytes += values.len();
             segment.bitmaps.push(if nullable[k] {
                 let bits = &bytes[layout.bitmaps[k]..layout.bitmaps[k] + head.rows.div_ceil(8)];
@@ -401,7 +457,8 @@ impl SegmentCopies<'_> {
         log::debug!(target: "gpusort::timeline", "upload: segment {j} copies started");
         let free = self.gpu.event()?;
         free.record(self.stream)?;
-        self.staging[slot] = (Some(buf), Some(free));
+        let held = direct.into_iter().flatten().flatten().collect();
+        self.staging[slot] = (Some(buf), Some(free), held);
         self.timings.push((begin, end));
         self.out.segments.push(segment);
         debug_assert_eq!(self.out.device_bytes, device_bytes);
@@ -424,6 +481,52 @@ impl SegmentCopies<'_> {
 fn segment_device_bytes(layout: &SegmentLayout, rows: usize, nullable: &[bool]) -> usize {
     let values: usize = layout.columns.iter().map(|&(_, w)| rows * w).sum();
     values + nullable.iter().filter(|n| **n).count() * rows.div_ceil(8)
+}
+
+/// Starts the copies of a device column of a segment to `dst`: each part's values (rows
+/// `spans[p]` of the segment, `width` bytes each) from its own buffer where `direct[p]` holds
+/// it, else from `staged` (the column's region of the staging buffer); adjacent pieces of one
+/// allocation in one copy (a staged column, or the slices of one run's pinned block, whole).
+///
+/// # Safety
+/// `dst` has room for the segment's rows; `staged` and the buffers of `direct` stay alive and
+/// unchanged until the stream has passed these copies.
+unsafe fn copy_column(
+    copies: &mut Transfers,
+    staged: &[u8],
+    direct: &[Option<Buffer>],
+    spans: &[(usize, usize)],
+    width: usize,
+    dst: CUdeviceptr,
+) -> Result<()> {
+    // A stretch to copy: its first byte, the allocation it lies in, where it goes, its bytes.
+    let mut stretch: Option<(*const u8, usize, usize, usize)> = None;
+    let flush = |copies: &mut Transfers, s: Option<(*const u8, usize, usize, usize)>| -> Result<()> {
+        match s {
+            // SAFETY: the stretch is adjacent pieces of one live allocation; the caller's
+            // contract for the rest.
+            Some((src, _, at, len)) => unsafe {
+                copies.upload_to(std::slice::from_raw_parts(src, len), dst + at as u64)
+            },
+            None => Ok(()),
+        }
+    };
+    for (p, &(at, len)) in spans.iter().enumerate() {
+        let (src, whole) = match &direct[p] {
+            Some(b) => (b.as_slice(), b.data_ptr().as_ptr() as usize),
+            None => (&staged[at * width..(at + len) * width], staged.as_ptr() as usize),
+        };
+        stretch = match stretch {
+            Some((s, w, d, n)) if w == whole && s.wrapping_add(n) == src.as_ptr() && d + n == at * width => {
+                Some((s, w, d, n + src.len()))
+            }
+            done => {
+                flush(copies, done)?;
+                Some((src.as_ptr(), whole, at * width, src.len()))
+            }
+        };
+    }
+    flush(copies, stretch)
 }
 
 /// Starts copying `bytes` to new device memory allocated on `stream`.
@@ -496,7 +599,7 @@ mod tests {
         let rows = at;
         let layout = SegmentLayout::new(vec![(0, 4), (1, 8), (2, 2)], 128);
         let mut buf = vec![0xEEu8; layout.bytes];
-        let nullable = stage(&layout, &parts, &mut buf);
+        let nullable = stage(&layout, &parts, &vec![vec![None; parts.len()]; 3], &mut buf);
         assert_eq!(nullable, vec![true, false, false]);
         // Expected: the parts' rows concatenated.
         let whole =
@@ -556,7 +659,7 @@ mod tests {
         }
         let layout = SegmentLayout::new(vec![(0, 16)], 128);
         let mut buf = vec![0u8; layout.bytes];
-        stage(&layout, &parts, &mut buf);
+        stage(&layout, &parts, &vec![vec![None; parts.len()]], &mut buf);
         // The views a concatenation of the batches makes, which index the same buffers.
         let columns: Vec<&dyn Array> = batches.iter().map(|b| b.column(0).as_ref()).collect();
         let want = concat_column(&columns).unwrap();
