@@ -649,14 +649,7 @@ impl InMemorySorter {
                 crate::device_scan::mark(format_args!("device scan: run {i}"));
             }
             if let Some(previous) = sorted.last().filter(|_| gpu.gpu().options().pin_ahead) {
-                pinning = pin_ahead_like(
-                    previous,
-                    files.run_rows(&calls),
-                    pinning.take(),
-                    "device scan",
-                    "run",
-                    true,
-                );
+                pinning = pin_ahead_like(previous, files.run_rows(&calls), pinning.take());
             }
             let session = match self
                 .read_run(&gpu, ordinal, SortSpec::new(keys.clone()), &files, calls)
@@ -796,18 +789,12 @@ impl InMemorySorter {
     /// the host only stages and encodes, and the download lands in reused pinned memory.
     /// `sorted_runs` (empty: not known) says that the parts are sorted runs of these many rows,
     /// one after the other, which the device then merges instead of sorting them.
-    ///
-    /// With `next = Some((rows, pinning))`, where the GPU pins ahead (`GpuOptions::pin_ahead`),
-    /// the host blocks of a next sort of `rows` rows like this one are pinned on a thread of
-    /// its own once this one came down (after `pinning`, the pinning for this one, ended);
-    /// `pinning` is left holding that thread.
     pub(crate) async fn sort_whole_on_gpu(
         &mut self,
         parts: &[RecordBatch],
         rows: usize,
         sorted_runs: Vec<usize>,
         limit: Option<usize>,
-        next: Option<(usize, &mut Option<JoinHandle<()>>)>,
     ) -> Result<Option<RecordBatch>> {
         if !matches!(self.choose_path(rows)?, SortPath::Gpu(_)) {
             return Ok(None);
@@ -822,15 +809,8 @@ impl InMemorySorter {
             return Ok(None);
         };
         let session = session.with_sorted_runs(sorted_runs);
-        let pins_ahead = gpu.gpu().options().pin_ahead;
         match self.finish_session(session, gpu, limit, false).await? {
-            Ok(SortedOutput::Batch(sorted)) => {
-                if let Some((rows, pinning)) = next.filter(|_| pins_ahead) {
-                    // The step's views index the runs' data buffers (not laid out on the device).
-                    *pinning = pin_ahead_like(&sorted, rows, pinning.take(), "range merge", "next step", false);
-                }
-                Ok(Some(sorted))
-            }
+            Ok(SortedOutput::Batch(sorted)) => Ok(Some(sorted)),
             Ok(SortedOutput::OnDevice(_)) => unreachable!("rows stay on the device only when ranges are asked for"),
             Err(reason) => {
                 self.session_failed = Some(reason);
@@ -958,40 +938,27 @@ impl InMemorySorter {
     }
 }
 
-/// Pins, on a thread of its own, the host blocks the next sort of `rows` rows will come down
-/// into (a device scan's next run, a range merge's next step), as many and as large as those
-/// `previous` (the sort before) came down into, scaled by the rows (its view columns' data
-/// buffers only with `view_data`, see [`block_lens`]); once the pinning for the sort before
-/// ended (`before`). The timeline says "`who`: N bytes pinned ahead of the `what`".
-///
-/// Each run of TPC-H lineitem (~10M rows) pinned ~2 GB on its way down, ~130 ms of its
-/// ~210 ms (stop 50, an H200); ahead, that overlaps the run's reading and sorting. Pinning a
-/// run's blocks ahead takes longer than the run (~0.2 s against ~0.15 s on lineitem, stop 51),
-/// so every other run finds all its blocks and the others part of them: the scan's reading
-/// 0.11-0.42 s shorter under a 4 GiB GPU budget. A range merge's step of ~20M rows pinned
-/// ~2.5 GB on its way down, 0.1-0.3 s (stop 53): the runs' blocks it read are freed only
-/// once each run is read to its end.
-fn pin_ahead_like(
-    previous: &RecordBatch,
-    rows: usize,
-    before: Option<JoinHandle<()>>,
-    who: &'static str,
-    what: &'static str,
-    view_data: bool,
-) -> Option<JoinHandle<()>> {
+/// Pins, on a thread of its own, the host blocks a device scan's run of `rows` rows will come
+/// down into, as many and as large as those `previous` (the run before) came down into, scaled
+/// by the rows; once the pinning for the run before ended (`before`). Each run of TPC-H
+/// lineitem (~10M rows) pinned ~2 GB on its way down, ~130 ms of its ~210 ms (stop 50, an
+/// H200); ahead, that overlaps the run's reading and sorting. Pinning a run's blocks ahead
+/// takes longer than the run (~0.2 s against ~0.15 s on lineitem, stop 51), so every other
+/// run finds all its blocks and the others part of them: the scan's reading 0.11-0.42 s
+/// shorter under a 4 GiB GPU budget.
+fn pin_ahead_like(previous: &RecordBatch, rows: usize, before: Option<JoinHandle<()>>) -> Option<JoinHandle<()>> {
     if let Some(before) = before {
         let _ = before.join();
     }
     let scale = rows as f64 / previous.num_rows().max(1) as f64;
-    let lens = (block_lens(previous, view_data).into_iter())
+    let lens = (block_lens(previous).into_iter())
         .map(|len| (len as f64 * scale).ceil() as usize)
         .collect();
-    PinnedPool::global().pin_ahead(lens, move |bytes, took| {
-        log::debug!(
-            target: "gpusort::timeline",
-            "{who}: {bytes} bytes pinned ahead of the {what} in {:.1} ms",
+    PinnedPool::global().pin_ahead(lens, |bytes, took| {
+        crate::device_scan::mark(format_args!(
+            "device scan: {bytes} bytes pinned ahead of the run in {:.1} ms",
             took.as_secs_f64() * 1e3
-        )
+        ))
     })
 }
 

@@ -126,9 +126,6 @@ pub(crate) struct RangeMerge {
     metrics: GpuSortMetrics,
     /// Steps taken (for the timeline).
     step: usize,
-    /// The thread pinning the host blocks of the next step's sorted rows, once a step sorted
-    /// on the GPU came down (see [`InMemorySorter::sort_whole_on_gpu`]).
-    pinning: Option<std::thread::JoinHandle<()>>,
 }
 
 impl RangeMerge {
@@ -157,7 +154,6 @@ impl RangeMerge {
             remaining: fetch.unwrap_or(usize::MAX),
             reservation,
             step: 0,
-            pinning: None,
         };
         // Step i + 1 runs while step i's batches are consumed (its output is reserved, see
         // `step_bytes`). Dropping the stream aborts the task, which frees everything.
@@ -351,10 +347,7 @@ impl RangeMerge {
         log::debug!(target: "gpusort::timeline", "merge step {step}: {rows} rows in {} slices", parts.len());
         let permutation = if self.sorter.merges_keys_only(&parts) {
             self.sorter.sort_keys_on_gpu(&parts, rows, runs, limit).await?
-        } else if let Some(sorted) = (self.sorter)
-            .sort_whole_on_gpu(&parts, rows, runs, limit, Some((self.step_rows, &mut self.pinning)))
-            .await?
-        {
+        } else if let Some(sorted) = self.sorter.sort_whole_on_gpu(&parts, rows, runs, limit).await? {
             // The step's input (slices of the loaded run batches, often their last
             // references) is freed on another core.
             rayon::spawn(move || drop(parts));

@@ -35,7 +35,6 @@ use std::time::{Duration, Instant};
 
 use arrow::array::{ArrayData, RecordBatch};
 use arrow::buffer::{Buffer, MutableBuffer};
-use arrow::datatypes::DataType;
 use cudarc::driver::{CudaContext, result, sys};
 
 /// Smallest block: requests below it are rounded up to it.
@@ -270,27 +269,23 @@ pub fn class_size(len: usize) -> usize {
     len.div_ceil(step) * step
 }
 
-/// The lengths of every buffer of `batch`'s columns (values, offsets or views, data buffers
-/// unless `view_data` is false, validity bits; their children's too): the requests a batch
-/// like it makes of the pool when it comes down from the device, each column part a buffer of
-/// its own. For [`PinnedPool::pin_ahead`], by a caller that brings down batches like one it
-/// has (the runs of a Parquet scan read on the device come down whole one after another, each
-/// about as large as the one before). Without `view_data` the view columns' data buffers are
-/// left out: a sort that did not lay its views out on the device hands back views into its
-/// input's data buffers, which do not come down.
-pub fn block_lens(batch: &RecordBatch, view_data: bool) -> Vec<usize> {
-    fn of(data: &ArrayData, view_data: bool, lens: &mut Vec<usize>) {
-        let views = matches!(data.data_type(), DataType::Utf8View | DataType::BinaryView);
-        let own = if views && !view_data { 1 } else { data.buffers().len() };
-        lens.extend(data.buffers().iter().take(own).map(Buffer::len));
+/// The lengths of every buffer of `batch`'s columns (values, offsets or views, data buffers,
+/// validity bits; their children's too): the requests a batch like it makes of the pool when
+/// it comes down from the device, each column part a buffer of its own. For
+/// [`PinnedPool::pin_ahead`], by a caller that brings down batches like one it has (the runs
+/// of a Parquet scan read on the device come down whole one after another, each about as
+/// large as the one before).
+pub fn block_lens(batch: &RecordBatch) -> Vec<usize> {
+    fn of(data: &ArrayData, lens: &mut Vec<usize>) {
+        lens.extend(data.buffers().iter().map(Buffer::len));
         lens.extend(data.nulls().map(|n| n.buffer().len()));
         for child in data.child_data() {
-            of(child, view_data, lens);
+            of(child, lens);
         }
     }
     let mut lens = vec![];
     for column in batch.columns() {
-        of(&column.to_data(), view_data, &mut lens);
+        of(&column.to_data(), &mut lens);
     }
     lens.retain(|&len| len > 0);
     lens
@@ -1016,7 +1011,7 @@ mod tests {
             Arc::new(StringViewArray::from(strings)),
         ];
         let batch = RecordBatch::try_new(schema, columns).unwrap();
-        let lens = block_lens(&batch, true);
+        let lens = block_lens(&batch);
         // The values, the views, the views' bytes and their validity bits; no empty buffer.
         assert!(
             lens.contains(&(8 * 20_000)) && lens.contains(&(16 * 20_000)),
@@ -1026,9 +1021,6 @@ mod tests {
         let long_bytes = long.len() * (20_000 - 20_000usize.div_ceil(3));
         assert!(lens.iter().sum::<usize>() >= 24 * 20_000 + long_bytes, "{lens:?}");
         assert!(lens.iter().all(|&l| l > 0));
-        // Without the views' data buffers: the values, the views and the validity bits alone.
-        let own = block_lens(&batch, false);
-        assert_eq!(own.iter().sum::<usize>(), 24 * 20_000 + 20_000usize.div_ceil(8), "{own:?}");
 
         let (pool, a) = pool(64 << 20);
         let (tx, rx) = std::sync::mpsc::channel();
