@@ -123,8 +123,9 @@ pub struct GpuSortMetrics {
     /// Columns gathered on the host through the permutation (var-width and nested columns,
     /// and everything on the CPU path).
     pub host_gathered_columns: Count,
-    /// Ranges of sorted rows brought down from the device one after another while the
-    /// consumer took the earlier ones (0 when the sorted rows came down whole).
+    /// Ranges of sorted rows brought down from the device one after another: while the
+    /// consumer took the earlier ones, or, for an external sort's runs and merge steps, each
+    /// into pinned blocks of its own (0 when the sorted rows came down whole).
     pub device_ranges: Count,
     /// Times the buffered input of a `LIMIT` sort was cut down to its best rows.
     pub topk_compactions: Count,

@@ -21,7 +21,9 @@
 //! come first in the output: they leave run by run, unsorted (they are all equal).
 //!
 //! Steps run one ahead of the consumer, on their own task: step i + 1 reads and sorts while
-//! step i's batches are consumed. Spilled runs read their share of the next step ahead, on
+//! step i's batches are consumed. A step sorted whole on the GPU comes down in ranges
+//! (`gpusort.run_ranges`), each sent to the consumer as soon as it is down, into pinned blocks
+//! that the runs' ranges the step read past gave back. Spilled runs read their share of the next step ahead, on
 //! their own tasks. The memory of a step (its rows, their sorted copy, the key sort, the
 //! previous step's output and the read-ahead) is reserved once for the whole merge
 //! ([`step_rows`]); with too little memory for the smallest step the heap merge
@@ -44,7 +46,7 @@ use futures::{SinkExt, StreamExt, TryStreamExt};
 use gpusort::cpu::gather_parts::gather_parts;
 
 use crate::error::GpuSortExecError;
-use crate::in_memory::{InMemorySorter, KEY_BYTES_PER_ROW_AND_KEY, blocking};
+use crate::in_memory::{InMemorySorter, KEY_BYTES_PER_ROW_AND_KEY, RangeSink, blocking};
 use crate::metrics::GpuSortMetrics;
 use crate::run::SortedRun;
 
@@ -126,7 +128,14 @@ pub(crate) struct RangeMerge {
     metrics: GpuSortMetrics,
     /// Steps taken (for the timeline).
     step: usize,
+    /// Where a step sorted on the GPU sends its ranges as they come down (the stream's
+    /// channel, which the steps sorted otherwise reach through [`Self::stream`]'s task).
+    out: Option<OutputSender>,
 }
+
+/// The channel of a range merge's output: a step's batches, or one range of a step sorted on
+/// the GPU.
+type OutputSender = futures::channel::mpsc::Sender<Result<Vec<RecordBatch>>>;
 
 impl RangeMerge {
     /// The merged rows of `runs` (in input order), at most `fetch` of them, in steps of
@@ -146,6 +155,11 @@ impl RangeMerge {
             .map(|r| Ok(RunReader::new(r.into_stream(spill, ahead)?)))
             .collect::<Result<Vec<_>>>()?;
         let schema = Arc::clone(&sorter.schema);
+        // Step i + 1 runs while step i's batches are consumed (its output is reserved, see
+        // `step_bytes`): the channel holds a step's ranges, each sent as it comes down from
+        // the GPU (the consumer starts on a step's first range while the rest come down).
+        // Dropping the stream aborts the task, which frees everything.
+        let (mut tx, rx) = futures::channel::mpsc::channel::<Result<Vec<RecordBatch>>>(sorter.step_ranges(step_rows));
         let state = Self {
             metrics: sorter.metrics.clone(),
             sorter,
@@ -154,10 +168,8 @@ impl RangeMerge {
             remaining: fetch.unwrap_or(usize::MAX),
             reservation,
             step: 0,
+            out: Some(tx.clone()),
         };
-        // Step i + 1 runs while step i's batches are consumed (its output is reserved, see
-        // `step_bytes`). Dropping the stream aborts the task, which frees everything.
-        let (mut tx, rx) = futures::channel::mpsc::channel::<Result<Vec<RecordBatch>>>(0);
         let task = SpawnedTask::spawn(async move {
             let mut state = state;
             loop {
@@ -345,18 +357,20 @@ impl RangeMerge {
         let limit = (self.remaining != usize::MAX).then_some(self.remaining);
         let rows: usize = parts.iter().map(|p| p.num_rows()).sum();
         log::debug!(target: "gpusort::timeline", "merge step {step}: {rows} rows in {} slices", parts.len());
-        let permutation = if self.sorter.merges_keys_only(&parts) {
-            self.sorter.sort_keys_on_gpu(&parts, rows, runs, limit).await?
-        } else if let Some(sorted) = self.sorter.sort_whole_on_gpu(&parts, rows, runs, limit).await? {
-            // The step's input (slices of the loaded run batches, often their last
-            // references) is freed on another core.
-            rayon::spawn(move || drop(parts));
-            let slices = self.sorter.slices(&sorted)?;
-            let shared = (sorted.num_rows(), get_record_batch_memory_size(&sorted));
-            log::debug!(target: "gpusort::timeline", "merge step {step}: sorted on the GPU");
-            return Ok(Some(self.emit_slices(slices, Some(shared))));
+        let (permutation, parts) = if self.sorter.merges_keys_only(&parts) {
+            (self.sorter.sort_keys_on_gpu(&parts, rows, runs, limit).await?, parts)
         } else {
-            None
+            let (sink, delivered) = self.range_sink(step);
+            match self.sorter.sort_whole_on_gpu(parts, rows, runs, limit, sink).await? {
+                Ok(()) => {
+                    log::debug!(target: "gpusort::timeline", "merge step {step}: sorted on the GPU");
+                    // Its rows went out as they came down (at most the `LIMIT`'s rest).
+                    let delivered = delivered.load(std::sync::atomic::Ordering::Acquire);
+                    self.remaining = self.remaining.saturating_sub(delivered);
+                    return Ok(Some(vec![]));
+                }
+                Err(parts) => (None, parts),
+            }
         };
         let permutation = match permutation {
             Some(p) => {
@@ -380,15 +394,31 @@ impl RangeMerge {
         Ok(Some(self.emit(gathered)))
     }
 
-    /// Counts `batches` as output (cut to what the `LIMIT` has left).
-    fn emit(&mut self, batches: Vec<RecordBatch>) -> Vec<RecordBatch> {
-        self.emit_slices(batches, None)
+    /// Where a step sorted on the GPU sends each range as it comes down: cut into output
+    /// batches, counted as output and sent on the stream's channel; and the rows sent so far.
+    fn range_sink(&self, step: usize) -> (RangeSink, Arc<std::sync::atomic::AtomicUsize>) {
+        let delivered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (slicer, metrics, counted) = (self.sorter.slicer(), self.metrics.clone(), Arc::clone(&delivered));
+        let mut out = self.out.clone();
+        let sink = move |range: RecordBatch| -> Result<bool> {
+            let Some(tx) = out.as_mut() else {
+                return Ok(false);
+            };
+            let (rows, bytes) = (range.num_rows(), get_record_batch_memory_size(&range));
+            let slices = slicer.slices(&range)?;
+            drop(range);
+            for b in &slices {
+                metrics.record_output_slice(b.num_rows(), rows, bytes);
+            }
+            counted.fetch_add(rows, std::sync::atomic::Ordering::AcqRel);
+            log::debug!(target: "gpusort::timeline", "merge step {step}: a range of {rows} rows sent");
+            Ok(futures::executor::block_on(tx.send(Ok(slices))).is_ok())
+        };
+        (Box::new(sink), delivered)
     }
 
-    /// As [`Self::emit`]; with `shared = Some((rows, bytes))` the batches are slices of one
-    /// batch of `rows` rows holding `bytes`, and each counts its share of them
-    /// ([`GpuSortMetrics::record_output_slice`]).
-    fn emit_slices(&mut self, batches: Vec<RecordBatch>, shared: Option<(usize, usize)>) -> Vec<RecordBatch> {
+    /// Counts `batches` as output (cut to what the `LIMIT` has left).
+    fn emit(&mut self, batches: Vec<RecordBatch>) -> Vec<RecordBatch> {
         let mut out = Vec::with_capacity(batches.len());
         for b in batches {
             if self.remaining == 0 {
@@ -400,12 +430,7 @@ impl RangeMerge {
                 b
             };
             self.remaining = self.remaining.saturating_sub(b.num_rows());
-            match shared {
-                Some((rows, bytes)) => self.metrics.record_output_slice(b.num_rows(), rows, bytes),
-                None => {
-                    (&b).record_output(&self.metrics.baseline);
-                }
-            }
+            (&b).record_output(&self.metrics.baseline);
             out.push(b);
         }
         out
@@ -415,6 +440,7 @@ impl RangeMerge {
     fn finish(&mut self) {
         self.readers.clear();
         self.reservation.free();
+        self.out = None;
     }
 }
 

@@ -47,7 +47,7 @@ use futures::StreamExt;
 use crate::config::GpuSortConfig;
 use crate::device_scan::DeviceScan;
 use crate::error::too_small;
-use crate::in_memory::{InMemorySorter, ScanOutput, SortedOutput};
+use crate::in_memory::{Delivery, InMemorySorter, ScanOutput, SortedOutput};
 use crate::metrics::GpuSortMetrics;
 use crate::multi_level_merge::MultiLevelMerge;
 use crate::run::SortedRun;
@@ -59,7 +59,7 @@ const TOPK_MIN_BUFFER_ROWS: usize = 1 << 20;
 
 /// A run being sorted on a task of its own, and the bytes its rows hold of the reservation.
 struct PendingRun {
-    task: SpawnedTask<Result<RecordBatch>>,
+    task: SpawnedTask<Result<Vec<RecordBatch>>>,
     held: usize,
 }
 
@@ -211,6 +211,7 @@ impl GpuSorter {
                 self.reservation.try_resize(get_record_batch_memory_size(&sorted))?;
                 self.stream_sorted(sorted).map(Ok)
             }
+            Ok(ScanOutput::Sorted(SortedOutput::Ranges(_))) => unreachable!("one run stays on the device"),
             Ok(ScanOutput::Runs(runs, run_rows)) => {
                 self.run_rows = Some(run_rows);
                 self.metrics.budget_runs.add(runs.len().saturating_sub(1));
@@ -218,7 +219,7 @@ impl GpuSorter {
                     self.metrics.runs.add(1);
                     // Kept in memory where the pool grants it, else spilled (as `store_run`
                     // does with a run that outgrew what its rows held).
-                    let size = get_record_batch_memory_size(&run);
+                    let size = run.iter().map(get_record_batch_memory_size).sum();
                     let held = if self.reservation.try_grow(size).is_ok() {
                         size
                     } else {
@@ -258,7 +259,7 @@ impl GpuSorter {
             // In memory, in one piece (its working memory is reserved with the rows).
             let input_bytes = self.input_bytes;
             let batches = self.take_batches();
-            return match self.sorter.sort_batches_out(batches, self.fetch, true).await? {
+            return match self.sorter.sort_batches_out(batches, self.fetch, Delivery::OnDevice).await? {
                 SortedOutput::Batch(sorted) => {
                     self.reservation.try_resize(get_record_batch_memory_size(&sorted))?;
                     log::debug!(target: "gpusort::timeline", "GpuSortExec: sorted rows reserved");
@@ -270,6 +271,7 @@ impl GpuSorter {
                     let schema = Arc::clone(&self.sorter.schema);
                     Ok(rows.into_stream(schema, self.sorter.slicer(), self.reservation, input_bytes))
                 }
+                SortedOutput::Ranges(_) => unreachable!("ranges come down only when asked for"),
             };
         }
         if self.rows > 0 {
@@ -349,7 +351,7 @@ impl GpuSorter {
     /// cannot hold it), else kept in memory.
     async fn make_run(&mut self, spill: bool) -> Result<()> {
         let (batches, held) = self.cut_run().await?;
-        let sorted = self.sorter.sort_batches(batches, self.fetch).await?;
+        let sorted = self.sorter.sort_run(batches, self.fetch).await?;
         self.store_run(sorted, held, spill).await
     }
 
@@ -372,7 +374,7 @@ impl GpuSorter {
         let (batches, held) = self.cut_run().await?;
         let mut sorter = self.sorter.detach();
         let fetch = self.fetch;
-        let task = SpawnedTask::spawn(async move { sorter.sort_batches(batches, fetch).await });
+        let task = SpawnedTask::spawn(async move { sorter.sort_run(batches, fetch).await });
         self.pending = Some(PendingRun { task, held });
         Ok(())
     }
@@ -390,13 +392,16 @@ impl GpuSorter {
         Ok(true)
     }
 
-    /// Stores `sorted` (of rows that held `held` bytes of the reservation) as the next run:
-    /// spilled when `spill` is set or when it outgrew its rows, else kept in memory.
-    async fn store_run(&mut self, sorted: RecordBatch, held: usize, spill: bool) -> Result<()> {
+    /// Stores `sorted` (a run's rows, in one batch or in ranges, whose input held `held` bytes
+    /// of the reservation) as the next run: spilled when `spill` is set or when it outgrew its
+    /// rows, else kept in memory.
+    async fn store_run(&mut self, sorted: Vec<RecordBatch>, held: usize, spill: bool) -> Result<()> {
         log::debug!(target: "gpusort::timeline", "run {}: sorted", self.runs.len());
-        let size = get_record_batch_memory_size(&sorted);
-        let slices = self.sorter.slices(&sorted)?;
-        drop(sorted);
+        let size = sorted.iter().map(get_record_batch_memory_size).sum();
+        let mut slices = vec![];
+        for range in sorted {
+            slices.extend(self.sorter.slices(&range)?);
+        }
         if spill || size > held {
             self.runs.push_spilled(slices).await?;
             self.reservation.shrink(held);

@@ -382,13 +382,16 @@ async fn gpu_external_sort_in_budget_sized_runs() {
         }
     }
     // Both ways of a step on the GPU: the keys alone (`k, id` and `k` are under half the
-    // bytes of a row) and the rows whole.
+    // bytes of a row) and the rows whole. The runs (120,000 and 80,000 rows) and the steps
+    // sorted whole come down in ranges of 10,000 rows, whose blocks the merge gives back as it
+    // reads on.
     for keys_only in ["false", "true"] {
         let two_runs = [
             ("gpusort.device", "0"),
             ("gpusort.min_rows", "0"),
             ("gpusort.max_run_rows", "120000"),
             ("gpusort.merge_keys_only", keys_only),
+            ("gpusort.output_range_rows", "10000"),
         ];
         let ours = external::session(true, None, external::disk_in(tmp.path()), &two_runs);
         for (q, stable) in &external::QUERIES[..2] {
@@ -408,6 +411,8 @@ async fn gpu_external_sort_in_budget_sized_runs() {
             );
             let expected_key_steps = if keys_only == "true" { merged } else { 0 };
             assert_eq!(key_steps, expected_key_steps, "{q}: {m}");
+            let ranges = external::metric(&m, "device_ranges");
+            assert!(ranges >= 20, "{q}: {ranges} ranges came down: {m}");
             assert_eq!(ours.runtime_env().memory_pool.reserved(), 0, "{q}");
         }
     }
@@ -746,6 +751,15 @@ async fn gpu_device_scan_in_runs_merges_them_as_stock_sorts() {
         let plan = check_device_scan(&stock, &ours, &file, order, (1, 0)).await;
         assert_eq!(sort_metric(&plan, "runs"), 4, "ORDER BY {order}");
         assert_eq!(sort_metric(&plan, "device_scan_rows"), 200_003, "ORDER BY {order}");
+    }
+    // Runs and merge steps in ranges of 9,000 rows (not a multiple of the batch size): the
+    // runs (60,000 rows thrice, 20,003) alone come down in 24.
+    set(&ours, &[("output_range_rows", "9000")]).await;
+    for order in DEVICE_SCAN_ORDERS {
+        let plan = check_device_scan(&stock, &ours, &file, order, (1, 0)).await;
+        assert_eq!(sort_metric(&plan, "runs"), 4, "ORDER BY {order}");
+        let ranges = sort_metric(&plan, "device_ranges");
+        assert!(ranges >= 24, "ORDER BY {order}: {ranges} ranges came down");
     }
     let limited = context_with_memory_limit(true, 200_003, 4, 1 << 30);
     set(

@@ -296,7 +296,9 @@ def main():
                     # the same with the merge steps' keys alone on the GPU, their rows gathered on the host
                     "gpu-4g-keys": ["--gpu-memory-limit", "4GiB"],
                     # the same with every uploaded row staged, none copied from the runs' pinned blocks
-                    "gpu-4g-staged": ["--gpu-memory-limit", "4GiB"]}
+                    "gpu-4g-staged": ["--gpu-memory-limit", "4GiB"],
+                    # the same with each run and merge step brought down in one piece, not in ranges
+                    "gpu-4g-whole": ["--gpu-memory-limit", "4GiB"]}
     # Contenders that differ by an environment variable.
     thp = {"MIMALLOC_ALLOW_LARGE_OS_PAGES": "1"}
     contender_env = {"gpu-host-views": {"GPUSORT_DEVICE_VIEWS": "0"}, "gpu-thp": thp, "cpu-thp": thp,
@@ -308,7 +310,8 @@ def main():
                      "gpu-host-compact": {"GPUSORT_COMPACT_VIEWS": "0"},
                      "gpu-4g-host-views": {"GPUSORT_DEVICE_VIEWS": "0"},
                      "gpu-4g-keys": {"GPUSORT_MERGE_KEYS_ONLY": "1"},
-                     "gpu-4g-staged": {"GPUSORT_DIRECT_UPLOADS": "0"}}
+                     "gpu-4g-staged": {"GPUSORT_DIRECT_UPLOADS": "0"},
+                     "gpu-4g-whole": {"GPUSORT_RUN_RANGES": "0"}}
     rows = []
     first_gpu = True
     for li in args.lists.split(","):
