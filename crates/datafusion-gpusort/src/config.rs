@@ -271,16 +271,15 @@ extensions_options! {
         pub device_scan: bool, default = true
         /// A GPU sort of more rows than this streams its output out of the device this many
         /// rows at a time, two ranges ahead of the consumer, which takes one range while the
-        /// next crosses PCIe; the device memory is held until the last range came down. An
-        /// external sort's runs and merge steps sorted on the GPU come down in such ranges
-        /// too (`run_ranges`). 0 brings the rows down
-        /// whole, freeing the device memory at once.
+        /// next crosses PCIe; the device memory is held until the last range came down. 0
+        /// brings the rows down whole, freeing the device memory at once.
         pub output_range_rows: usize, default = 1 << 20
         /// An external sort's runs and merge steps sorted on the GPU come down in ranges of
-        /// `output_range_rows` rows, each into pinned blocks of its own that return to the
-        /// pool as the merge reads past them, and the next steps' ranges reuse them. False
-        /// brings each run and step down in one piece (blocks of its size, pinned anew).
-        pub run_ranges: bool, default = true
+        /// this many rows, each into pinned blocks of its own that return to the pool as the
+        /// merge reads past them, and the next steps' ranges reuse them; a step's ranges go
+        /// to the consumer as they come down. 0 brings each run and step down in one piece
+        /// (blocks of its size, pinned anew).
+        pub run_range_rows: usize, default = 4 << 20
         /// Where a sorted output is written to Parquet files through DataFusion's
         /// `ParquetSink` (`COPY (SELECT ... ORDER BY ...) TO 'out.parquet'`), write them with
         /// gpusort's writer instead (`GpuParquetSink`): the same writer properties, row groups

@@ -38,8 +38,8 @@ use datafusion::physical_expr::expressions::Column;
 use gpusort::cpu::gather::concat_batches;
 use gpusort::{SortKey, SortOutput, SortRequest, SortSpec, SplitOptions};
 use gpusort_cuda::{
-    CudaBackend, CudaSortError, GpuSortSession, MultiGpuBackend, PinnedPool, SortFootprint, block_lens,
-    gpu_encoder_options,
+    CudaBackend, CudaSortError, GpuSortSession, MultiGpuBackend, PinnedPool, SortFootprint, SortedRows,
+    block_lens, gpu_encoder_options,
 };
 use rayon::prelude::*;
 
@@ -151,7 +151,7 @@ pub(crate) type RangeSink = Box<dyn FnMut(RecordBatch) -> Result<bool> + Send>;
 /// How a GPU session's sorted rows come to the host.
 ///
 /// `Ranges` is for rows that a range merge reads on (an external sort's runs and its steps'
-/// output): each range of `gpusort.output_range_rows` rows comes down into pinned blocks of
+/// output): each range of `gpusort.run_range_rows` rows comes down into pinned blocks of
 /// its own, all of one size class a column part, so a run's first ranges go back to the pool
 /// once the merge read past them and a step's ranges come down into them, where blocks of one
 /// piece a run or step stayed out until its last row was read and every step pinned ~2.5 GB
@@ -163,7 +163,7 @@ pub(crate) enum Delivery {
     /// Left on the device to come down a range at a time ([`DeviceOutput`]) when there are
     /// more than `gpusort.output_range_rows`, else in one batch.
     OnDevice,
-    /// In ranges of `gpusort.output_range_rows`, each a batch, all brought down now; the
+    /// In ranges of `gpusort.run_range_rows`, each a batch, all brought down now; the
     /// session's input is released first, once the rows are sorted on the device, so that the
     /// ranges reuse its pinned blocks.
     Ranges,
@@ -173,7 +173,7 @@ pub(crate) enum Delivery {
 /// to merge (and the rows of a run cut from the input, the merge's steps' size).
 pub(crate) enum ScanOutput {
     Sorted(SortedOutput),
-    /// Each run's rows, in ranges of `gpusort.output_range_rows` ([`Delivery::Ranges`]).
+    /// Each run's rows, in ranges of `gpusort.run_range_rows` ([`Delivery::Ranges`]).
     Runs(Vec<Vec<RecordBatch>>, Option<usize>),
 }
 
@@ -451,18 +451,18 @@ impl InMemorySorter {
     /// Most ranges the sorted rows of a merge step of `rows` rows come down in (one when they
     /// come down whole).
     pub(crate) fn step_ranges(&self, rows: usize) -> usize {
-        match (self.options.run_ranges, self.options.output_range_rows) {
-            (true, range_rows) if range_rows > 0 => rows.div_ceil(range_rows).max(1),
-            _ => 1,
+        match self.options.run_range_rows {
+            0 => 1,
+            range_rows => rows.div_ceil(range_rows).max(1),
         }
     }
 
     /// How the sorted rows of a run or a merge step come down: in ranges with
-    /// `gpusort.run_ranges`, else whole.
+    /// `gpusort.run_range_rows`, else whole.
     fn run_delivery(&self) -> Delivery {
-        match self.options.run_ranges {
-            true => Delivery::Ranges,
-            false => Delivery::Whole,
+        match self.options.run_range_rows {
+            0 => Delivery::Whole,
+            _ => Delivery::Ranges,
         }
     }
 
@@ -527,29 +527,31 @@ impl InMemorySorter {
         limit: Option<usize>,
         delivery: Delivery,
         input: Vec<RecordBatch>,
-        mut sink: Option<RangeSink>,
+        sink: Option<RangeSink>,
     ) -> Result<Result<SortedOutput, (String, Vec<RecordBatch>)>> {
         let timer = self.metrics.baseline.elapsed_compute().clone();
         let metrics = self.metrics.clone();
         let width = self.schema.fields().len();
         let range_rows = match delivery {
             Delivery::Whole => 0,
-            Delivery::OnDevice | Delivery::Ranges => self.options.output_range_rows,
+            Delivery::OnDevice => self.options.output_range_rows,
+            Delivery::Ranges => self.options.run_range_rows,
         };
         let kept = limit.unwrap_or(usize::MAX).min(session.num_rows());
         let ranges = range_rows > 0 && kept > range_rows;
         // Rows left on the device to come down in ranges: every view column's values are laid
-        // out there for them (not only a view key's), where the device memory allows.
-        // The ranges' blocks are pinned ahead while the device sorts only where no input
-        // releases blocks for them (a merge step's does, once sorted): else they are pinned
-        // ahead as the ranges come down.
-        let ahead = ranges && (delivery == Delivery::OnDevice || input.is_empty());
+        // out there for them (not only a view key's), where the device memory allows. Their
+        // blocks are pinned ahead while the device sorts. Not so for the ranges of a run or a
+        // step: a device scan pins a run's blocks ahead of the run ([`pin_ahead_like`]; two
+        // threads pinning at once took twice as long, stop 54), and a step's input gives its
+        // blocks back once sorted.
+        let ahead = ranges && delivery == Delivery::OnDevice;
         let session = (session.with_output_views(ranges && delivery == Delivery::OnDevice))
             .with_output_ranges(if ahead { range_rows } else { 0 });
         let out = blocking(move || {
             let _timer = timer.timer();
             let device = gpusort::SortBackend::name(gpu.as_ref());
-            let mut rows = match session.finish_sorted(limit) {
+            let rows = match session.finish_sorted(limit) {
                 Ok(rows) => rows,
                 // The CPU would fail the same way.
                 Err(CudaSortError::Core(e)) => return Err(GpuSortExecError::from(e).into()),
@@ -560,51 +562,15 @@ impl InMemorySorter {
                 let output = DeviceOutput::new(rows, device, width, range_rows, metrics.clone());
                 return Ok(Ok(SortedOutput::OnDevice(Box::new(output))));
             }
+            let down = ComeDown {
+                width,
+                metrics: &metrics,
+                device: &device,
+            };
             if !ranges {
-                let out = rows.next_batch(rows.num_rows()).and_then(|batch| rows.into_output(batch));
-                let out = match out {
-                    Ok(out) => out,
-                    Err(e) => return Ok(Err((format!("GPU failed: {e}"), input))),
-                };
-                // Released on another core (see GpuSortSession::finish).
-                rayon::spawn(move || drop(input));
-                metrics.record(&out.stats, Some(&device));
-                let batch = drop_extended_columns(out.batch, width)?;
-                return match sink.as_mut() {
-                    Some(sink) => sink(batch).map(|_| Ok(SortedOutput::Ranges(vec![]))),
-                    None => Ok(Ok(SortedOutput::Batch(batch))),
-                };
+                return down.whole(rows, input, sink);
             }
-            // The input's pinned blocks go back to the pool for the ranges: from here on a
-            // failure has no rows to sort on the CPU.
-            drop(input);
-            let mut batches = Vec::with_capacity(kept.div_ceil(range_rows));
-            let mut ranges = 0;
-            loop {
-                match rows.next_batch(range_rows) {
-                    Ok(Some(range)) => {
-                        ranges += 1;
-                        let range = drop_extended_columns(range, width)?;
-                        let Some(sink) = sink.as_mut() else {
-                            batches.push(range);
-                            continue;
-                        };
-                        if !sink(range)? {
-                            // Nobody reads on: the rest stays on the device, freed with it.
-                            break;
-                        }
-                    }
-                    Ok(None) => break,
-                    Err(e) => {
-                        return Err(DataFusionError::Execution(format!(
-                            "GPU failed while its sorted rows came down, their input already released: {e}"
-                        )));
-                    }
-                }
-            }
-            metrics.record(rows.stats(), Some(&device));
-            metrics.device_ranges.add(ranges);
-            Ok(Ok(SortedOutput::Ranges(batches)))
+            down.in_ranges(rows, range_rows, input, sink).map(|b| Ok(SortedOutput::Ranges(b)))
         })
         .await;
         log::debug!(target: "gpusort::timeline", "GPU session finished");
@@ -761,7 +727,7 @@ impl InMemorySorter {
             }
             if let Some(previous) = sorted.last().filter(|_| gpu.gpu().options().pin_ahead) {
                 let rows = files.run_rows(&calls);
-                pinning = pin_ahead_like(previous, rows, self.options.output_range_rows, pinning.take());
+                pinning = pin_ahead_like(previous, rows, self.options.run_range_rows, pinning.take());
             }
             let session = match self
                 .read_run(&gpu, ordinal, SortSpec::new(keys.clone()), &files, calls)
@@ -773,6 +739,8 @@ impl InMemorySorter {
             // One run stays on the device for the consumer; several come down in ranges (all of
             // a run's before the next run's session: its device memory must go).
             let delivery = if one { Delivery::OnDevice } else { self.run_delivery() };
+            // A run's blocks pinned ahead of it, its ranges do not pin theirs ahead as well.
+            let session = session.with_ranges_pinned_ahead(pinning.is_none());
             match self.finish_session(session, Arc::clone(&gpu), None, delivery, vec![], None).await? {
                 Ok(out) if one => {
                     self.record_scan(&files);
@@ -897,7 +865,7 @@ impl InMemorySorter {
     /// them, handed to `sink` as they come down: the parts go through a GPU session as a run's
     /// input batches do, and the sorted rows come back in ranges ([`Delivery::Ranges`]: the
     /// parts, released once the rows are sorted on the device, give their pinned blocks back
-    /// for the ranges; with `gpusort.run_ranges` off, in one batch), each to the consumer as
+    /// for the ranges; with `gpusort.run_range_rows` 0, in one batch), each to the consumer as
     /// soon as it is down. `Err(parts)` when the step's sort is not for the GPU (the key sort
     /// and a gather on every core then run instead) or when the GPU failed before the parts
     /// were released (the reason is kept for the metrics).
@@ -1090,6 +1058,76 @@ fn pin_ahead_like(
             took.as_secs_f64() * 1e3
         ))
     })
+}
+
+/// Sorted rows brought down to the host ([`InMemorySorter::finish_session`]): the schema's
+/// `width` columns kept, the sort counted in `metrics` as done on `device`.
+struct ComeDown<'a> {
+    width: usize,
+    metrics: &'a GpuSortMetrics,
+    device: &'a str,
+}
+
+impl ComeDown<'_> {
+    /// `rows` in one batch, handed to `sink` where there is one (the output then empty);
+    /// `input` released once they are down, or given back with the reason when the GPU failed.
+    #[allow(clippy::type_complexity)]
+    fn whole(
+        &self,
+        mut rows: SortedRows,
+        input: Vec<RecordBatch>,
+        sink: Option<RangeSink>,
+    ) -> Result<Result<SortedOutput, (String, Vec<RecordBatch>)>> {
+        let out = match rows.next_batch(rows.num_rows()).and_then(|batch| rows.into_output(batch)) {
+            Ok(out) => out,
+            Err(e) => return Ok(Err((format!("GPU failed: {e}"), input))),
+        };
+        // Released on another core (see GpuSortSession::finish).
+        rayon::spawn(move || drop(input));
+        self.metrics.record(&out.stats, Some(self.device));
+        let batch = drop_extended_columns(out.batch, self.width)?;
+        match sink {
+            Some(mut sink) => sink(batch).map(|_| Ok(SortedOutput::Ranges(vec![]))),
+            None => Ok(Ok(SortedOutput::Batch(batch))),
+        }
+    }
+
+    /// `rows` in ranges of `range_rows`, `input` released first (its pinned blocks back in the
+    /// pool for the ranges), each range handed to `sink` as it comes down where there is one
+    /// (the output then empty), else returned.
+    fn in_ranges(
+        &self,
+        mut rows: SortedRows,
+        range_rows: usize,
+        input: Vec<RecordBatch>,
+        mut sink: Option<RangeSink>,
+    ) -> Result<Vec<RecordBatch>> {
+        // From here on a failure has no rows to sort on the CPU.
+        drop(input);
+        let failed = |e: CudaSortError| {
+            DataFusionError::Execution(format!(
+                "GPU failed while its sorted rows came down, their input already released: {e}"
+            ))
+        };
+        let mut batches = vec![];
+        let mut ranges = 0;
+        while let Some(range) = rows.next_batch(range_rows).map_err(failed)? {
+            ranges += 1;
+            let range = drop_extended_columns(range, self.width)?;
+            match sink.as_mut() {
+                None => batches.push(range),
+                // Nobody reads on: the rest stays on the device, freed with it.
+                Some(sink) => {
+                    if !sink(range)? {
+                        break;
+                    }
+                }
+            }
+        }
+        self.metrics.record(rows.stats(), Some(self.device));
+        self.metrics.device_ranges.add(ranges);
+        Ok(batches)
+    }
 }
 
 /// The spec that sorts the key columns alone ([`InMemorySorter::key_columns`]).

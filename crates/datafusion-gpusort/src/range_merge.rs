@@ -22,7 +22,7 @@
 //!
 //! Steps run one ahead of the consumer, on their own task: step i + 1 reads and sorts while
 //! step i's batches are consumed. A step sorted whole on the GPU comes down in ranges
-//! (`gpusort.run_ranges`), each sent to the consumer as soon as it is down, into pinned blocks
+//! (`gpusort.run_range_rows`), each sent to the consumer as soon as it is down, into pinned blocks
 //! that the runs' ranges the step read past gave back. Spilled runs read their share of the next step ahead, on
 //! their own tasks. The memory of a step (its rows, their sorted copy, the key sort, the
 //! previous step's output and the read-ahead) is reserved once for the whole merge

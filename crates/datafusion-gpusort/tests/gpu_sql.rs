@@ -391,7 +391,7 @@ async fn gpu_external_sort_in_budget_sized_runs() {
             ("gpusort.min_rows", "0"),
             ("gpusort.max_run_rows", "120000"),
             ("gpusort.merge_keys_only", keys_only),
-            ("gpusort.output_range_rows", "10000"),
+            ("gpusort.run_range_rows", "10000"),
         ];
         let ours = external::session(true, None, external::disk_in(tmp.path()), &two_runs);
         for (q, stable) in &external::QUERIES[..2] {
@@ -754,7 +754,7 @@ async fn gpu_device_scan_in_runs_merges_them_as_stock_sorts() {
     }
     // Runs and merge steps in ranges of 9,000 rows (not a multiple of the batch size): the
     // runs (60,000 rows thrice, 20,003) alone come down in 24.
-    set(&ours, &[("output_range_rows", "9000")]).await;
+    set(&ours, &[("run_range_rows", "9000")]).await;
     for order in DEVICE_SCAN_ORDERS {
         let plan = check_device_scan(&stock, &ours, &file, order, (1, 0)).await;
         assert_eq!(sort_metric(&plan, "runs"), 4, "ORDER BY {order}");

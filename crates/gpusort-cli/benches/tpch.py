@@ -298,7 +298,11 @@ def main():
                     # the same with every uploaded row staged, none copied from the runs' pinned blocks
                     "gpu-4g-staged": ["--gpu-memory-limit", "4GiB"],
                     # the same with each run and merge step brought down in one piece, not in ranges
-                    "gpu-4g-whole": ["--gpu-memory-limit", "4GiB"]}
+                    # (and in ranges of other sizes)
+                    "gpu-4g-whole": ["--gpu-memory-limit", "4GiB"],
+                    "gpu-4g-r1m": ["--gpu-memory-limit", "4GiB"],
+                    "gpu-4g-r2m": ["--gpu-memory-limit", "4GiB"],
+                    "gpu-4g-r8m": ["--gpu-memory-limit", "4GiB"]}
     # Contenders that differ by an environment variable.
     thp = {"MIMALLOC_ALLOW_LARGE_OS_PAGES": "1"}
     contender_env = {"gpu-host-views": {"GPUSORT_DEVICE_VIEWS": "0"}, "gpu-thp": thp, "cpu-thp": thp,
@@ -311,7 +315,11 @@ def main():
                      "gpu-4g-host-views": {"GPUSORT_DEVICE_VIEWS": "0"},
                      "gpu-4g-keys": {"GPUSORT_MERGE_KEYS_ONLY": "1"},
                      "gpu-4g-staged": {"GPUSORT_DIRECT_UPLOADS": "0"},
-                     "gpu-4g-whole": {"GPUSORT_RUN_RANGES": "0"}}
+                     "gpu-4g-whole": {"GPUSORT_RUN_RANGE_ROWS": "0"},
+                     # runs and merge steps in ranges of 1M, 2M, 8M rows
+                     "gpu-4g-r1m": {"GPUSORT_RUN_RANGE_ROWS": str(1 << 20)},
+                     "gpu-4g-r2m": {"GPUSORT_RUN_RANGE_ROWS": str(2 << 20)},
+                     "gpu-4g-r8m": {"GPUSORT_RUN_RANGE_ROWS": str(8 << 20)}}
     rows = []
     first_gpu = True
     for li in args.lists.split(","):

@@ -129,9 +129,11 @@ impl PlanArgs {
         // The external sort's merge steps send only their key columns to the GPU and gather the
         // rows on the host (`gpusort.merge_keys_only`) with `GPUSORT_MERGE_KEYS_ONLY=1`, for an A/B.
         config.merge_keys_only = std::env::var("GPUSORT_MERGE_KEYS_ONLY").is_ok_and(|v| v == "1");
-        // Runs and merge steps come down in one piece each (`gpusort.run_ranges` off) with
-        // `GPUSORT_RUN_RANGES=0`, for an A/B.
-        config.run_ranges = std::env::var("GPUSORT_RUN_RANGES").map_or(true, |v| v != "0");
+        // Runs and merge steps come down in ranges of `GPUSORT_RUN_RANGE_ROWS` rows
+        // (`gpusort.run_range_rows`; 0: whole), for an A/B.
+        if let Some(rows) = std::env::var("GPUSORT_RUN_RANGE_ROWS").ok().and_then(|v| v.parse().ok()) {
+            config.run_range_rows = rows;
+        }
         if let Some(limit) = self.gpu_memory_limit {
             config.gpu_memory_limit = limit;
         }
