@@ -38,8 +38,8 @@ use datafusion::physical_expr::expressions::Column;
 use gpusort::cpu::gather::concat_batches;
 use gpusort::{SortKey, SortOutput, SortRequest, SortSpec, SplitOptions};
 use gpusort_cuda::{
-    CudaBackend, CudaSortError, GpuSortSession, MultiGpuBackend, PinnedPool, SortFootprint, SortedRows,
-    block_lens, gpu_encoder_options,
+    CudaBackend, CudaSortError, GpuSortSession, MultiGpuBackend, PinnedPool, SortFootprint, SortedRows, block_lens,
+    gpu_encoder_options,
 };
 use rayon::prelude::*;
 
@@ -443,7 +443,11 @@ impl InMemorySorter {
 
     /// The rows of a run (sorted as [`Self::sort_batches`] does), in ranges where a GPU session
     /// sorted them ([`Delivery::Ranges`]), else in one batch.
-    pub(crate) async fn sort_run(&mut self, batches: Vec<RecordBatch>, limit: Option<usize>) -> Result<Vec<RecordBatch>> {
+    pub(crate) async fn sort_run(
+        &mut self,
+        batches: Vec<RecordBatch>,
+        limit: Option<usize>,
+    ) -> Result<Vec<RecordBatch>> {
         let delivery = self.run_delivery();
         Ok(self.sort_batches_out(batches, limit, delivery).await?.into_batches())
     }
@@ -481,7 +485,10 @@ impl InMemorySorter {
         }
         if let (SortPath::Gpu(_), Some((session, gpu))) = (&path, self.session.take()) {
             debug_assert_eq!(session.num_rows(), rows, "the session holds the buffered rows");
-            match self.finish_session(session, gpu, limit, delivery, batches, None).await? {
+            match self
+                .finish_session(session, gpu, limit, delivery, batches, None)
+                .await?
+            {
                 Ok(sorted) => {
                     self.released = false;
                     return Ok(sorted);
@@ -570,7 +577,8 @@ impl InMemorySorter {
             if !ranges {
                 return down.whole(rows, input, sink);
             }
-            down.in_ranges(rows, range_rows, input, sink).map(|b| Ok(SortedOutput::Ranges(b)))
+            down.in_ranges(rows, range_rows, input, sink)
+                .map(|b| Ok(SortedOutput::Ranges(b)))
         })
         .await;
         log::debug!(target: "gpusort::timeline", "GPU session finished");
@@ -741,7 +749,10 @@ impl InMemorySorter {
             let delivery = if one { Delivery::OnDevice } else { self.run_delivery() };
             // A run's blocks pinned ahead of it, its ranges do not pin theirs ahead as well.
             let session = session.with_ranges_pinned_ahead(pinning.is_none());
-            match self.finish_session(session, Arc::clone(&gpu), None, delivery, vec![], None).await? {
+            match self
+                .finish_session(session, Arc::clone(&gpu), None, delivery, vec![], None)
+                .await?
+            {
                 Ok(out) if one => {
                     self.record_scan(&files);
                     return Ok(Ok(ScanOutput::Sorted(out)));
@@ -1078,7 +1089,10 @@ impl ComeDown<'_> {
         input: Vec<RecordBatch>,
         sink: Option<RangeSink>,
     ) -> Result<Result<SortedOutput, (String, Vec<RecordBatch>)>> {
-        let out = match rows.next_batch(rows.num_rows()).and_then(|batch| rows.into_output(batch)) {
+        let out = match rows
+            .next_batch(rows.num_rows())
+            .and_then(|batch| rows.into_output(batch))
+        {
             Ok(out) => out,
             Err(e) => return Ok(Err((format!("GPU failed: {e}"), input))),
         };

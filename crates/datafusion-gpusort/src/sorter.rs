@@ -259,7 +259,11 @@ impl GpuSorter {
             // In memory, in one piece (its working memory is reserved with the rows).
             let input_bytes = self.input_bytes;
             let batches = self.take_batches();
-            return match self.sorter.sort_batches_out(batches, self.fetch, Delivery::OnDevice).await? {
+            return match self
+                .sorter
+                .sort_batches_out(batches, self.fetch, Delivery::OnDevice)
+                .await?
+            {
                 SortedOutput::Batch(sorted) => {
                     self.reservation.try_resize(get_record_batch_memory_size(&sorted))?;
                     log::debug!(target: "gpusort::timeline", "GpuSortExec: sorted rows reserved");

@@ -131,7 +131,10 @@ impl PlanArgs {
         config.merge_keys_only = std::env::var("GPUSORT_MERGE_KEYS_ONLY").is_ok_and(|v| v == "1");
         // Runs and merge steps come down in ranges of `GPUSORT_RUN_RANGE_ROWS` rows
         // (`gpusort.run_range_rows`; 0: whole), for an A/B.
-        if let Some(rows) = std::env::var("GPUSORT_RUN_RANGE_ROWS").ok().and_then(|v| v.parse().ok()) {
+        if let Some(rows) = std::env::var("GPUSORT_RUN_RANGE_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
             config.run_range_rows = rows;
         }
         if let Some(limit) = self.gpu_memory_limit {

@@ -288,7 +288,10 @@ impl GpuSortSession {
     /// one range ([`Self::with_output_ranges`]), planned and pinned ahead now, while the device
     /// sorts; else learnt from the first range.
     fn range_blocks(&self, plan: &DevicePlan, limit: usize) -> RangeBlocks {
-        let (range_rows, ahead) = (self.output_ranges, self.gpu.options().pin_ahead && self.pin_ranges_ahead);
+        let (range_rows, ahead) = (
+            self.output_ranges,
+            self.gpu.options().pin_ahead && self.pin_ranges_ahead,
+        );
         if range_rows == 0 || limit <= range_rows || !ahead {
             return RangeBlocks::new(plan.columns.len()).with_pin_ahead(ahead);
         }
