@@ -42,7 +42,7 @@ use datafusion::physical_plan::SendableRecordBatchStream;
 use datafusion::physical_plan::metrics::RecordOutput;
 use datafusion::physical_plan::spill::SpillManager;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use futures::{SinkExt, StreamExt, TryStreamExt};
+use futures::{StreamExt, TryStreamExt};
 use gpusort::cpu::gather_parts::gather_parts;
 
 use crate::error::GpuSortExecError;
@@ -134,8 +134,8 @@ pub(crate) struct RangeMerge {
 }
 
 /// The channel of a range merge's output: a step's batches, or one range of a step sorted on
-/// the GPU.
-type OutputSender = futures::channel::mpsc::Sender<Result<Vec<RecordBatch>>>;
+/// the GPU. Its capacity is shared by every sender (a step's sink is a sender of its own).
+type OutputSender = tokio::sync::mpsc::Sender<Result<Vec<RecordBatch>>>;
 
 impl RangeMerge {
     /// The merged rows of `runs` (in input order), at most `fetch` of them, in steps of
@@ -156,10 +156,11 @@ impl RangeMerge {
             .collect::<Result<Vec<_>>>()?;
         let schema = Arc::clone(&sorter.schema);
         // Step i + 1 runs while step i's batches are consumed (its output is reserved, see
-        // `step_bytes`): the channel holds a step's ranges, each sent as it comes down from
-        // the GPU (the consumer starts on a step's first range while the rest come down).
-        // Dropping the stream aborts the task, which frees everything.
-        let (mut tx, rx) = futures::channel::mpsc::channel::<Result<Vec<RecordBatch>>>(sorter.step_ranges(step_rows));
+        // `step_bytes`): the channel holds one step's output, its ranges where a step sorted
+        // on the GPU sends each as it comes down (the consumer starts on a step's first range
+        // while the rest come down). Dropping the stream aborts the task, which frees
+        // everything.
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<RecordBatch>>>(sorter.step_ranges(step_rows));
         let state = Self {
             metrics: sorter.metrics.clone(),
             sorter,
@@ -174,6 +175,8 @@ impl RangeMerge {
             let mut state = state;
             loop {
                 let step = match state.next_step().await {
+                    // A step sorted on the GPU sent its rows itself.
+                    Ok(Some(batches)) if batches.is_empty() => continue,
                     Ok(Some(batches)) => Ok(batches),
                     Ok(None) => break,
                     Err(e) => Err(e),
@@ -185,7 +188,7 @@ impl RangeMerge {
             }
         });
         let stream = futures::stream::unfold((rx, task), |(mut rx, task)| async move {
-            rx.next().await.map(|step| (step, (rx, task)))
+            rx.recv().await.map(|step| (step, (rx, task)))
         })
         .map_ok(|batches| futures::stream::iter(batches.into_iter().map(Ok)))
         .try_flatten();
@@ -399,9 +402,9 @@ impl RangeMerge {
     fn range_sink(&self, step: usize) -> (RangeSink, Arc<std::sync::atomic::AtomicUsize>) {
         let delivered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let (slicer, metrics, counted) = (self.sorter.slicer(), self.metrics.clone(), Arc::clone(&delivered));
-        let mut out = self.out.clone();
+        let out = self.out.clone();
         let sink = move |range: RecordBatch| -> Result<bool> {
-            let Some(tx) = out.as_mut() else {
+            let Some(tx) = out.as_ref() else {
                 return Ok(false);
             };
             let (rows, bytes) = (range.num_rows(), get_record_batch_memory_size(&range));
@@ -412,7 +415,9 @@ impl RangeMerge {
             }
             counted.fetch_add(rows, std::sync::atomic::Ordering::AcqRel);
             log::debug!(target: "gpusort::timeline", "merge step {step}: a range of {rows} rows sent");
-            Ok(futures::executor::block_on(tx.send(Ok(slices))).is_ok())
+            // On the blocking thread that brings the rows down: it waits while the channel is
+            // full (the consumer a step behind).
+            Ok(tx.blocking_send(Ok(slices)).is_ok())
         };
         (Box::new(sink), delivered)
     }

@@ -297,9 +297,10 @@ def main():
                     "gpu-4g-keys": ["--gpu-memory-limit", "4GiB"],
                     # the same with every uploaded row staged, none copied from the runs' pinned blocks
                     "gpu-4g-staged": ["--gpu-memory-limit", "4GiB"],
-                    # the same with each run and merge step brought down in one piece, not in ranges
-                    # (and in ranges of other sizes)
+                    # the same with each run and merge step brought down in one piece (the default),
+                    # and in ranges of several sizes
                     "gpu-4g-whole": ["--gpu-memory-limit", "4GiB"],
+                    "gpu-4g-r4m": ["--gpu-memory-limit", "4GiB"],
                     "gpu-4g-r1m": ["--gpu-memory-limit", "4GiB"],
                     "gpu-4g-r2m": ["--gpu-memory-limit", "4GiB"],
                     "gpu-4g-r8m": ["--gpu-memory-limit", "4GiB"]}
@@ -316,7 +317,8 @@ def main():
                      "gpu-4g-keys": {"GPUSORT_MERGE_KEYS_ONLY": "1"},
                      "gpu-4g-staged": {"GPUSORT_DIRECT_UPLOADS": "0"},
                      "gpu-4g-whole": {"GPUSORT_RUN_RANGE_ROWS": "0"},
-                     # runs and merge steps in ranges of 1M, 2M, 8M rows
+                     # runs and merge steps in ranges of 1M, 2M, 4M, 8M rows
+                     "gpu-4g-r4m": {"GPUSORT_RUN_RANGE_ROWS": str(4 << 20)},
                      "gpu-4g-r1m": {"GPUSORT_RUN_RANGE_ROWS": str(1 << 20)},
                      "gpu-4g-r2m": {"GPUSORT_RUN_RANGE_ROWS": str(2 << 20)},
                      "gpu-4g-r8m": {"GPUSORT_RUN_RANGE_ROWS": str(8 << 20)}}
