@@ -21,13 +21,13 @@
 //! come first in the output: they leave run by run, unsorted (they are all equal).
 //!
 //! Steps run one ahead of the consumer, on their own task: step i + 1 reads and sorts while
-//! step i's batches are consumed. A step sorted whole on the GPU comes down in ranges
-//! (`gpusort.run_range_rows`), each sent to the consumer as soon as it is down, into pinned blocks
-//! that the runs' ranges the step read past gave back. Spilled runs read their share of the next step ahead, on
-//! their own tasks. The memory of a step (its rows, their sorted copy, the key sort, the
-//! previous step's output and the read-ahead) is reserved once for the whole merge
-//! ([`step_rows`]); with too little memory for the smallest step the heap merge
-//! ([`crate::merge::RunMergeStream`]) runs instead.
+//! step i's batches are consumed. A step sorted whole on the GPU sends its rows to the
+//! consumer as they come down: whole, or in ranges of `gpusort.run_range_rows` (into the
+//! pinned blocks that the runs' ranges it read past gave back), each as soon as it is down.
+//! Spilled runs read their share of the next step ahead, on their own tasks. The memory of
+//! a step (its rows, their sorted copy, the key sort, the previous step's output and the
+//! read-ahead) is reserved once for the whole merge ([`step_rows`]); with too little memory
+//! for the smallest step the heap merge ([`crate::merge::RunMergeStream`]) runs instead.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
