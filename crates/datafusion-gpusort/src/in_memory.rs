@@ -84,6 +84,14 @@ pub(crate) struct Slicer {
 }
 
 impl Slicer {
+    /// Batches of `batch_size` rows, their view columns compacted when `compact_views`.
+    pub(crate) fn new(batch_size: usize, compact_views: bool) -> Self {
+        Self {
+            batch_size: batch_size.max(1),
+            compact_views,
+        }
+    }
+
     /// Whether the batches' view columns are compacted (a copy of their bytes).
     pub(crate) fn compacts_views(&self) -> bool {
         self.compact_views
@@ -349,10 +357,7 @@ impl InMemorySorter {
 
     /// How this sorter cuts sorted rows into output batches.
     pub(crate) fn slicer(&self) -> Slicer {
-        Slicer {
-            batch_size: self.batch_size,
-            compact_views: self.options.compact_output_views,
-        }
+        Slicer::new(self.batch_size, self.options.compact_output_views)
     }
 
     /// The most rows of one run: `gpusort.max_run_rows`, and what one GPU sort of batches

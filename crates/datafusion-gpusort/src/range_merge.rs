@@ -31,6 +31,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use arrow::array::{ArrayRef, RecordBatch};
 use datafusion::common::runtime::SpawnedTask;
@@ -46,7 +47,7 @@ use futures::{StreamExt, TryStreamExt};
 use gpusort::cpu::gather_parts::gather_parts;
 
 use crate::error::GpuSortExecError;
-use crate::in_memory::{InMemorySorter, KEY_BYTES_PER_ROW_AND_KEY, RangeSink, blocking};
+use crate::in_memory::{InMemorySorter, KEY_BYTES_PER_ROW_AND_KEY, RangeSink, Slicer, blocking};
 use crate::metrics::GpuSortMetrics;
 use crate::run::SortedRun;
 
@@ -368,7 +369,7 @@ impl RangeMerge {
                 Ok(()) => {
                     log::debug!(target: "gpusort::timeline", "merge step {step}: sorted on the GPU");
                     // Its rows went out as they came down (at most the `LIMIT`'s rest).
-                    let delivered = delivered.load(std::sync::atomic::Ordering::Acquire);
+                    let delivered = delivered.load(Ordering::Acquire);
                     self.remaining = self.remaining.saturating_sub(delivered);
                     return Ok(Some(vec![]));
                 }
@@ -397,29 +398,9 @@ impl RangeMerge {
         Ok(Some(self.emit(gathered)))
     }
 
-    /// Where a step sorted on the GPU sends each range as it comes down: cut into output
-    /// batches, counted as output and sent on the stream's channel; and the rows sent so far.
-    fn range_sink(&self, step: usize) -> (RangeSink, Arc<std::sync::atomic::AtomicUsize>) {
-        let delivered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let (slicer, metrics, counted) = (self.sorter.slicer(), self.metrics.clone(), Arc::clone(&delivered));
-        let out = self.out.clone();
-        let sink = move |range: RecordBatch| -> Result<bool> {
-            let Some(tx) = out.as_ref() else {
-                return Ok(false);
-            };
-            let (rows, bytes) = (range.num_rows(), get_record_batch_memory_size(&range));
-            let slices = slicer.slices(&range)?;
-            drop(range);
-            for b in &slices {
-                metrics.record_output_slice(b.num_rows(), rows, bytes);
-            }
-            counted.fetch_add(rows, std::sync::atomic::Ordering::AcqRel);
-            log::debug!(target: "gpusort::timeline", "merge step {step}: a range of {rows} rows sent");
-            // On the blocking thread that brings the rows down: it waits while the channel is
-            // full (the consumer a step behind).
-            Ok(tx.blocking_send(Ok(slices)).is_ok())
-        };
-        (Box::new(sink), delivered)
+    /// Where a step sorted on the GPU sends each range as it comes down ([`range_sink`]).
+    fn range_sink(&self, step: usize) -> (RangeSink, Arc<AtomicUsize>) {
+        range_sink(self.out.clone(), self.sorter.slicer(), self.metrics.clone(), step)
     }
 
     /// Counts `batches` as output (cut to what the `LIMIT` has left).
@@ -447,6 +428,40 @@ impl RangeMerge {
         self.reservation.free();
         self.out = None;
     }
+}
+
+/// Where step `step`, sorted on the GPU, sends each range as it comes down: cut into output
+/// batches by `slicer`, counted as output in `metrics` and sent on `out` (the merge's channel;
+/// the sink waits while it is full, on the blocking thread that brings the rows down); and the
+/// rows sent so far (counted as output once sent). The sink answers `false` once nobody
+/// receives.
+fn range_sink(
+    out: Option<OutputSender>,
+    slicer: Slicer,
+    metrics: GpuSortMetrics,
+    step: usize,
+) -> (RangeSink, Arc<AtomicUsize>) {
+    let delivered = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&delivered);
+    let sink = move |range: RecordBatch| -> Result<bool> {
+        let Some(tx) = out.as_ref() else {
+            return Ok(false);
+        };
+        let (rows, bytes) = (range.num_rows(), get_record_batch_memory_size(&range));
+        let slices = slicer.slices(&range)?;
+        drop(range);
+        let lens: Vec<usize> = slices.iter().map(|b| b.num_rows()).collect();
+        if tx.blocking_send(Ok(slices)).is_err() {
+            return Ok(false);
+        }
+        for len in lens {
+            metrics.record_output_slice(len, rows, bytes);
+        }
+        counted.fetch_add(rows, Ordering::AcqRel);
+        log::debug!(target: "gpusort::timeline", "merge step {step}: a range of {rows} rows sent");
+        Ok(true)
+    };
+    (Box::new(sink), delivered)
 }
 
 /// A run being read by the range merge: the batches read and not yet taken (with their sort
@@ -599,5 +614,47 @@ impl KeyCmp {
 
     fn compare(&self, a: &KeyRef, b: &KeyRef) -> Result<std::cmp::Ordering> {
         Ok(self.comparator(&a.keys, &b.keys)?(a.row, b.row))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::Int32Array;
+    use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
+
+    use super::*;
+
+    /// A step sorted on the GPU hands each range to the sink on the blocking thread that brings
+    /// it down: the consumer receives it cut into output batches at once, the rows count as
+    /// output, and the sink says when nobody receives any more.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_gpu_step_sends_each_range_as_it_comes_down() {
+        let (tx, mut rx) = tokio::sync::mpsc::channel(2);
+        let metrics = GpuSortMetrics::new(&ExecutionPlanMetricsSet::new(), 0);
+        let (mut sink, delivered) = range_sink(Some(tx), Slicer::new(4, false), metrics.clone(), 0);
+        let values: ArrayRef = Arc::new(Int32Array::from_iter_values(0..10));
+        let batch = RecordBatch::try_from_iter([("a", values)]).unwrap();
+        let ranges = [batch.slice(0, 6), batch.slice(6, 4)];
+        let (sent, mut sink) = tokio::task::spawn_blocking(move || {
+            let sent: Vec<bool> = ranges.into_iter().map(|r| sink(r).unwrap()).collect();
+            (sent, sink)
+        })
+        .await
+        .unwrap();
+        assert_eq!(sent, [true, true]);
+        let rows = |batches: Vec<RecordBatch>| batches.iter().map(|b| b.num_rows()).collect::<Vec<_>>();
+        assert_eq!(rows(rx.recv().await.unwrap().unwrap()), [4, 2]);
+        assert_eq!(rows(rx.recv().await.unwrap().unwrap()), [4]);
+        assert_eq!(delivered.load(Ordering::Acquire), 10);
+        assert_eq!(metrics.baseline.output_rows().value(), 10);
+        drop(rx);
+        let more = tokio::task::spawn_blocking(move || sink(batch).unwrap()).await.unwrap();
+        assert!(!more, "the sink goes on with nobody receiving");
+        assert_eq!(
+            delivered.load(Ordering::Acquire),
+            10,
+            "rows nobody received counted as sent"
+        );
+        assert_eq!(metrics.baseline.output_rows().value(), 10);
     }
 }
