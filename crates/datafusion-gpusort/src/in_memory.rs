@@ -557,9 +557,9 @@ impl InMemorySorter {
         // step: a device scan pins a run's blocks ahead of the run ([`pin_ahead_like`]; two
         // threads pinning at once took twice as long, stop 54), and a step's input gives its
         // blocks back once sorted.
-        let ahead = ranges && delivery == Delivery::OnDevice;
-        let session = (session.with_output_views(ranges && delivery == Delivery::OnDevice))
-            .with_output_ranges(if ahead { range_rows } else { 0 });
+        let left_on_device = ranges && delivery == Delivery::OnDevice;
+        let session =
+            (session.with_output_views(left_on_device)).with_output_ranges(if left_on_device { range_rows } else { 0 });
         let out = blocking(move || {
             let _timer = timer.timer();
             let device = gpusort::SortBackend::name(gpu.as_ref());
@@ -569,7 +569,7 @@ impl InMemorySorter {
                 Err(CudaSortError::Core(e)) => return Err(GpuSortExecError::from(e).into()),
                 Err(e) => return Ok(Err((format!("GPU failed: {e}"), input))),
             };
-            if ranges && delivery == Delivery::OnDevice {
+            if left_on_device {
                 rayon::spawn(move || drop(input));
                 let output = DeviceOutput::new(rows, device, width, range_rows, metrics.clone());
                 return Ok(Ok(SortedOutput::OnDevice(Box::new(output))));

@@ -131,7 +131,7 @@ pub(crate) struct RangeMerge {
     step: usize,
     /// Where a step sorted on the GPU sends its ranges as they come down (the stream's
     /// channel, which the steps sorted otherwise reach through [`Self::stream`]'s task).
-    out: Option<OutputSender>,
+    out: OutputSender,
 }
 
 /// The channel of a range merge's output: a step's batches, or one range of a step sorted on
@@ -170,7 +170,7 @@ impl RangeMerge {
             remaining: fetch.unwrap_or(usize::MAX),
             reservation,
             step: 0,
-            out: Some(tx.clone()),
+            out: tx.clone(),
         };
         let task = SpawnedTask::spawn(async move {
             let mut state = state;
@@ -426,7 +426,6 @@ impl RangeMerge {
     fn finish(&mut self) {
         self.readers.clear();
         self.reservation.free();
-        self.out = None;
     }
 }
 
@@ -436,7 +435,7 @@ impl RangeMerge {
 /// rows sent so far (counted as output once sent). The sink answers `false` once nobody
 /// receives.
 fn range_sink(
-    out: Option<OutputSender>,
+    out: OutputSender,
     slicer: Slicer,
     metrics: GpuSortMetrics,
     step: usize,
@@ -444,14 +443,11 @@ fn range_sink(
     let delivered = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&delivered);
     let sink = move |range: RecordBatch| -> Result<bool> {
-        let Some(tx) = out.as_ref() else {
-            return Ok(false);
-        };
         let (rows, bytes) = (range.num_rows(), get_record_batch_memory_size(&range));
         let slices = slicer.slices(&range)?;
         drop(range);
         let lens: Vec<usize> = slices.iter().map(|b| b.num_rows()).collect();
-        if tx.blocking_send(Ok(slices)).is_err() {
+        if out.blocking_send(Ok(slices)).is_err() {
             return Ok(false);
         }
         for len in lens {
@@ -631,7 +627,7 @@ mod tests {
     async fn a_gpu_step_sends_each_range_as_it_comes_down() {
         let (tx, mut rx) = tokio::sync::mpsc::channel(2);
         let metrics = GpuSortMetrics::new(&ExecutionPlanMetricsSet::new(), 0);
-        let (mut sink, delivered) = range_sink(Some(tx), Slicer::new(4, false), metrics.clone(), 0);
+        let (mut sink, delivered) = range_sink(tx, Slicer::new(4, false), metrics.clone(), 0);
         let values: ArrayRef = Arc::new(Int32Array::from_iter_values(0..10));
         let batch = RecordBatch::try_from_iter([("a", values)]).unwrap();
         let ranges = [batch.slice(0, 6), batch.slice(6, 4)];
