@@ -5,12 +5,14 @@ This runs, in turn and twice each, a probe that is not the tool (CuPy pins and t
 `--pin-gb` of host memory, marks, exits) and the tool on a Parquet file (`--timeline`), and
 prints for each run the wall time, the time from its last mark to its end, and what
 `/proc/vmstat` counted meanwhile. Run it as the first GPU process of a fresh machine: if the
-probe's first exit is the slow one, the machine pays it, not the tool.
+probe's first exit is the slow one, the machine pays it, not the tool. Then `--ab` pairs of
+the tool leaving its pinned pool to the exit (`GPUSORT_EXIT_RELEASE=0`) against giving it back
+on threads before (the default since stop 55).
 
     python3 scripts/exit_cost.py --gpusort .gpu/gpusort --input /tmp/tpch/sf10/lineitem.parquet \
         --order-by "l_shipdate, l_orderkey, l_linenumber" -- --gpu-memory-limit 4GiB
 """
-import argparse, re, subprocess, sys, time
+import argparse, os, re, subprocess, sys, time
 
 PROBE = """
 import sys, time, cupy
@@ -43,16 +45,21 @@ def probe(gb):
     return end - start, end - float(m.group(1)), None
 
 
-def tool(args, extra):
-    """Wall time, and seconds from the tool's last timeline mark to its end."""
+def tool(args, extra, release=True):
+    """Wall time, and seconds from the tool's last timeline mark to its end; `release=False`
+    leaves the pinned pool to the process's end (`GPUSORT_EXIT_RELEASE=0`)."""
     cmd = [args.gpusort, "sort", args.input, "-o", "/tmp/exit-cost.parquet", "--order-by", args.order_by,
            "--force", "--timeline"] + extra
+    env = dict(os.environ, GPUSORT_EXIT_RELEASE="1" if release else "0")
     start = time.time()
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.time() - start
     marks = re.findall(r"^\[\s*([\d.]+) s", p.stderr, re.M)
     if p.returncode != 0 or not marks:
         return wall, None, p.stderr.strip().splitlines()[-1:]
+    given = re.search(r"main: (\d+) pinned bytes given back in ([\d.]+) ms", p.stderr)
+    if given:
+        print(f"  ({int(given.group(1)) / 1e9:.1f} GB pinned given back in {given.group(2)} ms before the exit)")
     return wall, wall - float(marks[-1]), None
 
 
@@ -62,9 +69,13 @@ def main():
     ap.add_argument("--input", required=True)
     ap.add_argument("--order-by", required=True)
     ap.add_argument("--pin-gb", type=float, default=15.0, help="host memory the probe pins (the tool pins ~15 GB under 4 GiB)")
+    ap.add_argument("--ab", type=int, default=2, help="pairs of runs with and without the pool given back before the exit")
     ap.add_argument("extra", nargs="*", help="arguments for the tool, after --")
     args = ap.parse_args()
     runs = [("probe", lambda: probe(args.pin_gb)), ("gpusort", lambda: tool(args, args.extra))] * 2
+    # Then the pool given back on threads before the exit (the default) against left to the exit.
+    runs += [("gpusort, pool left to the exit", lambda: tool(args, args.extra, release=False)),
+             ("gpusort", lambda: tool(args, args.extra))] * args.ab
     for name, run in runs:
         before = vmstat()
         wall, exit_s, error = run()
