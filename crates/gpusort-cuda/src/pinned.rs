@@ -468,7 +468,7 @@ fn release_spread(allocator: &dyn HostAllocator, mut victims: Vec<(BlockPtr, usi
         return free(victims);
     }
     // Largest first, each to the share with the fewest bytes so far.
-    victims.sort_by(|a, b| b.1.cmp(&a.1));
+    victims.sort_by_key(|(_, size)| std::cmp::Reverse(*size));
     let mut shares: Vec<(usize, Vec<(BlockPtr, usize)>)> = (0..threads).map(|_| (0, vec![])).collect();
     for victim in victims {
         let share = shares
