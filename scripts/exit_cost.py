@@ -6,8 +6,8 @@ This runs, in turn and twice each, a probe that is not the tool (CuPy pins and t
 prints for each run the wall time, the time from its last mark to its end, and what
 `/proc/vmstat` counted meanwhile. Run it as the first GPU process of a fresh machine: if the
 probe's first exit is the slow one, the machine pays it, not the tool. Then `--ab` pairs of
-the tool leaving its pinned pool to the exit (`GPUSORT_EXIT_RELEASE=0`) against giving it back
-on threads before (the default since stop 55).
+the tool leaving its pinned pool to the exit (the default) against giving it back on threads
+before (`GPUSORT_EXIT_RELEASE=1`, stop 55).
 
     python3 scripts/exit_cost.py --gpusort .gpu/gpusort --input /tmp/tpch/sf10/lineitem.parquet \
         --order-by "l_shipdate, l_orderkey, l_linenumber" -- --gpu-memory-limit 4GiB
@@ -45,9 +45,9 @@ def probe(gb):
     return end - start, end - float(m.group(1)), None
 
 
-def tool(args, extra, release=True):
-    """Wall time, and seconds from the tool's last timeline mark to its end; `release=False`
-    leaves the pinned pool to the process's end (`GPUSORT_EXIT_RELEASE=0`)."""
+def tool(args, extra, release=False):
+    """Wall time, and seconds from the tool's last timeline mark to its end; `release=True`
+    gives the pinned pool back before the exit (`GPUSORT_EXIT_RELEASE=1`)."""
     cmd = [args.gpusort, "sort", args.input, "-o", "/tmp/exit-cost.parquet", "--order-by", args.order_by,
            "--force", "--timeline"] + extra
     env = dict(os.environ, GPUSORT_EXIT_RELEASE="1" if release else "0")
@@ -73,8 +73,8 @@ def main():
     ap.add_argument("extra", nargs="*", help="arguments for the tool, after --")
     args = ap.parse_args()
     runs = [("probe", lambda: probe(args.pin_gb)), ("gpusort", lambda: tool(args, args.extra))] * 2
-    # Then the pool given back on threads before the exit (the default) against left to the exit.
-    runs += [("gpusort, pool left to the exit", lambda: tool(args, args.extra, release=False)),
+    # Then the pool given back on threads before the exit against left to the exit (the default).
+    runs += [("gpusort, pool given back before the exit", lambda: tool(args, args.extra, release=True)),
              ("gpusort", lambda: tool(args, args.extra))] * args.ab
     for name, run in runs:
         before = vmstat()

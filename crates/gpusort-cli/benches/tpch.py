@@ -304,8 +304,8 @@ def main():
                     "gpu-4g-r1m": ["--gpu-memory-limit", "4GiB"],
                     "gpu-4g-r2m": ["--gpu-memory-limit", "4GiB"],
                     "gpu-4g-r8m": ["--gpu-memory-limit", "4GiB"],
-                    # the pinned pool left to the process's exit instead of given back on threads before it
-                    "gpu-keep-pool": [], "gpu-4g-keep-pool": ["--gpu-memory-limit", "4GiB"]}
+                    # the pinned pool given back on threads before the process's exit, not left to it
+                    "gpu-release-pool": [], "gpu-4g-release-pool": ["--gpu-memory-limit", "4GiB"]}
     # Contenders that differ by an environment variable.
     thp = {"MIMALLOC_ALLOW_LARGE_OS_PAGES": "1"}
     contender_env = {"gpu-host-views": {"GPUSORT_DEVICE_VIEWS": "0"}, "gpu-thp": thp, "cpu-thp": thp,
@@ -324,8 +324,8 @@ def main():
                      "gpu-4g-r1m": {"GPUSORT_RUN_RANGE_ROWS": str(1 << 20)},
                      "gpu-4g-r2m": {"GPUSORT_RUN_RANGE_ROWS": str(2 << 20)},
                      "gpu-4g-r8m": {"GPUSORT_RUN_RANGE_ROWS": str(8 << 20)},
-                     "gpu-keep-pool": {"GPUSORT_EXIT_RELEASE": "0"},
-                     "gpu-4g-keep-pool": {"GPUSORT_EXIT_RELEASE": "0"}}
+                     "gpu-release-pool": {"GPUSORT_EXIT_RELEASE": "1"},
+                     "gpu-4g-release-pool": {"GPUSORT_EXIT_RELEASE": "1"}}
     rows = []
     first_gpu = True
     for li in args.lists.split(","):

@@ -64,12 +64,13 @@ fn main() -> ExitCode {
     code
 }
 
-/// Gives the pinned pool's blocks back (`GPUSORT_EXIT_RELEASE=0` leaves them to the process's
-/// end): on threads of their own, where the driver and the kernel would otherwise unpin and
-/// unmap them one page after another on the exiting thread (~15 GB after a sort under a GPU
-/// budget; 0.5 s of the user's wait after the last mark in stop 54's runs).
+/// With `GPUSORT_EXIT_RELEASE=1`, gives the pinned pool's blocks back before the process ends:
+/// on threads of their own, where the driver and the kernel otherwise unpin and unmap them one
+/// page after another on the exiting thread (~15 GB after a sort under a GPU budget; 0.5 s of
+/// the user's wait after the last mark in stop 54's runs). Off by default until a GPU run
+/// measures it against the exit (`scripts/exit_cost.py --ab`, `tpch.py`'s `*-release-pool`).
 fn release_pinned() {
-    if matches!(std::env::var("GPUSORT_EXIT_RELEASE").as_deref(), Ok("0")) {
+    if !matches!(std::env::var("GPUSORT_EXIT_RELEASE").as_deref(), Ok("1")) {
         return;
     }
     let start = std::time::Instant::now();
