@@ -134,19 +134,7 @@ pub async fn sort(args: &SortArgs, mode: ProgressMode) -> Result<SortReport> {
     let planned = SortPlan::with_options(&args.plan, session).await?;
     write_options.page_compressor = pages.compressor();
     let memory_limit = planned.memory_limit.clone();
-    let run_err = |e| run_error(e, &planned, args);
-    let write_err = |e: parquet::errors::ParquetError| write_error(e, output);
-    // The inputs' schema, less a sort order recorded by an earlier gpusort (the writer records
-    // this one).
-    let mut schema = planned.inputs.schema.as_ref().clone();
-    schema.metadata.remove(ORDER_BY_METADATA_KEY);
-    let schema = Arc::new(schema);
-    check_plan_columns(&planned)?;
-    let file = temp
-        .reopen()
-        .map_err(|e| CliError::io(format!("opening {}", temp.path().display()), e))?;
-    let mut writer =
-        SortedParquetWriter::try_new(file, schema, planned.order_by.keys(), &write_options).map_err(write_err)?;
+    let mut writer = open_writer(&temp, &planned, &write_options, output)?;
 
     let total_rows = planned.inputs.rows();
     let run_start = Instant::now();
@@ -159,20 +147,8 @@ pub async fn sort(args: &SortArgs, mode: ProgressMode) -> Result<SortReport> {
         mode,
     );
     timeline::mark("sort: planned");
-    let mut stream = execute_stream(Arc::clone(&planned.plan), planned.ctx.task_ctx()).map_err(run_err)?;
-    let mut first_output = None;
-    while let Some(batch) = stream.next().await {
-        let batch = batch.map_err(run_err)?;
-        if first_output.is_none() {
-            first_output = Some(Instant::now());
-            timeline::mark("sort: first sorted batch");
-            monitor.writing();
-        }
-        writer.write(batch).await.map_err(write_err)?;
-    }
-    drop(stream);
-    timeline::mark("sort: last sorted batch handed to the writer");
-    let stats = writer.finish().await.map_err(write_err)?;
+    let first_output = write_sorted(&planned, args, &mut writer, &monitor).await?;
+    let stats = writer.finish().await.map_err(|e| write_error(e, output))?;
     timeline::mark("sort: output written");
     let seen_read_done = monitor.finish();
 
@@ -217,6 +193,48 @@ pub async fn sort(args: &SortArgs, mode: ProgressMode) -> Result<SortReport> {
         memory_limit,
         writer_memory: write_options.memory_budget,
     })
+}
+
+/// The writer of the sorted rows into `temp`: the inputs' schema, less a sort order recorded by
+/// an earlier gpusort (the writer records this one).
+fn open_writer(
+    temp: &NamedTempFile,
+    planned: &SortPlan,
+    write_options: &WriteOptions,
+    output: &Path,
+) -> Result<SortedParquetWriter> {
+    let mut schema = planned.inputs.schema.as_ref().clone();
+    schema.metadata.remove(ORDER_BY_METADATA_KEY);
+    check_plan_columns(planned)?;
+    let file = temp
+        .reopen()
+        .map_err(|e| CliError::io(format!("opening {}", temp.path().display()), e))?;
+    SortedParquetWriter::try_new(file, Arc::new(schema), planned.order_by.keys(), write_options)
+        .map_err(|e| write_error(e, output))
+}
+
+/// Runs the plan and hands its sorted batches to `writer`; returns when the first one came.
+async fn write_sorted(
+    planned: &SortPlan,
+    args: &SortArgs,
+    writer: &mut SortedParquetWriter,
+    monitor: &Monitor,
+) -> Result<Option<Instant>> {
+    let run_err = |e| run_error(e, planned, args);
+    let mut stream = execute_stream(Arc::clone(&planned.plan), planned.ctx.task_ctx()).map_err(run_err)?;
+    let mut first_output = None;
+    while let Some(batch) = stream.next().await {
+        let batch = batch.map_err(run_err)?;
+        if first_output.is_none() {
+            first_output = Some(Instant::now());
+            timeline::mark("sort: first sorted batch");
+            monitor.writing();
+        }
+        writer.write(batch).await.map_err(|e| write_error(e, &args.output))?;
+    }
+    drop(stream);
+    timeline::mark("sort: last sorted batch handed to the writer");
+    Ok(first_output)
 }
 
 /// Where the pages are compressed: with `--compress-on auto`, zstd and gpusort's encoder, chosen
