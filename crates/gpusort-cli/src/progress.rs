@@ -182,30 +182,7 @@ fn watch(
         let stopping = shared.stop.load(Ordering::Relaxed);
         let metrics = PlanMetrics::collect(&plan);
         let now = Instant::now();
-        let mut phase = Phase::from_u8(shared.phase.load(Ordering::Relaxed));
-        if phase == Phase::Reading && (metrics.rows_read >= total || metrics.read_end_ns.is_some()) {
-            *shared.read_done.lock().unwrap_or_else(|p| p.into_inner()) = Some(now);
-            let next = if metrics.spill_count > 0 {
-                Phase::Merging
-            } else {
-                Phase::Sorting
-            };
-            // Unless the sort loop moved on to writing meanwhile.
-            let _ =
-                shared
-                    .phase
-                    .compare_exchange(Phase::Reading as u8, next as u8, Ordering::Relaxed, Ordering::Relaxed);
-            phase = Phase::from_u8(shared.phase.load(Ordering::Relaxed));
-        }
-        if phase == Phase::Sorting && metrics.spill_count > 0 {
-            let _ = shared.phase.compare_exchange(
-                Phase::Sorting as u8,
-                Phase::Merging as u8,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            );
-            phase = Phase::from_u8(shared.phase.load(Ordering::Relaxed));
-        }
+        let phase = advance_phase(&shared, &metrics, total, now);
         let rows = match phase {
             Phase::Writing => writer.rows(),
             _ => metrics.rows_read.min(total),
@@ -224,26 +201,14 @@ fn watch(
             }
             _ => String::new(),
         };
-        let what = match phase {
-            Phase::Reading => "read",
-            Phase::Writing => "written",
-            Phase::Sorting | Phase::Merging => "read",
-        };
-        let elapsed = now.duration_since(start);
-        let spilled = if metrics.spill_count > 0 {
-            format!(", {} runs spilled", metrics.spill_count)
-        } else {
-            String::new()
-        };
-        let message = [
-            format!("{}/{} rows {what}", group_digits(rows), group_digits(total)),
+        let message = status_message(
+            phase,
+            rows,
+            total,
             speed,
-            format!("{:.1} s{spilled}", elapsed.as_secs_f64()),
-        ]
-        .into_iter()
-        .filter(|part| !part.is_empty())
-        .collect::<Vec<_>>()
-        .join("  ");
+            now.duration_since(start),
+            metrics.spill_count,
+        );
         match (&bar, mode) {
             (Some(bar), _) => {
                 bar.set_prefix(phase.name());
@@ -269,6 +234,51 @@ fn watch(
     }
 }
 
+/// The phase the monitor shows now: reading ends when every row was read or the scans say so
+/// (then sorting, or merging once runs were spilled), unless the sort loop moved on to writing
+/// meanwhile.
+fn advance_phase(shared: &Shared, metrics: &PlanMetrics, total: u64, now: Instant) -> Phase {
+    let moved = |from: Phase, to: Phase| {
+        let _ = (shared.phase).compare_exchange(from as u8, to as u8, Ordering::Relaxed, Ordering::Relaxed);
+    };
+    let phase = Phase::from_u8(shared.phase.load(Ordering::Relaxed));
+    if phase == Phase::Reading && (metrics.rows_read >= total || metrics.read_end_ns.is_some()) {
+        *shared.read_done.lock().unwrap_or_else(|p| p.into_inner()) = Some(now);
+        let next = if metrics.spill_count > 0 {
+            Phase::Merging
+        } else {
+            Phase::Sorting
+        };
+        moved(Phase::Reading, next);
+    } else if phase == Phase::Sorting && metrics.spill_count > 0 {
+        moved(Phase::Sorting, Phase::Merging);
+    }
+    Phase::from_u8(shared.phase.load(Ordering::Relaxed))
+}
+
+/// The monitor's line: rows so far of `total` (read, or written while writing), the speed where
+/// rows move, the time since the start and the runs spilled.
+fn status_message(phase: Phase, rows: u64, total: u64, speed: String, elapsed: Duration, spilled: u64) -> String {
+    let what = match phase {
+        Phase::Writing => "written",
+        Phase::Reading | Phase::Sorting | Phase::Merging => "read",
+    };
+    let spilled = if spilled > 0 {
+        format!(", {spilled} runs spilled")
+    } else {
+        String::new()
+    };
+    [
+        format!("{}/{} rows {what}", group_digits(rows), group_digits(total)),
+        speed,
+        format!("{:.1} s{spilled}", elapsed.as_secs_f64()),
+    ]
+    .into_iter()
+    .filter(|part| !part.is_empty())
+    .collect::<Vec<_>>()
+    .join("  ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -280,5 +290,46 @@ mod tests {
         }
         assert!(Phase::Reading < Phase::Writing);
         assert_eq!(ProgressMode::detect(true), ProgressMode::Quiet);
+    }
+
+    #[test]
+    fn reading_ends_into_sorting_or_merging_and_writing_stays() {
+        let shared = Shared {
+            phase: AtomicU8::new(Phase::Reading as u8),
+            stop: AtomicBool::new(false),
+            read_done: Mutex::new(None),
+        };
+        let now = Instant::now();
+        let metrics = |rows_read, spill_count| PlanMetrics {
+            rows_read,
+            spill_count,
+            ..Default::default()
+        };
+        assert_eq!(advance_phase(&shared, &metrics(5, 0), 10, now), Phase::Reading);
+        assert_eq!(*shared.read_done.lock().unwrap(), None);
+        assert_eq!(advance_phase(&shared, &metrics(10, 0), 10, now), Phase::Sorting);
+        assert_eq!(*shared.read_done.lock().unwrap(), Some(now));
+        // Runs spilled while sorting: the merge.
+        assert_eq!(advance_phase(&shared, &metrics(10, 2), 10, now), Phase::Merging);
+        // Reading straight into the merge when runs were spilled already.
+        shared.phase.store(Phase::Reading as u8, Ordering::Relaxed);
+        assert_eq!(advance_phase(&shared, &metrics(10, 1), 10, now), Phase::Merging);
+        // The sort loop's writing is never taken back.
+        shared.phase.store(Phase::Writing as u8, Ordering::Relaxed);
+        assert_eq!(advance_phase(&shared, &metrics(10, 3), 10, now), Phase::Writing);
+    }
+
+    #[test]
+    fn the_status_line_says_rows_speed_time_and_spills() {
+        let second = Duration::from_millis(1500);
+        assert_eq!(
+            status_message(Phase::Reading, 1_234_567, 2_000_000, "5 rows/s".into(), second, 0),
+            "1,234,567/2,000,000 rows read  5 rows/s  1.5 s"
+        );
+        assert_eq!(
+            status_message(Phase::Merging, 10, 10, String::new(), second, 3),
+            "10/10 rows read  1.5 s, 3 runs spilled"
+        );
+        assert!(status_message(Phase::Writing, 1, 10, String::new(), second, 0).starts_with("1/10 rows written"));
     }
 }
