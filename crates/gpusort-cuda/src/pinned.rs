@@ -380,7 +380,7 @@ impl Shared {
             return;
         }
         if let Some(a) = self.allocator() {
-            release_spread(&*a, victims);
+            release_spread(&*a, victims, false);
         }
     }
 
@@ -454,17 +454,21 @@ const RELEASE_SHARE: usize = 128 << 20;
 /// else spread over threads by bytes, one per [`RELEASE_SHARE`] up to one per core. The
 /// driver unpins a block page by page and the kernel unmaps it the same way; a sort under a
 /// GPU budget leaves ~15 GB pinned, which one thread gives back in ~0.5 s at the end.
-fn release_spread(allocator: &dyn HostAllocator, mut victims: Vec<(BlockPtr, usize)>) {
+/// `spread` false frees them all on the calling thread (evictions during a sort, as measured).
+fn release_spread(allocator: &dyn HostAllocator, mut victims: Vec<(BlockPtr, usize)>, spread: bool) {
     let total: usize = victims.iter().map(|(_, size)| size).sum();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = (total / RELEASE_SHARE).clamp(1, cores).min(victims.len());
+    let threads = match spread {
+        true => (total / RELEASE_SHARE).clamp(1, cores).min(victims.len()),
+        false => 1,
+    };
     let free = |blocks: Vec<(BlockPtr, usize)>| {
         for (b, size) in blocks {
             // SAFETY: the caller's contract: unused blocks from this allocator.
             unsafe { allocator.free(b.0, size) };
         }
     };
-    if threads == 1 {
+    if threads <= 1 {
         return free(victims);
     }
     // Largest first, each to the share with the fewest bytes so far.
@@ -559,8 +563,8 @@ impl PinnedPool {
         self.shared.release(victims);
     }
 
-    /// Releases every free block; returns their bytes. Large releases are spread over threads
-    /// (see [`release_spread`]).
+    /// Releases every free block; returns their bytes. A large release is spread over threads
+    /// (see [`release_spread`]); evictions, which happen while a sort runs, are not.
     pub fn trim(&self) -> usize {
         let victims = {
             let mut state = self.shared.state();
@@ -571,7 +575,9 @@ impl PinnedPool {
             v
         };
         let bytes = victims.iter().map(|(_, size)| size).sum();
-        self.shared.release(victims);
+        if let Some(a) = self.shared.allocator() {
+            release_spread(&*a, victims, true);
+        }
         bytes
     }
 
@@ -980,6 +986,8 @@ mod tests {
         drop((small.alloc(1 << 20), small.alloc(3 << 20)));
         small.trim();
         assert_eq!(*a.freed_on.lock().unwrap(), [std::thread::current().id()].into());
+        // Nothing free: nothing to give back.
+        assert_eq!(small.trim(), 0);
     }
 
     #[test]
