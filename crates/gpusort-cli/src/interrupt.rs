@@ -186,6 +186,15 @@ impl SpillDir {
     pub fn path(&self) -> &Path {
         self.dir.path()
     }
+
+    /// Where DataFusion's disk manager makes its own directory: `spill` inside this one, not
+    /// made here. The disk manager creates the directory it is given when it is missing, but
+    /// not its parents: given this directory itself, a signal that removed it while the plan
+    /// was being made had it made again, and left behind (`sighup_while_reading_leaves_nothing`
+    /// failed once so); given a child, it fails to make that child once this one is gone.
+    pub fn datafusion_root(&self) -> PathBuf {
+        self.dir.path().join("spill")
+    }
 }
 
 /// Takes a path off the signal list when dropped.

@@ -219,7 +219,7 @@ impl SortPlan {
             None
         };
         let pool = options.pool_bytes.or(args.memory_limit_bytes());
-        let ctx = session(args, spill_dir.as_ref().map(SpillDir::path), pool)?;
+        let ctx = session(args, spill_dir.as_ref().map(SpillDir::datafusion_root).as_deref(), pool)?;
         let memory_limit = args.memory_limit_bytes().map(|b| format_size(b as u64));
         let df_err = |e| CliError::from_datafusion(e, memory_limit.as_deref());
 
@@ -382,5 +382,27 @@ mod tests {
             );
         }
         assert_eq!(parse_size("none").unwrap(), ByteSize(0));
+    }
+
+    #[test]
+    fn a_spill_directory_removed_by_a_signal_is_not_made_again() {
+        let base = tempfile::tempdir().unwrap();
+        let args = PlanArgs::new(vec!["x".into()], "a");
+        // The session's disk manager makes its directory in the spill directory's child.
+        let spill = SpillDir::create(base.path()).unwrap();
+        session(&args, Some(&spill.datafusion_root()), None).unwrap();
+        assert!(spill.datafusion_root().is_dir());
+        // A signal removes the spill directory before the session is made: making it fails and
+        // leaves nothing in the base (given the spill directory itself, DataFusion made it again).
+        let spill = SpillDir::create(base.path()).unwrap();
+        let root = spill.datafusion_root();
+        std::fs::remove_dir_all(spill.path()).unwrap();
+        assert!(session(&args, Some(&root), None).is_err());
+        drop(spill);
+        let left: Vec<_> = std::fs::read_dir(base.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(left.len(), 1, "only the first spill directory: {left:?}");
     }
 }
