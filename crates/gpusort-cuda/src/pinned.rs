@@ -201,24 +201,31 @@ fn fault_in(base: usize, bytes: usize) {
     };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = bytes.div_ceil(FAULT_SHARE).clamp(1, cores);
-    if threads == 1 {
-        return touch(0, bytes);
-    }
     // Whole huge pages a thread, so that no two threads fault one huge page.
     let share = bytes.div_ceil(threads).next_multiple_of(HUGE_PAGE);
+    on_threads("gpusort-pin", threads, |t| {
+        touch((t * share).min(bytes), ((t + 1) * share).min(bytes))
+    });
+}
+
+/// Runs `work(t)` for every share `t` in `0..shares`: share 0 on the calling thread, the others
+/// on threads of their own named `name`; a share whose thread cannot be started runs on the
+/// calling thread.
+fn on_threads(name: &str, shares: usize, work: impl Fn(usize) + Sync) {
+    if shares <= 1 {
+        return (0..shares).for_each(work);
+    }
+    let work = &work;
     std::thread::scope(|scope| {
-        for t in 1..threads {
-            let (from, to) = ((t * share).min(bytes), ((t + 1) * share).min(bytes));
-            // Where no thread can be started, this one faults its share after its own.
-            if std::thread::Builder::new()
-                .name("gpusort-pin".into())
-                .spawn_scoped(scope, move || touch(from, to))
-                .is_err()
-            {
-                touch(from, to);
+        for t in 1..shares {
+            let spawned = std::thread::Builder::new()
+                .name(name.into())
+                .spawn_scoped(scope, move || work(t));
+            if spawned.is_err() {
+                work(t);
             }
         }
-        touch(0, share.min(bytes));
+        work(0);
     });
 }
 
@@ -380,7 +387,7 @@ impl Shared {
             return;
         }
         if let Some(a) = self.allocator() {
-            release_spread(&*a, victims, false);
+            free_blocks(&*a, &victims);
         }
     }
 
@@ -450,26 +457,24 @@ fn host_memory() -> Option<usize> {
 /// unmapping at the H100 machine's ~10 GB/s).
 const RELEASE_SHARE: usize = 128 << 20;
 
+/// Frees `blocks`, unused blocks of `allocator`, on the calling thread.
+fn free_blocks(allocator: &dyn HostAllocator, blocks: &[(BlockPtr, usize)]) {
+    for &(b, size) in blocks {
+        // SAFETY: the caller's contract: unused blocks from this allocator.
+        unsafe { allocator.free(b.0, size) };
+    }
+}
+
 /// Frees `victims` (unused blocks of `allocator`): on the calling thread when they are few,
 /// else spread over threads by bytes, one per [`RELEASE_SHARE`] up to one per core. The
 /// driver unpins a block page by page and the kernel unmaps it the same way; a sort under a
 /// GPU budget leaves ~15 GB pinned, which one thread gives back in ~0.5 s at the end.
-/// `spread` false frees them all on the calling thread (evictions during a sort, as measured).
-fn release_spread(allocator: &dyn HostAllocator, mut victims: Vec<(BlockPtr, usize)>, spread: bool) {
+fn release_spread(allocator: &dyn HostAllocator, mut victims: Vec<(BlockPtr, usize)>) {
     let total: usize = victims.iter().map(|(_, size)| size).sum();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = match spread {
-        true => (total / RELEASE_SHARE).clamp(1, cores).min(victims.len()),
-        false => 1,
-    };
-    let free = |blocks: Vec<(BlockPtr, usize)>| {
-        for (b, size) in blocks {
-            // SAFETY: the caller's contract: unused blocks from this allocator.
-            unsafe { allocator.free(b.0, size) };
-        }
-    };
+    let threads = (total / RELEASE_SHARE).clamp(1, cores).min(victims.len());
     if threads <= 1 {
-        return free(victims);
+        return free_blocks(allocator, &victims);
     }
     // Largest first, each to the share with the fewest bytes so far.
     victims.sort_by_key(|(_, size)| std::cmp::Reverse(*size));
@@ -482,22 +487,7 @@ fn release_spread(allocator: &dyn HostAllocator, mut victims: Vec<(BlockPtr, usi
         share.0 += victim.1;
         share.1.push(victim);
     }
-    let mut shares = shares.into_iter().map(|(_, blocks)| blocks);
-    let mut own = shares.next().expect("one share at least");
-    std::thread::scope(|scope| {
-        for blocks in shares {
-            let slot = Arc::new(Mutex::new(Some(blocks)));
-            let theirs = Arc::clone(&slot);
-            let spawned = std::thread::Builder::new()
-                .name("gpusort-unpin".into())
-                .spawn_scoped(scope, move || free(theirs.lock().unwrap().take().unwrap_or_default()));
-            // Where no thread can be started, this one frees the share itself.
-            if spawned.is_err() {
-                own.extend(slot.lock().unwrap().take().unwrap_or_default());
-            }
-        }
-        free(own);
-    });
+    on_threads("gpusort-unpin", threads, |t| free_blocks(allocator, &shares[t].1));
 }
 
 impl PinnedPool {
@@ -576,7 +566,7 @@ impl PinnedPool {
         };
         let bytes = victims.iter().map(|(_, size)| size).sum();
         if let Some(a) = self.shared.allocator() {
-            release_spread(&*a, victims, true);
+            release_spread(&*a, victims);
         }
         bytes
     }
